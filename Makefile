@@ -1,0 +1,80 @@
+# lace build and test entry points. See README.md.
+SHELL      := /bin/bash
+PYTHON     ?= python3.11
+VENV       := .venv
+PY         := $(VENV)/bin/python
+BUILD      := build
+CLANG      ?= clang
+APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 netcat-openbsd
+BPF_CFLAGS := -O2 -g -target bpf -mcpu=v3 -Wall -Werror -Wno-unused-function \
+              -I$(BUILD)/include -Ibpf/include -Ibpf
+
+PROG_SRCS  := $(wildcard bpf/progs/*.c)
+TEST_SRCS  := $(wildcard tests/bpf/*.c)
+PROG_OBJS  := $(patsubst bpf/progs/%.c,$(BUILD)/bpf/%.o,$(PROG_SRCS))
+TEST_OBJS  := $(patsubst tests/bpf/%.c,$(BUILD)/bpf/test/%.o,$(TEST_SRCS))
+BPF_HDRS   := $(shell find bpf -name '*.h' -o -name '*.def')
+GEN_PY     := lace/datapath/reasons.py
+
+.PHONY: install system-packages venv bpf gen test test-unit test-schema test-datapath \
+        test-integration test-e2e lab bench clean
+
+install: .stamp-apt .stamp-venv bpf
+
+system-packages: .stamp-apt
+.stamp-apt:
+	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: .stamp-venv
+.stamp-venv: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip >/dev/null
+	@$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+$(BUILD)/include/vmlinux.h: .stamp-apt
+	@mkdir -p $(dir $@)
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
+
+# The drop-reason and trace-point tables live once, in bpf/include/lace/abi/*.def;
+# the Python enums are generated from them (and checked against the compiled BTF).
+gen: $(GEN_PY)
+$(GEN_PY): bpf/include/lace/abi/drop_reasons.def bpf/include/lace/abi/trace_points.def tools/gen_enums.py
+	$(PYTHON) tools/gen_enums.py
+
+bpf: $(BUILD)/include/vmlinux.h $(GEN_PY) $(PROG_OBJS) $(TEST_OBJS)
+
+$(BUILD)/bpf/%.o: bpf/progs/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(BUILD)/bpf/test/%.o: tests/bpf/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+
+test: install
+	$(PYTEST) tests
+
+test-unit: install
+	$(PYTEST) tests/unit
+test-schema: install
+	$(PYTEST) tests/schema
+test-datapath: install
+	$(PYTEST) tests/datapath
+test-integration: install
+	$(PYTEST) tests/integration
+test-e2e: install
+	$(PYTEST) tests/e2e
+
+bench: install
+	$(PY) bench/datapath.py
+
+clean:
+	rm -rf $(BUILD) .stamp-*

@@ -1,0 +1,231 @@
+/* Stateful connection tracking per family and protocol: new / established / reply / related,
+ * TCP state with timeouts. Keys carry the original direction's source network; a reply is found
+ * by looking the reversed tuple up under the network the reply is routed back into. */
+#ifndef LACE_LIB_CONNTRACK_H
+#define LACE_LIB_CONNTRACK_H
+
+#include "lib/maps.h"
+#include "lib/flow.h"
+
+union lace_ct_key {
+	struct lace_ct4_key v4;
+	struct lace_ct6_key v6;
+};
+
+/* Build the key of (network, saddr -> daddr, sport -> dport) for proto. */
+static __always_inline void ct_key(union lace_ct_key *k, __u8 family, __u32 network, __u8 proto,
+				   const __u8 *saddr, const __u8 *daddr, __be16 sport, __be16 dport)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		__builtin_memset(&k->v4, 0, sizeof(k->v4));
+		k->v4.network = network;
+		__builtin_memcpy(k->v4.saddr, saddr, 4);
+		__builtin_memcpy(k->v4.daddr, daddr, 4);
+		k->v4.sport = sport;
+		k->v4.dport = dport;
+		k->v4.proto = proto;
+	} else {
+		__builtin_memset(&k->v6, 0, sizeof(k->v6));
+		k->v6.network = network;
+		lace_copy16(k->v6.saddr, saddr);
+		lace_copy16(k->v6.daddr, daddr);
+		k->v6.sport = sport;
+		k->v6.dport = dport;
+		k->v6.proto = proto;
+	}
+}
+
+static __always_inline struct lace_ct_entry *ct_lookup(__u8 family, __u8 proto, union lace_ct_key *k)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			return bpf_map_lookup_elem(&lace_ct_tcp4, &k->v4);
+		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+			return bpf_map_lookup_elem(&lace_ct_udp4, &k->v4);
+		return bpf_map_lookup_elem(&lace_ct_icmp4, &k->v4);
+	}
+	if (proto == IPPROTO_TCP)
+		return bpf_map_lookup_elem(&lace_ct_tcp6, &k->v6);
+	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+		return bpf_map_lookup_elem(&lace_ct_udp6, &k->v6);
+	return bpf_map_lookup_elem(&lace_ct_icmp6, &k->v6);
+}
+
+static __always_inline long ct_insert(__u8 family, __u8 proto, union lace_ct_key *k,
+				      struct lace_ct_entry *e)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, BPF_NOEXIST);
+		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, BPF_NOEXIST);
+		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, BPF_NOEXIST);
+	}
+	if (proto == IPPROTO_TCP)
+		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, BPF_NOEXIST);
+	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, BPF_NOEXIST);
+	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, BPF_NOEXIST);
+}
+
+static __always_inline __u64 ct_timeout_ns(__u8 state)
+{
+	__u64 s;
+
+	switch (state) {
+	case LACE_CT_SYN_SENT:
+	case LACE_CT_SYN_RECV:    s = LACE_CT_TIMEOUT_SYN; break;
+	case LACE_CT_ESTABLISHED: s = LACE_CT_TIMEOUT_ESTABLISHED; break;
+	case LACE_CT_FIN_WAIT:    s = LACE_CT_TIMEOUT_FIN; break;
+	case LACE_CT_CLOSING:
+	case LACE_CT_CLOSED:      s = LACE_CT_TIMEOUT_CLOSE; break;
+	case LACE_CT_REPLIED:     s = LACE_CT_TIMEOUT_UDP_REPLIED; break;
+	default:                  s = LACE_CT_TIMEOUT_UDP; break;
+	}
+	return s * NSEC_PER_SEC;
+}
+
+/* Advance the state of an existing entry for a packet in direction reply (0: original). */
+static __always_inline void ct_advance(struct lace_ct_entry *e, const struct lace_flow *f,
+				       int reply, __u64 now)
+{
+	__u8 st = e->state;
+	__u8 fl = f->tcp_flags;
+
+	if (f->proto == IPPROTO_TCP) {
+		if (fl & TCP_F_RST) {
+			st = LACE_CT_CLOSED;
+		} else if (fl & TCP_F_FIN) {
+			__u8 other = reply ? e->tcp_flags_fwd : e->tcp_flags_rev;
+
+			st = (other & TCP_F_FIN) ? LACE_CT_CLOSING : LACE_CT_FIN_WAIT;
+		} else if (st == LACE_CT_SYN_SENT && reply && (fl & TCP_F_SYN) && (fl & TCP_F_ACK)) {
+			st = LACE_CT_SYN_RECV;
+		} else if (st == LACE_CT_SYN_RECV && (fl & TCP_F_ACK) && !(fl & TCP_F_SYN)) {
+			st = LACE_CT_ESTABLISHED;
+		} else if (st == LACE_CT_SYN_SENT && reply && (fl & TCP_F_ACK)) {
+			st = LACE_CT_ESTABLISHED;
+		}
+		if (reply)
+			e->tcp_flags_rev |= fl;
+		else
+			e->tcp_flags_fwd |= fl;
+	} else if (reply) {
+		st = LACE_CT_REPLIED;
+	}
+	if (reply) {
+		e->packets_rev++;
+		e->bytes_rev += f->l3_len;
+		e->flags |= LACE_CT_F_SEEN_REPLY;
+	} else {
+		e->packets_fwd++;
+		e->bytes_fwd += f->l3_len;
+	}
+	e->state = st;
+	e->last_seen_ns = now;
+	e->expires_ns = now + ct_timeout_ns(st);
+}
+
+static __always_inline __u8 ct_initial_state(const struct lace_flow *f)
+{
+	if (f->proto != IPPROTO_TCP)
+		return LACE_CT_UNREPLIED;
+	if (f->tcp_flags & TCP_F_RST)
+		return LACE_CT_CLOSED;
+	if ((f->tcp_flags & TCP_F_SYN) && !(f->tcp_flags & TCP_F_ACK))
+		return LACE_CT_SYN_SENT;
+	return LACE_CT_ESTABLISHED;   /* picked up mid-stream */
+}
+
+/* The entry an ICMP error relates to. The quoted packet was sent by the error's receiver: in a
+ * flow's original direction (key under reply_network, the receiver's network) or in its reply
+ * direction (key under src_network, reversed). */
+static __always_inline struct lace_ct_entry *
+ct_related(struct lace_flow *f, __u32 src_network, __u32 reply_network, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *e;
+
+	ct_key(&k, f->family, reply_network, f->inner_proto, f->inner_saddr, f->inner_daddr,
+	       f->inner_sport, f->inner_dport);
+	e = ct_lookup(f->family, f->inner_proto, &k);
+	if (!e) {
+		ct_key(&k, f->family, src_network, f->inner_proto, f->inner_daddr, f->inner_saddr,
+		       f->inner_dport, f->inner_sport);
+		e = ct_lookup(f->family, f->inner_proto, &k);
+	}
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_RELATED;
+		e->last_seen_ns = now;
+	}
+	return e;
+}
+
+/* A reply of a flow whose original direction started in network: the reversed tuple. */
+static __always_inline struct lace_ct_entry *
+ct_reply(struct lace_flow *f, __u32 network, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *e;
+
+	ct_key(&k, f->family, network, f->proto, f->daddr, f->saddr, f->dport, f->sport);
+	e = ct_lookup(f->family, f->proto, &k);
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_REPLY;
+		ct_advance(e, f, 1, now);
+	}
+	return e;
+}
+
+/* Look the packet up in its original direction under src_network, then as a reply of a flow
+ * from the same network. Sets f->ct_status; NULL means new so far (the caller may still try
+ * ct_reply under the network the destination is routed into). */
+static __always_inline struct lace_ct_entry *
+ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *e;
+
+	ct_key(&k, f->family, src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
+	e = ct_lookup(f->family, f->proto, &k);
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_ESTABLISHED;
+		ct_advance(e, f, 0, now);
+		return e;
+	}
+	e = ct_reply(f, src_network, now);
+	if (!e)
+		f->ct_status = LACE_CT_STATUS_NEW;
+	return e;
+}
+
+/* Record a new flow after policy allowed it. Returns 0 or a drop reason. */
+static __always_inline int ct_create(const struct lace_flow *f, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry e = {};
+
+	ct_key(&k, f->family, f->src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
+	e.created_ns = now;
+	e.last_seen_ns = now;
+	e.state = ct_initial_state(f);
+	e.expires_ns = now + ct_timeout_ns(e.state);
+	e.packets_fwd = 1;
+	e.bytes_fwd = f->l3_len;
+	e.src_segment = f->src_segment;
+	e.dst_segment = f->dst_segment;
+	e.dst_network = f->dst_network;
+	e.tcp_flags_fwd = f->tcp_flags;
+	e.delivery = f->delivery;
+	if (f->audit)
+		e.flags |= LACE_CT_F_AUDIT;
+	if (ct_insert(f->family, f->proto, &k, &e) < 0) {
+		/* lost a race with another CPU creating the same flow: that entry stands */
+		if (ct_lookup(f->family, f->proto, &k))
+			return 0;
+		return LACE_DROP_CT_FULL;
+	}
+	return 0;
+}
+
+#endif

@@ -1,0 +1,130 @@
+/* SRv6 between nodes: encapsulate in an outer IPv6 header addressed to the remote locator SID
+ * (function = destination network, argument = source network), route it on the underlay with a
+ * fib lookup, and decapsulate what arrives for this node's own locator. */
+#ifndef LACE_LIB_SRV6_H
+#define LACE_LIB_SRV6_H
+
+#include "lib/maps.h"
+#include "lib/flow.h"
+#include "lib/parse.h"
+
+#define LACE_OUTER_HLEN 40
+#define LACE_HOP_LIMIT  64
+
+static __always_inline __u32 sid_offset(const struct lace_config *cfg)
+{
+	__u32 off = cfg->locator_len >> 3;
+
+	return off > 8 ? 8 : off;
+}
+
+static __always_inline int in_locator(const struct lace_config *cfg, const __u8 *addr)
+{
+	__u32 n = sid_offset(cfg);
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 8; i++) {
+		if (i >= n)
+			break;
+		if (addr[i] != cfg->locator[i])
+			return 0;
+	}
+	return n > 0;
+}
+
+static __always_inline void sid_set_u32(__u8 *sid, __u32 off, __u32 value)
+{
+	sid[(off + 0) & 15] = value >> 24;
+	sid[(off + 1) & 15] = value >> 16;
+	sid[(off + 2) & 15] = value >> 8;
+	sid[(off + 3) & 15] = value;
+}
+
+static __always_inline __u32 sid_get_u32(const __u8 *sid, __u32 off)
+{
+	return ((__u32)sid[(off + 0) & 15] << 24) | ((__u32)sid[(off + 1) & 15] << 16) |
+	       ((__u32)sid[(off + 2) & 15] << 8) | (__u32)sid[(off + 3) & 15];
+}
+
+/* Push the outer header; the packet must still start with its Ethernet header. */
+static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f,
+				      const struct lace_config *cfg, const struct lace_delivery *d)
+{
+	struct lace_ip6hdr outer = {};
+	__be16 eth_proto = bpf_htons(ETH_P_IPV6);
+	__u32 inner_len = skb->len - ETH_HLEN;
+
+	lace_copy16(f->sid, d->sid);
+	sid_set_u32(f->sid, sid_offset(cfg) + 4, f->src_network);
+	f->node_id = d->node_id;
+
+	/* the flow label carries the flow hash so that the underlay can spread flows */
+	outer.ver_tc_flow = bpf_htonl(0x60000000 | (bpf_get_hash_recalc(skb) & 0xfffff));
+	outer.payload_len = bpf_htons(inner_len);
+	outer.nexthdr = f->family == LACE_FAMILY_IPV4 ? IPPROTO_IPIP : IPPROTO_IPV6;
+	outer.hop_limit = LACE_HOP_LIMIT;
+	lace_copy16(outer.saddr, cfg->underlay_addr);
+	lace_copy16(outer.daddr, f->sid);
+
+	if (bpf_skb_adjust_room(skb, LACE_OUTER_HLEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6) < 0)
+		return LACE_DROP_ENCAP_FAILED;
+	if (bpf_skb_store_bytes(skb, 12, &eth_proto, sizeof(eth_proto), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) < 0)
+		return LACE_DROP_ENCAP_FAILED;
+	return 0;
+}
+
+/* Route the encapsulated packet on the underlay and redirect it out; < 0 with *reason set on failure. */
+static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow *f,
+					const struct lace_config *cfg, int *reason)
+{
+	struct bpf_fib_lookup p = {};
+	long rc;
+
+	p.family = AF_INET6;
+	p.ifindex = cfg->uplink_ifindex;
+	p.l4_protocol = f->family == LACE_FAMILY_IPV4 ? IPPROTO_IPIP : IPPROTO_IPV6;
+	__builtin_memcpy(p.ipv6_src, cfg->underlay_addr, 16);
+	__builtin_memcpy(p.ipv6_dst, f->sid, 16);
+
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		__u8 macs[12];
+
+		__builtin_memcpy(macs, p.dmac, 6);
+		__builtin_memcpy(macs + 6, p.smac, 6);
+		if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0) {
+			*reason = LACE_DROP_ENCAP_FAILED;
+			return -1;
+		}
+		return bpf_redirect(p.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(p.ifindex, 0, 0, 0);
+	*reason = LACE_DROP_FIB_LOOKUP_FAILED;
+	return -1;
+}
+
+/* Pop the outer header; the inner packet then follows the Ethernet header. */
+static __always_inline int srv6_decap(struct __sk_buff *skb, __u8 inner_nexthdr)
+{
+	__be16 eth_proto;
+	__u64 flags;
+
+	if (inner_nexthdr == IPPROTO_IPIP) {
+		eth_proto = bpf_htons(ETH_P_IP);
+		flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV4;
+	} else {
+		eth_proto = bpf_htons(ETH_P_IPV6);
+		flags = BPF_F_ADJ_ROOM_DECAP_L3_IPV6;
+	}
+	if (bpf_skb_adjust_room(skb, -LACE_OUTER_HLEN, BPF_ADJ_ROOM_MAC, flags) < 0)
+		return LACE_DROP_DECAP_FAILED;
+	if (bpf_skb_store_bytes(skb, 12, &eth_proto, sizeof(eth_proto), 0) < 0)
+		return LACE_DROP_DECAP_FAILED;
+	return 0;
+}
+
+#endif

@@ -1,0 +1,60 @@
+/* Flow events into the ring buffer and per-CPU counters by (reason, point, verdict). */
+#ifndef LACE_LIB_TRACE_H
+#define LACE_LIB_TRACE_H
+
+#include "lib/maps.h"
+#include "lib/flow.h"
+
+static __always_inline void metrics_count(__u16 reason, __u8 point, __u8 verdict, __u32 len)
+{
+	struct lace_metrics_key k = { .reason = reason, .point = point, .verdict = verdict };
+	struct lace_metrics_value *v = bpf_map_lookup_elem(&lace_metrics, &k);
+
+	if (v) {
+		v->packets++;
+		v->bytes += len;
+		return;
+	}
+	struct lace_metrics_value init = { .packets = 1, .bytes = len };
+	bpf_map_update_elem(&lace_metrics, &k, &init, BPF_NOEXIST);
+}
+
+static __always_inline void trace_emit(struct __sk_buff *skb, const struct lace_flow *f,
+				       __u8 verdict, __u16 reason)
+{
+	struct lace_trace_event *e = bpf_ringbuf_reserve(&lace_events, sizeof(*e), 0);
+
+	if (!e)
+		return;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->ifindex = skb->ifindex;
+	e->pkt_len = skb->len;
+	e->point = f->point;
+	e->verdict = verdict;
+	e->reason = reason;
+	e->family = f->family;
+	e->proto = f->proto;
+	e->ct_status = f->ct_status;
+	e->delivery = f->delivery;
+	e->src_network = f->src_network;
+	e->dst_network = f->dst_network;
+	e->src_segment = f->src_segment;
+	e->dst_segment = f->dst_segment;
+	lace_copy16(e->saddr, f->saddr);
+	lace_copy16(e->daddr, f->daddr);
+	e->sport = f->sport;
+	e->dport = f->dport;
+	e->policy_id = f->policy_id;
+	lace_zero16(e->nat_addr);
+	e->nat_port = 0;
+	e->nat_kind = LACE_NAT_NONE;
+	e->tcp_flags = f->tcp_flags;
+	e->delivery_ifindex = f->delivery_ifindex;
+	lace_copy16(e->sid, f->sid);
+	e->node_id = f->node_id;
+	e->rule = f->rule;
+	e->reserved = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
+#endif

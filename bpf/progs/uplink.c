@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Attach point: tc ingress on the node's uplink (traffic arriving from the underlay).
+ * Packets for this node's own locator are decapsulated; the SID names the destination network
+ * (function) and the source network (argument); then conntrack, ingress policy of the
+ * destination pod and delivery into it. Everything else goes to the node's stack untouched. */
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/flow.h"
+#include "lib/parse.h"
+#include "lib/drop.h"
+#include "lib/segment.h"
+#include "lib/policy.h"
+#include "lib/conntrack.h"
+#include "lib/delivery.h"
+#include "lib/srv6.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *f)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct lace_ip6hdr *outer = data + ETH_HLEN;
+	struct lace_config *cfg;
+	struct lace_delivery *d;
+	struct lace_ct_entry *e;
+	__u32 zero = 0, src_net, dst_net;
+	__u8 nexthdr;
+	__u64 now;
+	int rc, pv;
+
+	if ((void *)(outer + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return TC_ACT_OK;
+	cfg = bpf_map_lookup_elem(&lace_config, &zero);
+	if (!cfg || !in_locator(cfg, outer->daddr))
+		return TC_ACT_OK;
+	nexthdr = outer->nexthdr;
+	if (nexthdr != IPPROTO_IPIP && nexthdr != IPPROTO_IPV6)
+		return TC_ACT_OK;       /* addressed to the node itself (e.g. ping to a SID) */
+
+	lace_copy16(f->sid, outer->daddr);
+	f->src_network = src_net = sid_get_u32(f->sid, sid_offset(cfg) + 4);
+	f->dst_network = dst_net = sid_get_u32(f->sid, sid_offset(cfg));
+	rc = srv6_decap(skb, nexthdr);
+	if (rc)
+		return lace_drop(skb, f, rc);
+	rc = parse_packet(skb, f);
+	if (rc == LACE_PARSE_PASS)
+		rc = LACE_DROP_UNSUPPORTED_L4;
+	if (rc)
+		return lace_drop(skb, f, rc);
+	if (dst_net == LACE_NETWORK_NONE || src_net == LACE_NETWORK_NONE)
+		return lace_drop(skb, f, LACE_DROP_BAD_SID);
+
+	now = bpf_ktime_get_ns();
+	if (f->icmp_error) {
+		e = ct_related(f, src_net, dst_net, now);
+		if (!e)
+			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
+	} else {
+		e = ct_classify(f, src_net, now);
+		if (!e && dst_net != src_net)
+			e = ct_reply(f, dst_net, now);
+	}
+	if (e) {
+		if (f->ct_status == LACE_CT_STATUS_REPLY) {
+			f->src_segment = e->dst_segment;
+			f->dst_segment = e->src_segment;
+		} else {
+			f->src_segment = e->src_segment;
+			f->dst_segment = e->dst_segment;
+		}
+	}
+
+	d = delivery_lookup(dst_net, f->family, f->daddr);
+	if (!d)
+		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
+	f->delivery = d->kind;
+	if (d->kind != LACE_DELIVERY_LOCAL)
+		return lace_drop(skb, f, LACE_DROP_NOT_LOCAL);
+
+	if (!e) {
+		f->ct_status = LACE_CT_STATUS_NEW;
+		f->src_segment = segment_resolve(src_net, f->family, f->saddr);
+		f->dst_segment = segment_resolve(dst_net, f->family, f->daddr);
+		pv = policy_check(f, f->dst_segment, f->src_segment, LACE_DIR_INGRESS);
+		if (pv == LACE_POLICY_DENY)
+			return lace_drop(skb, f, LACE_DROP_POLICY_INGRESS);
+		if (pv == LACE_POLICY_AUDIT)
+			f->audit = LACE_DROP_POLICY_INGRESS;
+		rc = ct_create(f, now);
+		if (rc)
+			return lace_drop(skb, f, rc);
+	}
+
+	f->delivery_ifindex = d->ifindex;
+	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+	rc = deliver_local(skb, f, d);
+	if (rc < 0)
+		return lace_drop(skb, f, LACE_DROP_REDIRECT_FAILED);
+	return rc;
+}
+
+SEC("tc")
+int lace_from_uplink(struct __sk_buff *skb)
+{
+	struct lace_flow f = {};
+
+	f.point = LACE_POINT_FROM_UPLINK;
+	return from_uplink(skb, &f);
+}
