@@ -1,0 +1,53 @@
+"""devices: interfaces lace manages on the node, with their role and MAC (C: lace/abi/devices.h)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from lace.bpf.layout import Layout
+from lace.datapath.common import enum_label, mac_bytes, mac_str, check_u32
+
+DEVICES_MAX = 4096
+
+
+class DeviceRole(enum.IntEnum):
+    """What a managed interface is for (C: enum lace_device_role)."""
+
+    POD_VETH = 1  # host side of a pod's veth
+    UPLINK = 2  # the node's underlay interface
+    HOST = 3  # the host device for host <-> pod traffic
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+#: struct lace_device_key (devices.h)
+DEVICE_KEY = Layout("struct lace_device_key", [("ifindex", "u32")])
+
+#: struct lace_device (devices.h)
+DEVICE = Layout(
+    "struct lace_device",
+    [("mac", "bytes:6"), ("role", "u8"), ("flags", "u8")],
+)
+
+C_MACROS: dict[str, int] = {"LACE_DEVICES_MAX": DEVICES_MAX}
+C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {"lace_device_role": (DeviceRole, "LACE_ROLE_")}
+
+
+def device_key(ifindex: int) -> bytes:
+    return DEVICE_KEY.pack(ifindex=check_u32(ifindex, "ifindex"))
+
+
+def device_value(mac: str | bytes, role: DeviceRole, flags: int = 0) -> bytes:
+    return DEVICE.pack(mac=mac_bytes(mac), role=int(role), flags=flags)
+
+
+def decode_device_key(raw: bytes) -> dict[str, Any]:
+    return DEVICE_KEY.unpack(raw)
+
+
+def decode_device(raw: bytes) -> dict[str, Any]:
+    v = DEVICE.unpack(raw)
+    return {"mac": mac_str(v["mac"]), "role": enum_label(DeviceRole, v["role"]), "flags": v["flags"]}

@@ -1,0 +1,208 @@
+"""The one registry of lace's maps and program objects: CLI name -> pin name -> key/value layouts -> decoders.
+
+The CLI (``node bpf show``), the agent (the map writer) and the tests all look maps up here; the
+schema tests check every entry against the compiled objects' BTF (type, key and value struct,
+capacity, flags), so the Python side cannot drift from ``bpf/lib/maps.h``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from lace.bpf.layout import Layout
+from lace.datapath import config, conntrack, delivery, devices, endpoint, policy, probes, routing, segment, services, trace
+from lace.datapath.common import Family, Proto
+
+#: BPF_F_NO_PREALLOC (uapi): LPM tries require it
+BPF_F_NO_PREALLOC = 1
+
+KeyDecoder = Callable[[bytes], dict[str, Any]]
+#: value decoders also get the raw key: some values need its family to render addresses
+ValueDecoder = Callable[[bytes, bytes], dict[str, Any]]
+
+
+def _generic(layout: Layout | None) -> KeyDecoder:
+    def decode(raw: bytes) -> dict[str, Any]:
+        return layout.unpack(raw) if layout is not None else {}
+
+    return decode
+
+
+def _value(fn: KeyDecoder) -> ValueDecoder:
+    return lambda raw, _key: fn(raw)
+
+
+@dataclass(frozen=True)
+class MapDef:
+    """One datapath map: how the CLI names it, its BPF (and pin) name, type, layouts and capacity.
+
+    ``key`` is None for the ring buffer, whose ``value`` is the layout of one record.
+    """
+
+    cli_name: str
+    pin_name: str
+    map_type: str
+    key: Layout | None
+    value: Layout
+    max_entries: int
+    doc: str
+    map_flags: int = 0
+    decode_key: KeyDecoder | None = field(default=None, compare=False)
+    decode_value: ValueDecoder | None = field(default=None, compare=False)
+
+    @property
+    def percpu(self) -> bool:
+        return self.map_type.startswith("percpu_") or self.map_type.startswith("lru_percpu_")
+
+    @property
+    def lpm(self) -> bool:
+        return self.map_type == "lpm_trie"
+
+    def key_dict(self, raw: bytes) -> dict[str, Any]:
+        """The key as a readable dict (addresses as strings, enums by label)."""
+        return (self.decode_key or _generic(self.key))(raw)
+
+    def value_dict(self, raw: bytes, key: bytes = b"") -> dict[str, Any]:
+        """The value as a readable dict; ``key`` is the raw key it was stored under."""
+        if self.decode_value is not None:
+            return self.decode_value(raw, key)
+        return _generic(self.value)(raw)
+
+
+def _probe_value(raw: bytes, key: bytes) -> dict[str, Any]:
+    family = probes.PROBE_KEY.unpack(key)["family"] if key else Family.IPV6
+    return probes.decode_probe(raw, family)
+
+
+_MAPS: tuple[MapDef, ...] = (
+    MapDef("config", "lace_config", "array", config.CONFIG_KEY, config.CONFIG, config.CONFIG_MAX,
+           "the node's own locator prefix, underlay address, node ID, MTU and datapath options",
+           decode_key=config.decode_config_key, decode_value=_value(config.decode_config)),
+    MapDef("devices", "lace_devices", "hash", devices.DEVICE_KEY, devices.DEVICE, devices.DEVICES_MAX,
+           "ifindex -> managed interface role and MAC",
+           decode_key=devices.decode_device_key, decode_value=_value(devices.decode_device)),
+    MapDef("routing", "lace_routing", "lpm_trie", routing.ROUTING_KEY, routing.ROUTE, routing.ROUTING_MAX,
+           "(source network, destination prefix) -> destination network, masquerade",
+           map_flags=BPF_F_NO_PREALLOC,
+           decode_key=routing.decode_routing_key, decode_value=_value(routing.decode_route)),
+    MapDef("delivery", "lace_delivery", "lpm_trie", delivery.DELIVERY_KEY, delivery.DELIVERY,
+           delivery.DELIVERY_MAX,
+           "(network, destination prefix) -> local pod, remote node SID or host",
+           map_flags=BPF_F_NO_PREALLOC,
+           decode_key=delivery.decode_delivery_key, decode_value=_value(delivery.decode_delivery)),
+    MapDef("veth", "lace_veth", "hash", endpoint.VETH_KEY, endpoint.ENDPOINT, endpoint.VETH_MAX,
+           "pod interface ifindex -> endpoint, network, source segment, addresses",
+           decode_key=endpoint.decode_veth_key, decode_value=_value(endpoint.decode_endpoint)),
+    MapDef("services", "lace_services", "hash", services.SERVICE_KEY, services.SERVICE, services.SERVICES_MAX,
+           "(VIP, port, protocol, source network, slot) -> service and backend count (slot 0) or backend",
+           decode_key=services.decode_service_key, decode_value=_value(services.decode_service)),
+    MapDef("backends", "lace_backends", "hash", services.BACKEND_KEY, services.BACKEND, services.BACKENDS_MAX,
+           "backend ID -> backend address, port and network",
+           decode_key=services.decode_backend_key, decode_value=_value(services.decode_backend)),
+    MapDef("policy", "lace_policy", "lpm_trie", policy.POLICY_KEY, policy.POLICY_ENTRY, policy.POLICY_MAX,
+           "(segment, peer segment, direction, protocol, port block) -> allow, its rule and hits",
+           map_flags=BPF_F_NO_PREALLOC,
+           decode_key=policy.decode_policy_key, decode_value=_value(policy.decode_policy_entry)),
+    MapDef("segment", "lace_segment", "hash", segment.SEGMENT_KEY, segment.SEGMENT_VALUE, segment.SEGMENT_MAX,
+           "(network, endpoint IP) -> segment",
+           decode_key=segment.decode_segment_key, decode_value=_value(segment.decode_segment_value)),
+    MapDef("prefix-segment", "lace_pfx_seg", "lpm_trie", segment.PREFIX_SEGMENT_KEY, segment.SEGMENT_VALUE,
+           segment.PREFIX_SEGMENT_MAX, "(network, prefix) -> segment",
+           map_flags=BPF_F_NO_PREALLOC,
+           decode_key=segment.decode_prefix_segment_key, decode_value=_value(segment.decode_segment_value)),
+    MapDef("probes", "lace_probes", "hash", probes.PROBE_KEY, probes.PROBE, probes.PROBES_MAX,
+           "(pod address, port) -> configured kubelet probe target",
+           decode_key=probes.decode_probe_key, decode_value=_probe_value),
+    MapDef("probe-cookie", "lace_probe_ck", "lru_hash", probes.PROBE_COOKIE_KEY, probes.PROBE_COOKIE,
+           probes.PROBE_COOKIE_MAX, "socket cookie -> in-flight probe connection's original destination",
+           decode_key=probes.decode_probe_cookie_key, decode_value=_value(probes.decode_probe_cookie)),
+    *(
+        MapDef(f"ct-{proto}-v{v}", f"lace_ct_{proto}{v}", "lru_hash",
+               conntrack.CT4_KEY if v == 4 else conntrack.CT6_KEY, conntrack.CT_ENTRY, cap,
+               f"{proto.upper()} over IPv{v} conntrack: tuple -> state, NAT, counters, expiry",
+               decode_key=conntrack.decode_ct4_key if v == 4 else conntrack.decode_ct6_key,
+               decode_value=_value(conntrack.decode_ct4_entry if v == 4 else conntrack.decode_ct6_entry))
+        for v in (4, 6)
+        for proto, cap in (("tcp", conntrack.CT_TCP_MAX), ("udp", conntrack.CT_UDP_MAX),
+                           ("icmp", conntrack.CT_ICMP_MAX))
+    ),
+    MapDef("events", "lace_events", "ringbuf", None, trace.TRACE_EVENT, trace.EVENTS_BYTES,
+           "ring buffer of flow decisions (struct lace_trace_event records); max_entries is its size in bytes",
+           decode_value=_value(trace.decode_trace_event)),
+    MapDef("metrics", "lace_metrics", "percpu_hash", trace.METRICS_KEY, trace.METRICS_VALUE, trace.METRICS_MAX,
+           "per-CPU packet and byte counters by (drop reason, trace point, verdict)",
+           decode_key=trace.decode_metrics_key, decode_value=_value(trace.decode_metrics_value)),
+)
+
+#: CLI name -> map definition, in the order ``node bpf`` lists them
+MAPS: dict[str, MapDef] = {m.cli_name: m for m in _MAPS}
+
+#: conntrack tables in the order ``node bpf ct`` walks them
+CT_TABLES: tuple[str, ...] = ("ct-tcp-v6", "ct-udp-v6", "ct-icmp-v6", "ct-tcp-v4", "ct-udp-v4", "ct-icmp-v4")
+
+#: the maps ``node bpf show`` accepts
+SHOWABLE: tuple[str, ...] = (
+    "config", "devices", "routing", "delivery", "veth", "services", "policy", "segment",
+    "prefix-segment", "probes", "probe-cookie",
+)
+
+
+def by_pin_name() -> dict[str, MapDef]:
+    """Pin (BPF object) name -> map definition."""
+    return {m.pin_name: m for m in _MAPS}
+
+
+def get(cli_name: str) -> MapDef:
+    """The map called ``cli_name``; KeyError lists the known names."""
+    try:
+        return MAPS[cli_name]
+    except KeyError:
+        raise KeyError(f"unknown map {cli_name!r}; known maps: {', '.join(MAPS)}") from None
+
+
+_CT_PROTOS = {Proto.TCP: "tcp", Proto.UDP: "udp", Proto.ICMP: "icmp", Proto.ICMPV6: "icmp"}
+
+
+def ct_table(family: int, proto: int) -> str:
+    """The CLI name of the conntrack table for a family and IP protocol, e.g. ``ct-tcp-v4``."""
+    fam = Family(family)
+    try:
+        name = _CT_PROTOS[Proto(proto)]
+    except ValueError:
+        raise ValueError(f"no conntrack table for IP protocol {proto}") from None
+    return f"ct-{name}-v{4 if fam is Family.IPV4 else 6}"
+
+
+# --- program objects -----------------------------------------------------------------------------
+
+#: program object name -> file under build/bpf
+OBJECTS: dict[str, str] = {"pod_veth": "pod_veth.o", "uplink": "uplink.o"}
+
+#: the repository root (lace/datapath/registry.py -> ../..)
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def bpf_dir() -> Path:
+    """Where the compiled objects live: $LACE_BPF_DIR, else <repo>/build/bpf."""
+    env = os.environ.get("LACE_BPF_DIR")
+    return Path(env) if env else REPO_ROOT / "build" / "bpf"
+
+
+def bpf_object_path(name: str) -> Path:
+    """The path of program object ``name`` (a key of OBJECTS, or its file name).
+
+    Raises FileNotFoundError saying how to build it when it is missing.
+    """
+    file = OBJECTS.get(name, name)
+    if file not in OBJECTS.values():
+        raise KeyError(f"unknown BPF object {name!r}; known objects: {', '.join(OBJECTS)}")
+    path = bpf_dir() / file
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"BPF object {path} not found: run `make bpf` in {REPO_ROOT}"
+            + (" (or fix LACE_BPF_DIR)" if os.environ.get("LACE_BPF_DIR") else "")
+        )
+    return path

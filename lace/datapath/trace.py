@@ -1,0 +1,137 @@
+"""Flow events (ring buffer records) and per-CPU packet counters by reason (C: lace/abi/trace.h)."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from typing import Any
+
+from lace.bpf.layout import Layout
+from lace.datapath.common import Family, Proto, Verdict, addr_str, enum_label
+from lace.datapath.conntrack import CtStatus, tcp_flag_labels
+from lace.datapath.delivery import DeliveryKind
+from lace.datapath.reasons import DropReason, TracePoint
+
+EVENTS_BYTES = 4 * 1024 * 1024
+METRICS_MAX = 1024
+
+
+class NatKind(enum.IntEnum):
+    """Address translation applied to a traced packet (C: enum lace_nat_kind)."""
+
+    NONE = 0
+    DNAT = 1
+    SNAT = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+#: struct lace_trace_event (trace.h): one ring buffer record
+TRACE_EVENT = Layout(
+    "struct lace_trace_event",
+    [
+        ("ts_ns", "u64"),
+        ("ifindex", "u32"),
+        ("pkt_len", "u32"),
+        ("point", "u8"),
+        ("verdict", "u8"),
+        ("reason", "u16"),
+        ("family", "u8"),
+        ("proto", "u8"),
+        ("ct_status", "u8"),
+        ("delivery", "u8"),
+        ("src_network", "u32"),
+        ("dst_network", "u32"),
+        ("src_segment", "u32"),
+        ("dst_segment", "u32"),
+        ("saddr", "bytes:16"),
+        ("daddr", "bytes:16"),
+        ("sport", "be16"),
+        ("dport", "be16"),
+        ("policy_id", "u32"),
+        ("nat_addr", "bytes:16"),
+        ("nat_port", "be16"),
+        ("nat_kind", "u8"),
+        ("tcp_flags", "u8"),
+        ("delivery_ifindex", "u32"),
+        ("sid", "bytes:16"),
+        ("node_id", "u32"),
+        ("rule", "u16"),
+        ("reserved", "u16"),
+    ],
+)
+
+#: struct lace_metrics_key (trace.h)
+METRICS_KEY = Layout(
+    "struct lace_metrics_key",
+    [("reason", "u16"), ("point", "u8"), ("verdict", "u8")],
+)
+
+#: struct lace_metrics_value (trace.h): one per CPU
+METRICS_VALUE = Layout("struct lace_metrics_value", [("packets", "u64"), ("bytes", "u64")])
+
+C_MACROS: dict[str, int] = {
+    "LACE_EVENTS_BYTES": EVENTS_BYTES,
+    "LACE_METRICS_MAX": METRICS_MAX,
+}
+C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
+    "lace_nat_kind": (NatKind, "LACE_NAT_"),
+    "lace_drop_reason": (DropReason, "LACE_DROP_"),
+    "lace_trace_point": (TracePoint, "LACE_POINT_"),
+}
+
+
+def decode_trace_event(raw: bytes) -> dict[str, Any]:
+    """A flow event with enums by label and addresses as strings (NAT and SID fields only when set)."""
+    e = TRACE_EVENT.unpack(raw)
+    fam = e["family"]
+    out: dict[str, Any] = {
+        "ts_ns": e["ts_ns"],
+        "ifindex": e["ifindex"],
+        "pkt_len": e["pkt_len"],
+        "point": enum_label(TracePoint, e["point"]),
+        "verdict": enum_label(Verdict, e["verdict"]),
+        "reason": enum_label(DropReason, e["reason"]),
+        "family": enum_label(Family, fam),
+        "proto": enum_label(Proto, e["proto"]),
+        "ct_status": enum_label(CtStatus, e["ct_status"]),
+        "delivery": enum_label(DeliveryKind, e["delivery"]),
+        "src_network": e["src_network"],
+        "dst_network": e["dst_network"],
+        "src_segment": e["src_segment"],
+        "dst_segment": e["dst_segment"],
+        "saddr": addr_str(fam, e["saddr"]),
+        "daddr": addr_str(fam, e["daddr"]),
+        "sport": e["sport"],
+        "dport": e["dport"],
+        "tcp_flags": tcp_flag_labels(e["tcp_flags"]) if e["proto"] == Proto.TCP else [],
+        "policy_id": e["policy_id"],
+        "rule": e["rule"],
+        "nat_kind": enum_label(NatKind, e["nat_kind"]),
+        "nat_addr": addr_str(fam, e["nat_addr"]) if e["nat_kind"] else None,
+        "nat_port": e["nat_port"] if e["nat_kind"] else None,
+        "delivery_ifindex": e["delivery_ifindex"],
+        "sid": str(ipaddress.IPv6Address(e["sid"])) if e["delivery"] == DeliveryKind.REMOTE else None,
+        "node_id": e["node_id"],
+    }
+    return out
+
+
+def metrics_key(reason: int, point: int, verdict: int) -> bytes:
+    return METRICS_KEY.pack(reason=int(reason), point=int(point), verdict=int(verdict))
+
+
+def decode_metrics_key(raw: bytes) -> dict[str, Any]:
+    k = METRICS_KEY.unpack(raw)
+    return {
+        "reason": enum_label(DropReason, k["reason"]),
+        "point": enum_label(TracePoint, k["point"]),
+        "verdict": enum_label(Verdict, k["verdict"]),
+    }
+
+
+def decode_metrics_value(raw: bytes) -> dict[str, Any]:
+    """One CPU's counters; callers of a per-CPU lookup sum them."""
+    return METRICS_VALUE.unpack(raw)
