@@ -34,6 +34,7 @@ NON_ITERABLE = frozenset({22, 23, 24, 26, RINGBUF, 28, 29, 30, 31, 32, 33})
 _BATCH_UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP)
 
 KeyLike = bytes | bytearray | memoryview | int
+Buffer = bytes | bytearray | memoryview
 
 
 def _round8(n: int) -> int:
@@ -229,12 +230,14 @@ class Map:
 
     # --- batch ---------------------------------------------------------------------------------
 
-    def dump(self) -> tuple[bytes, bytes, int]:
+    def dump(self) -> tuple[Buffer, Buffer, int]:
         """All entries as (keys, values, count): contiguous buffers of ``count`` keys and values.
 
-        Values are ``value_blob_size`` bytes each (per-CPU maps: ``ncpus`` values of
-        ``percpu_stride`` bytes).  Uses BPF_MAP_LOOKUP_BATCH where the map type supports it and
-        falls back to get_next_key iteration (e.g. LPM tries).
+        The buffers are read-only memoryviews (zero-copy over the memory the kernel filled; use
+        ``bytes(...)`` for a copy), ready for ``Layout.decode_many``/``np.frombuffer``.  Values are
+        ``value_blob_size`` bytes each (per-CPU maps: ``ncpus`` values of ``percpu_stride`` bytes).
+        Uses BPF_MAP_LOOKUP_BATCH where the map type supports it and falls back to get_next_key
+        iteration otherwise (e.g. LPM tries).
         """
         self._check_iterable("dump")
         if self.type in BATCH_TYPES:
@@ -245,12 +248,11 @@ class Map:
                     raise
         return self._dump_iter()
 
-    def _dump_batch(self) -> tuple[bytes, bytes, int]:
+    def _dump_batch(self) -> tuple[Buffer, Buffer, int]:
         cap = self.max_entries
         ks, vs = self.key_size, self.value_blob_size
-        keys = bytearray(cap * ks)
-        vals = bytearray(cap * vs)
-        kp, vp = _lb.buf_ptr(keys), _lb.buf_ptr(vals)
+        kmem, kp = _lb.scratch(cap * ks)
+        vmem, vp = _lb.scratch(cap * vs)
         token_size = max(ks, 8)
         in_tok = ctypes.create_string_buffer(token_size)
         out_tok = ctypes.create_string_buffer(token_size)
@@ -274,65 +276,70 @@ class Map:
             _lb.check(ret, f"batch lookup in map {self.name!r}")
             ctypes.memmove(in_tok, out_tok, token_size)
             first = False
-        if count == cap:
-            return bytes(keys), bytes(vals), count
-        return bytes(memoryview(keys)[: count * ks]), bytes(memoryview(vals)[: count * vs]), count
+        return (
+            memoryview(kmem)[: count * ks].toreadonly(),
+            memoryview(vmem)[: count * vs].toreadonly(),
+            count,
+        )
 
-    def _dump_iter(self) -> tuple[bytes, bytes, int]:
+    def _dump_iter(self) -> tuple[Buffer, Buffer, int]:
         ks: list[bytes] = []
         vs: list[bytes] = []
         for k, v in self.items():
             ks.append(k)
             vs.append(v)
-        return b"".join(ks), b"".join(vs), len(ks)
+        return memoryview(b"".join(ks)), memoryview(b"".join(vs)), len(ks)
 
-    def _split(self, buf: bytes | bytearray | memoryview, size: int, count: int, what: str) -> bytes:
-        data = bytes(buf)
-        if len(data) < size * count:
-            raise ValueError(f"map {self.name!r}: {what} buffer holds {len(data) // max(size, 1)} < {count} entries")
-        return data[: size * count]
+    def _buffer(self, buf: Buffer, size: int, count: int, what: str) -> memoryview:
+        mv = memoryview(buf).cast("B")
+        if len(mv) < size * count:
+            raise ValueError(f"map {self.name!r}: {what} buffer holds {len(mv) // max(size, 1)} < {count} entries")
+        return mv[: size * count]
 
-    def update_batch(
-        self, keys: bytes | bytearray | memoryview, values: bytes | bytearray | memoryview, count: int,
-        flags: int = ANY,
-    ) -> int:
+    def update_batch(self, keys: Buffer, values: Buffer, count: int, flags: int = ANY) -> int:
         """Write ``count`` entries from contiguous key and value buffers; returns the count written."""
-        k = self._split(keys, self.key_size, count, "key")
-        v = self._split(values, self.value_blob_size, count, "value")
+        k = self._buffer(keys, self.key_size, count, "key")
+        v = self._buffer(values, self.value_blob_size, count, "value")
         if count == 0:
             return 0
         if self.type in BATCH_TYPES:
+            (k_keep, kp), (v_keep, vp) = _lb.addr_of(k), _lb.addr_of(v)
             n = ctypes.c_uint32(count)
             opts = _lb.BpfMapBatchOpts(sz=ctypes.sizeof(_lb.BpfMapBatchOpts), elem_flags=flags)
-            ret = _lb.lib.bpf_map_update_batch(self.fd, k, v, ctypes.byref(n), ctypes.byref(opts))
+            ret = _lb.lib.bpf_map_update_batch(self.fd, kp, vp, ctypes.byref(n), ctypes.byref(opts))
+            del k_keep, v_keep
             if ret >= 0:
                 return count
             if -ret not in _BATCH_UNSUPPORTED or n.value:
                 raise error(
-                    f"batch update of map {self.name!r}", -ret, f"{n.value} of {count} entries written"
+                    f"batch update of map {self.name!r}", -ret, f"{n.value} of {count} entries written",
+                    key_op=True,
                 )
         ks, vs = self.key_size, self.value_blob_size
         for i in range(count):
-            ret = _lb.lib.bpf_map_update_elem(self.fd, k[i * ks : (i + 1) * ks], v[i * vs : (i + 1) * vs], flags)
+            ret = _lb.lib.bpf_map_update_elem(
+                self.fd, bytes(k[i * ks : (i + 1) * ks]), bytes(v[i * vs : (i + 1) * vs]), flags
+            )
             if ret < 0:
                 raise error(f"update map {self.name!r}", -ret, f"{i} of {count} entries written", key_op=True)
         return count
 
-    def delete_batch(self, keys: bytes | bytearray | memoryview, count: int) -> int:
+    def delete_batch(self, keys: Buffer, count: int) -> int:
         """Delete ``count`` keys from a contiguous buffer; absent keys are skipped; returns deleted."""
-        k = self._split(keys, self.key_size, count, "key")
+        k = self._buffer(keys, self.key_size, count, "key")
         ks = self.key_size
         deleted = 0
         start = 0
         if self.type in BATCH_TYPES and self.type not in (ARRAY, PERCPU_ARRAY):
+            keep, kp = _lb.addr_of(k)
             opts = _lb.BpfMapBatchOpts(sz=ctypes.sizeof(_lb.BpfMapBatchOpts))
             while start < count:
                 n = ctypes.c_uint32(count - start)
-                ret = _lb.lib.bpf_map_delete_batch(self.fd, k[start * ks :], ctypes.byref(n), ctypes.byref(opts))
+                ret = _lb.lib.bpf_map_delete_batch(self.fd, kp + start * ks, ctypes.byref(n), ctypes.byref(opts))
                 deleted += n.value
                 if ret >= 0:
                     return deleted
-                if -ret == errno.ENOENT:  # key at start+n is absent: skip it and go on
+                if -ret == errno.ENOENT:  # the key at start+n is absent: skip it and go on
                     start += n.value + 1
                     continue
                 if -ret in _BATCH_UNSUPPORTED and n.value == 0:
@@ -340,6 +347,7 @@ class Map:
                 raise error(f"batch delete from map {self.name!r}", -ret)
             else:
                 return deleted
+            del keep
         for i in range(start, count):
             if self.delete(k[i * ks : (i + 1) * ks]):
                 deleted += 1
