@@ -138,6 +138,17 @@ def render() -> str:
     lines += [""]
     lines += _enum("TracePoint", "Where a trace event was observed (C: enum lace_trace_point, LACE_POINT_*).",
                    points, "POINT", "trace point")
+    lines += [
+        "",
+        "#: C macro -> Python value (reasons.h defines none); tests/schema checks the mirrors.",
+        "C_MACROS: dict[str, int] = {}",
+        "#: C enum -> (Python enum, prefix of the C enumerator names)",
+        "C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {",
+        '    "lace_drop_reason": (DropReason, "LACE_DROP_"),',
+        '    "lace_trace_point": (TracePoint, "LACE_POINT_"),',
+        "}",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -17,7 +17,6 @@ class EndpointFlag(enum.IntFlag):
 
     IPV4 = 0x1  # ipv4 is set
     IPV6 = 0x2  # ipv6 is set
-    AUDIT = 0x4  # policy drops for this endpoint are reported, not enforced
 
 
 #: struct lace_veth_key (endpoint.h)
@@ -42,7 +41,6 @@ C_MACROS: dict[str, int] = {
     "LACE_VETH_MAX": VETH_MAX,
     "LACE_EP_F_IPV4": EndpointFlag.IPV4,
     "LACE_EP_F_IPV6": EndpointFlag.IPV6,
-    "LACE_EP_F_AUDIT": EndpointFlag.AUDIT,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {}
 
@@ -52,16 +50,13 @@ def veth_key(ifindex: int) -> bytes:
 
 
 def endpoint_value(*, endpoint_id: int, network: int, segment: int, mac: str | bytes,
-                   ipv4: AddressLike | None = None, ipv6: AddressLike | None = None,
-                   audit: bool = False) -> bytes:
+                   ipv4: AddressLike | None = None, ipv6: AddressLike | None = None) -> bytes:
     """Pack an endpoint; the IPV4/IPV6 flags follow from which addresses are given."""
     flags = EndpointFlag(0)
     if ipv4 is not None:
         flags |= EndpointFlag.IPV4
     if ipv6 is not None:
         flags |= EndpointFlag.IPV6
-    if audit:
-        flags |= EndpointFlag.AUDIT
     return ENDPOINT.pack(
         endpoint_id=check_u32(endpoint_id, "endpoint ID"),
         network=check_u32(network, "network"),

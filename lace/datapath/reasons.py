@@ -172,3 +172,12 @@ _POINT_TEXT: dict[int, str] = {
     3: "host device, traffic from the node's stack",
     4: 'cgroup socket hook',
 }
+
+
+#: C macro -> Python value (reasons.h defines none); tests/schema checks the mirrors.
+C_MACROS: dict[str, int] = {}
+#: C enum -> (Python enum, prefix of the C enumerator names)
+C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
+    "lace_drop_reason": (DropReason, "LACE_DROP_"),
+    "lace_trace_point": (TracePoint, "LACE_POINT_"),
+}

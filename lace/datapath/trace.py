@@ -78,8 +78,6 @@ C_MACROS: dict[str, int] = {
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_nat_kind": (NatKind, "LACE_NAT_"),
-    "lace_drop_reason": (DropReason, "LACE_DROP_"),
-    "lace_trace_point": (TracePoint, "LACE_POINT_"),
 }
 
 
