@@ -148,7 +148,7 @@ class TcFilter:
         opts = _lb.BpfTcOpts(sz=ctypes.sizeof(_lb.BpfTcOpts), handle=self.handle, priority=self.priority)
         with _netns.enter(self.netns):
             ret = _lb.lib.bpf_tc_query(ctypes.byref(hook), ctypes.byref(opts))
-        if ret == -errno.ENOENT:
+        if ret in (-errno.ENOENT, -errno.EINVAL):  # the kernel answers EINVAL for an empty hook
             return None
         _lb.check(ret, f"query tc filter {self.handle}:{self.priority} on ifindex {self.ifindex}")
         return int(opts.prog_id)

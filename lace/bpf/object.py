@@ -266,7 +266,7 @@ class ObjectSpec:
                 if reason is None:
                     os.close(fd)
                     continue
-                aside = f"{path}.old-{os.getpid()}"
+                aside = f"{path}-old-{os.getpid()}"  # bpffs refuses names containing dots
                 try:
                     os.rename(path, aside)
                 except OSError as exc:
@@ -366,7 +366,7 @@ def _copy_entries(old: Map, new: Map) -> tuple[int, int]:
     return copied, dropped + (len(sel) - copied)
 
 
-def _widen_values(old: Map, new: Map, vals: bytes, sel: list[int]) -> bytes:
+def _widen_values(old: Map, new: Map, vals: memoryview, sel: list[int]) -> bytes:
     """Re-lay values for ``new``: zero-extend each value (each CPU's value for per-CPU maps)."""
     ob, nb = old.value_blob_size, new.value_blob_size
     if old.type in PERCPU_TYPES:
@@ -381,7 +381,7 @@ def _widen_values(old: Map, new: Map, vals: bytes, sel: list[int]) -> bytes:
     if ob == nb:
         return b"".join(vals[i * ob : (i + 1) * ob] for i in sel)
     pad = bytes(nb - ob)
-    return b"".join(vals[i * ob : (i + 1) * ob] + pad for i in sel)
+    return b"".join(bytes(vals[i * ob : (i + 1) * ob]) + pad for i in sel)
 
 
 def _update_tolerant(m: Map, keys: bytes, vals: bytes, count: int) -> int:
