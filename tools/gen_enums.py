@@ -170,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         return 0
-    if not out.exists() or out.read_text(encoding="utf-8") != content:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".py.tmp")
-        tmp.write_text(content, encoding="utf-8")
-        tmp.replace(out)
+    if out.exists() and out.read_text(encoding="utf-8") == content:
+        out.touch()  # up to date: only refresh the mtime, so make sees the target as built
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".py.tmp")
+    tmp.write_text(content, encoding="utf-8")
+    tmp.replace(out)
     return 0
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import (
+from abi_oracle import (
     ABI_DIR,
     HEADERS,
     LIBBPF_PIN_BY_NAME,
