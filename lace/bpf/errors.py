@@ -9,7 +9,19 @@ import os
 ENOTSUPP = 524
 
 
+# libbpf's own error codes (enum libbpf_errno in libbpf.h)
+_LIBBPF_ERRNOS = {
+    4000: "libelf failed", 4001: "invalid BPF object format", 4002: "kernel version section missing",
+    4003: "endianness mismatch", 4004: "libbpf internal error", 4005: "relocation failed",
+    4006: "program load failed", 4007: "kernel verifier blocked the program",
+    4008: "program too big", 4009: "incorrect kernel version", 4010: "kernel does not support the program type",
+    4011: "wrong pid in netlink message", 4012: "invalid netlink sequence", 4013: "netlink parse error",
+}  # fmt: skip
+
+
 def _strerror(err: int) -> str:
+    if err in _LIBBPF_ERRNOS:
+        return _LIBBPF_ERRNOS[err]
     if err == ENOTSUPP:
         return "Operation not supported by this map or kernel"
     try:

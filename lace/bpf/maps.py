@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _libbpf as _lb
-from .errors import ENOTSUPP, BPFError, KeyNotFound, NotSupported, error
+from .errors import ENOTSUPP, BPFError, NotSupported, error
 from .info import MapInfo, map_info_fd, map_type_name
 from .layout import Layout
 
@@ -303,11 +303,10 @@ class Map:
         if count == 0:
             return 0
         if self.type in BATCH_TYPES:
-            (k_keep, kp), (v_keep, vp) = _lb.addr_of(k), _lb.addr_of(v)
+            (_, kp), (_, vp) = _lb.addr_of(k), _lb.addr_of(v)  # k and v keep the memory alive
             n = ctypes.c_uint32(count)
             opts = _lb.BpfMapBatchOpts(sz=ctypes.sizeof(_lb.BpfMapBatchOpts), elem_flags=flags)
             ret = _lb.lib.bpf_map_update_batch(self.fd, kp, vp, ctypes.byref(n), ctypes.byref(opts))
-            del k_keep, v_keep
             if ret >= 0:
                 return count
             if -ret not in _BATCH_UNSUPPORTED or n.value:
@@ -428,6 +427,4 @@ class TypedMap:
         return keys, vals
 
 
-__all__ = [
-    "ANY", "NOEXIST", "EXIST", "Map", "TypedMap", "KeyNotFound", "map_type_name",
-]  # fmt: skip
+__all__ = ["ANY", "NOEXIST", "EXIST", "Map", "TypedMap", "map_type_name"]

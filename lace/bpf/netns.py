@@ -40,7 +40,7 @@ def enter(name_or_path: str | None) -> Iterator[None]:
     except OSError as exc:
         raise BPFError(f"open network namespace {target}", exc.errno or 0) from None
     try:
-        orig_fd = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        orig_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         os.close(target_fd)
         raise BPFError("open current network namespace", exc.errno or 0) from None

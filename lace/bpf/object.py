@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import _libbpf as _lb
-from .errors import BPFError, LoadError, VerifierError, error
+from .errors import BPFError, IncompatibleMap, LoadError, VerifierError, error
 from .info import MapInfo, ProgInfo, map_info_fd, map_type_name, prog_info_fd, prog_type_name
 from .maps import ANY, ARRAY, BATCH_TYPES, NON_ITERABLE, PERCPU_ARRAY, PERCPU_TYPES, Map
 
@@ -201,7 +201,7 @@ class ObjectSpec:
 
     # --- loading -------------------------------------------------------------------------------
 
-    def load(self) -> Object:
+    def load(self, *, migrate: bool = True) -> Object:
         """Create maps and load programs; a spec loads once.
 
         Pinned maps that exist with the same definition are reused.  One whose definition changed
@@ -209,6 +209,7 @@ class ObjectSpec:
         map is created and pinned, and entries are copied when the key size is unchanged and the
         value size equal or grown (zero-extended), as many as the new capacity holds.  If the load
         fails the old pins are put back.  What happened is in :attr:`Object.migrations`.
+        With ``migrate=False`` a changed pinned map raises :class:`IncompatibleMap` instead.
         """
         self._check_editable()
         assert self._ptr is not None
@@ -219,7 +220,7 @@ class ObjectSpec:
                 _lb.lib.bpf_program__set_log_buf(p._ptr, p._log_buf, LOG_BUF_SIZE),
                 f"set log buffer of {p.name!r}",
             )
-        pending = self._prepare_migrations()
+        pending = self._prepare_migrations(migrate)
         self._loaded = True
         _lb.printer.clear()
         ret = _lb.lib.bpf_object__load(self._ptr)
@@ -250,7 +251,7 @@ class ObjectSpec:
             return _lb.possible_cpus()
         return ms.max_entries
 
-    def _prepare_migrations(self) -> dict[str, _OldPin]:
+    def _prepare_migrations(self, migrate: bool) -> dict[str, _OldPin]:
         """Move aside every existing pin whose map does not match its spec."""
         pending: dict[str, _OldPin] = {}
         try:
@@ -266,6 +267,12 @@ class ObjectSpec:
                 if reason is None:
                     os.close(fd)
                     continue
+                if not migrate:
+                    os.close(fd)
+                    raise IncompatibleMap(
+                        f"reuse pinned map {path}", errno.EINVAL,
+                        f"{reason}; load with migrate=True or remove the pin",
+                    )
                 aside = f"{path}-old-{os.getpid()}"  # bpffs refuses names containing dots
                 try:
                     os.rename(path, aside)

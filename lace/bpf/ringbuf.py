@@ -7,7 +7,7 @@ import errno
 from typing import Callable
 
 from . import _libbpf as _lb
-from .errors import BPFError, error
+from .errors import error
 from .maps import RINGBUF, Map
 
 Callback = Callable[[bytes], "int | None"]
@@ -85,4 +85,4 @@ class RingBuffer:
             pass
 
 
-__all__ = ["RingBuffer", "BPFError"]
+__all__ = ["RingBuffer"]

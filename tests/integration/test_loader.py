@@ -84,6 +84,15 @@ def links_of(prog_ids: set[int]) -> list[dict]:
     return [lk for lk in (bpftool_json("link", "show") or []) if lk.get("prog_id") in prog_ids]
 
 
+def possible_cpus() -> int:
+    """CPU count from /sys/devices/system/cpu/possible (e.g. "0-3,8"), independent of libbpf."""
+    total = 0
+    for part in open("/sys/devices/system/cpu/possible").read().strip().split(","):
+        lo, _, hi = part.partition("-")
+        total += int(hi or lo) - int(lo) + 1
+    return total
+
+
 def pins_in(root: str) -> list[str]:
     return sorted(os.listdir(root))
 
@@ -162,6 +171,13 @@ def test_migration_grows_value_and_capacity_keeping_entries(bpf_objects, pin_roo
     assert pins_in(pin_root) == ["lt_counter", "lt_hash", "lt_rekeyed"]  # no "-old-" pin left behind
     info = Map.open_pinned(os.path.join(pin_root, "lt_hash")).info()
     assert (info.value_size, info.max_entries) == (104, 2048)
+
+
+def test_incompatible_map_without_migration_is_an_error(bpf_objects, pin_root):
+    ObjectSpec.open(bpf_objects["base"], pin_root=pin_root).load().close()
+    with pytest.raises(bpf.IncompatibleMap, match="value_size 96 -> 104"):
+        ObjectSpec.open(bpf_objects["v2"], pin_root=pin_root).load(migrate=False)
+    assert Map.open_pinned(os.path.join(pin_root, "lt_hash")).value_size == 96
 
 
 def test_migration_to_smaller_capacity_copies_what_fits(bpf_objects, pin_root):
@@ -291,7 +307,8 @@ def test_lpm_trie_lookup(private_obj):
 
 def test_percpu_values(private_obj):
     pa = private_obj.maps["lt_percpu"]
-    ncpus = len(open("/sys/devices/system/cpu/possible").read().strip()) and pa.ncpus
+    ncpus = possible_cpus()
+    assert pa.ncpus == ncpus
     assert pa.percpu and pa.percpu_stride == 8 and pa.value_blob_size == 8 * ncpus
     res = bpf.test_run(private_obj.programs["lt_emit"], packet(size=80), repeat=5)
     assert res.retval == 0
@@ -358,6 +375,7 @@ def test_open_error_is_typed(tmp_path):
     with pytest.raises(bpf.LoadError) as exc:
         ObjectSpec.open(junk)
     assert "junk.o" in str(exc.value)
+    assert "not a proper ELF object" in str(exc.value)  # libbpf's own message, captured
     with pytest.raises(bpf.BPFError):
         Map.open_pinned("/sys/fs/bpf/does-not-exist-lace")
 
