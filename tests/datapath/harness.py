@@ -85,7 +85,9 @@ def _ip(*args: str, netns: str | None = None) -> None:
 class Datapath:
     """Loads pod_veth.o and uplink.o sharing their maps; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: dict[str, int] | None = None) -> None:
+        #: CLI map name -> capacity override (benchmarks fill conntrack past its default size)
+        self.max_entries = dict(max_entries or {})
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.netns = f"lace-dp-{tag}"
         self.pin_root = f"/sys/fs/bpf/lace-dp-{tag}"
@@ -132,6 +134,8 @@ class Datapath:
         os.makedirs(self.pin_root)
         for name in ("pod_veth", "uplink"):
             spec = ObjectSpec.open(str(registry.bpf_object_path(name)), pin_root=self.pin_root)
+            for cli, n in self.max_entries.items():
+                spec.maps[registry.get(cli).pin_name].set_max_entries(n)
             self.objects.append(spec.load())
         self.maps = {}
         for obj in self.objects:
@@ -236,12 +240,16 @@ class Datapath:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, prog, pkt: bytes, ifindex: int) -> Result:
+    @staticmethod
+    def skb_ctx(ifindex: int) -> bytes:
         ctx = bytearray(SKB_SIZE)
         struct.pack_into("<I", ctx, SKB_IFINDEX, ifindex)
         struct.pack_into("<I", ctx, SKB_INGRESS_IFINDEX, ifindex)
+        return bytes(ctx)
+
+    def run(self, prog, pkt: bytes, ifindex: int) -> Result:
         with enter_netns(self.netns):
-            res = test_run(prog, pkt, ctx=bytes(ctx), data_size_out=len(pkt) + 256)
+            res = test_run(prog, pkt, ctx=self.skb_ctx(ifindex), data_size_out=len(pkt) + 256)
         self.ring.consume()
         events = [TRACE_EVENT.unpack(e) for e in self.events]
         self.events.clear()

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Datapath cost per packet, from BPF_PROG_TEST_RUN, net of a trivial pass program measured in
+the same run, for each path (established, new flow allowed, policy drop, encap) with conntrack
+filled to 1k, 100k and 1M entries and 16k policy entries.
+
+Run as root after `make install`:  .venv/bin/python bench/datapath.py [--quick]
+Targets (DESIGN): established <= 60 ns, new flow <= 500 ns, <= 10% growth from 1k to 1M.
+Numbers are medians of interleaved rounds; on a noisy machine read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scapy.layers.inet import TCP  # noqa: E402
+
+from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
+from lace.datapath.common import Direction  # noqa: E402
+from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState  # noqa: E402
+from lace.datapath.registry import bpf_dir  # noqa: E402
+from tests.datapath.harness import NET1, REMOTE, Datapath  # noqa: E402
+
+POLICY_FILL = 16_384
+CT_SIZES = (1_000, 100_000, 1_000_000)
+
+
+def fill_conntrack(dp: Datapath, n: int) -> None:
+    """n established TCPv4 entries that the measured flows never hit."""
+    keys = np.zeros(n, dtype=CT4_KEY.dtype)
+    keys["network"] = 1
+    idx = np.arange(n, dtype=np.uint32)
+    # 100.64.0.0/10 sources, one port each: unique and disjoint from the test pods
+    src = (100 << 24) | (64 << 16) | (idx >> 8 & 0xFFFF)
+    keys["saddr"] = src.astype(">u4").view("V4")
+    keys["daddr"] = np.full(n, (10 << 24) | (1 << 16) | (1 << 8) | 11, dtype=">u4").view("V4")
+    keys["sport"] = (1024 + (idx & 0xFF)).astype(">u2")
+    keys["dport"] = 80
+    keys["proto"] = 6
+    vals = np.zeros(n, dtype=CT_ENTRY.dtype)
+    now = time.monotonic_ns()
+    vals["created_ns"] = now
+    vals["last_seen_ns"] = now
+    vals["expires_ns"] = now + 3600 * 10**9
+    vals["state"] = CtState.ESTABLISHED
+    m = dp.m("ct-tcp-v4")
+    step = 100_000
+    for i in range(0, n, step):
+        k, v = keys[i:i + step], vals[i:i + step]
+        m.update_batch(k.tobytes(), v.tobytes(), len(k))
+
+
+def fill_policy(dp: Datapath, n: int) -> None:
+    """n allow entries between segments the measured flows do not use."""
+    for i in range(n):
+        dp.allow(10_000 + i % 4096, 20_000 + i, Direction.INGRESS, proto=6, port=80)
+
+
+def measure(prog, frames: list[bytes], ctx: bytes, netns: str) -> list[int]:
+    out = []
+    with enter_netns(netns):
+        for f in frames:
+            out.append(test_run(prog, f, ctx=ctx, data_size_out=len(f) + 128).duration_ns)
+    return out
+
+
+def run(quick: bool) -> int:
+    calls = 400 if quick else 2000
+    rounds = 3 if quick else 5
+    sizes = CT_SIZES[:2] if quick else CT_SIZES
+    dp = Datapath(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
+    spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_pass.o"))
+    spec.private()
+    passobj = spec.load()
+    base = passobj.programs["bench_pass"]
+    results: dict[int, dict[str, float]] = {}
+    try:
+        a, b = dp.pods["a"], dp.pods["b"]
+        ctx_a = dp.skb_ctx(a.ifindex)
+        for size in sizes:
+            dp.reset()
+            fill_conntrack(dp, size)
+            fill_policy(dp, POLICY_FILL)
+            dp.select(b.segment, Direction.INGRESS)
+            dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=80)
+            # flows to measure: one established local, one established remote (encap)
+            est = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=50000, dport=80, flags="A"))
+            enc = bytes(dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=50001, dport=80, flags="A"))
+            dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=50000, dport=80, flags="S"))
+            dp.from_pod(a, dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=50001, dport=80, flags="S"))
+            deny = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=50002, dport=81, flags="S"))
+            samples: dict[str, list[float]] = {k: [] for k in ("pass", "established", "new flow", "policy drop", "encap")}
+            port = 1
+            for _ in range(rounds):
+                news = []
+                for _ in range(calls):
+                    # a new source address per flow keeps every one of them new
+                    news.append(bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=port % 60000 + 1, dport=80, flags="S")))
+                    port += 1
+                for name, prog, frames in (
+                    ("pass", base, [est] * calls),
+                    ("established", dp.prog_pod, [est] * calls),
+                    ("new flow", dp.prog_pod, news),
+                    ("policy drop", dp.prog_pod, [deny] * calls),
+                    ("encap", dp.prog_pod, [enc] * calls),
+                ):
+                    samples[name].append(statistics.median(measure(prog, frames, ctx_a, dp.netns)))
+                dp.ring.consume()
+                dp.events.clear()
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            results[size] = {k: v - med["pass"] for k, v in med.items() if k != "pass"}
+            results[size]["pass (baseline)"] = med["pass"]
+    finally:
+        passobj.close()
+        dp.close()
+
+    paths = ["established", "new flow", "policy drop", "encap"]
+    first = sizes[0]
+    print(f"datapath ns/packet, net of a pass program (BPF_PROG_TEST_RUN; {rounds} rounds x {calls} calls, "
+          f"policy {POLICY_FILL} entries)")
+    print(f"{'path':<14}" + "".join(f"{f'ct {s:,}':>14}" for s in sizes) + f"{'ratio':>10}   target")
+    targets = {"established": "<= 60 ns", "new flow": "<= 500 ns", "policy drop": "", "encap": ""}
+    for p in paths:
+        row = "".join(f"{results[s][p]:>14.0f}" for s in sizes)
+        ratio = results[sizes[-1]][p] / results[first][p] if results[first][p] > 0 else float("nan")
+        print(f"{p:<14}{row}{ratio:>9.2f}x   {targets[p]}")
+    print(f"{'pass baseline':<14}" + "".join(f"{results[s]['pass (baseline)']:>14.0f}" for s in sizes))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer calls, 1k and 100k only")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/datapath.py needs root (BPF_PROG_TEST_RUN, network namespaces)", file=sys.stderr)
+        return 2
+    return run(args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
