@@ -1,0 +1,146 @@
+"""The store interface, shaped like the Kubernetes API so a Kubernetes-backed store can replace it.
+
+Objects are plain dicts in Kubernetes manifest shape. The cluster has one revision counter that every
+write bumps (``metadata.resourceVersion`` is its decimal string, as with etcd); ``watch`` streams the
+writes after a revision, and a revision that was compacted away raises ``Gone`` (HTTP 410), after
+which a client relists and watches from the list's ``resource_version``.
+
+Status is a subresource: ``create``/``apply``/``update`` ignore ``status`` in the body and keep the
+stored one; only ``update_status`` writes it. Store-allocated status fields (``Network.status.id``,
+``Segment.status.id``) are kept by every write.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+ApplyOutcome = Literal["created", "configured", "unchanged"]
+Selector = Mapping[str, Any] | str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ListResult:
+    """A list's items (sorted by namespace, name) and the revision to watch from afterwards."""
+
+    items: list[dict]
+    resource_version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    """One write: ADDED / MODIFIED / DELETED with the object as it was written."""
+
+    type: EventType
+    object: dict
+    resource_version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """What ``apply`` did to one object, and the object as now stored."""
+
+    object: dict
+    outcome: ApplyOutcome
+
+
+class Watch(abc.ABC, Iterator[WatchEvent]):
+    """An iterator of WatchEvents that blocks for new writes until stopped or its timeout elapses."""
+
+    @abc.abstractmethod
+    def __next__(self) -> WatchEvent: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """End the watch; safe to call from another thread, a blocked ``next`` returns promptly."""
+
+    def __iter__(self) -> Watch:
+        return self
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Store(abc.ABC):
+    """Desired state: Kubernetes-shaped objects with revisions and watch.
+
+    ``kind`` arguments accept every name kubectl does (``pods``, ``pod``, ``po``, ``Pod``).
+    ``namespace=None`` means ``default`` for a namespaced kind in get/delete, and all namespaces
+    in ``list``; it is ignored for cluster-scoped kinds.
+    """
+
+    @abc.abstractmethod
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        """The stored object, or NotFound."""
+
+    @abc.abstractmethod
+    def list(self, kind: str, namespace: str | None = None,
+             label_selector: Selector = None) -> ListResult:
+        """Objects of a kind, optionally in one namespace and matching a selector (dict or ``-l`` string)."""
+
+    @abc.abstractmethod
+    def create(self, obj: Mapping[str, Any]) -> dict:
+        """Create a new object (AlreadyExists if the name is taken); returns it as stored."""
+
+    def apply(self, obj: Mapping[str, Any]) -> ApplyResult:
+        """Create, or update by name: spec (all non-metadata fields), labels and annotations are
+        replaced, status is kept. Unchanged objects are not written (no new revision)."""
+        return self.apply_all([obj])[0]
+
+    @abc.abstractmethod
+    def apply_all(self, objs: Iterable[Mapping[str, Any]], *, dry_run: bool = False) -> list[ApplyResult]:
+        """Apply several objects atomically: all are validated (each seeing the ones before it,
+        dependencies first) and written in one transaction, or nothing is written. Results are in
+        input order. On a ValidationError, ``err.index`` is the offending object's input position."""
+
+    @abc.abstractmethod
+    def update(self, obj: Mapping[str, Any]) -> dict:
+        """Replace an existing object (NotFound if absent). A ``metadata.resourceVersion`` that is
+        not the stored one raises Conflict (optimistic concurrency)."""
+
+    @abc.abstractmethod
+    def update_status(self, kind: str, name: str, namespace: str | None, status: Mapping[str, Any],
+                      resource_version: str | None = None) -> dict:
+        """Replace an object's status (the status subresource)."""
+
+    @abc.abstractmethod
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        """Delete an object (NotFound if absent, Forbidden if a rule refuses); returns it."""
+
+    @abc.abstractmethod
+    def watch(self, kinds: list[str] | None = None, since: int | str | None = None,
+              timeout: float | None = None) -> Watch:
+        """Events after revision ``since`` (None: from now), then block for new ones.
+
+        ``timeout`` ends the watch after that many seconds (like ``timeoutSeconds``); None waits
+        until ``stop()``. Raises Gone if ``since`` was compacted away.
+        """
+
+    @abc.abstractmethod
+    def revision(self) -> int:
+        """The current cluster revision."""
+
+    @abc.abstractmethod
+    def allocate_segment(self, network: str, namespace: str, labels: Mapping[str, str]) -> int:
+        """The segment ID of (network, namespace, labels): the existing one, or a new one (>= 256)."""
+
+    @abc.abstractmethod
+    def allocate_block(self, network: str, node: str, family: int | str, prefixlen: int,
+                       *, additional: bool = False) -> str:
+        """A per-node block of the network's CIDR of that family (4 or 6), never overlapping another
+        node's. Returns the node's existing block of that family unless ``additional``."""
+
+    def close(self) -> None:
+        """Release the store's resources."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

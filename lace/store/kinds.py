@@ -1,0 +1,124 @@
+"""The kinds the store serves: apiVersion, scope and every name kubectl accepts for each.
+
+Core kinds mirror Kubernetes (Namespace, Pod, Node, Service, NetworkPolicy); ``lace.dev/v1alpha1``
+kinds are lace's own: ``Network`` is written by users, ``Segment``, ``IPBlock`` and ``IPLease`` are
+allocations the store and the node agents make.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+
+from lace.store.errors import UnknownKind
+
+LACE_API_VERSION = "lace.dev/v1alpha1"
+NETWORK_ANNOTATION = "lace.dev/network"
+DEFAULT_NETWORK = "default"
+DEFAULT_NETWORK_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
+DEFAULT_NETWORK_ID = 1
+FIRST_NETWORK_ID = 2
+MAX_NETWORK_ID = 0xFFFFFFFE  # 0xffffffff is LACE_NETWORK_OUTSIDE in the ABI
+FIRST_SEGMENT_ID = 256  # LACE_SEGMENT_FIRST_ALLOCATED; below are reserved segments
+MAX_SEGMENT_ID = 0xFFFFFFFE  # 0xffffffff is LACE_SEGMENT_SELECTED
+ALWAYS_NAMESPACES = ("default", "kube-system")
+ROUTE_OUTSIDE = "outside"
+
+
+@dataclasses.dataclass(frozen=True)
+class KindInfo:
+    """One kind: its apiVersion, plural/singular/short names and whether objects live in a namespace."""
+
+    kind: str
+    api_version: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    namespaced: bool
+
+    @property
+    def group(self) -> str:
+        """API group ("" for core), as in ``networkpolicy.networking.k8s.io``."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def qualified_singular(self) -> str:
+        """``pod``, ``network.lace.dev`` — how kubectl names the kind in ``kind/name`` output."""
+        return f"{self.singular}.{self.group}" if self.group else self.singular
+
+    @property
+    def qualified_plural(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def names(self) -> set[str]:
+        """Every spelling that resolves to this kind (case-insensitive)."""
+        out = {self.kind.lower(), self.plural, self.singular, *self.short_names}
+        out |= {self.qualified_singular, self.qualified_plural}
+        return out
+
+
+KINDS: tuple[KindInfo, ...] = (
+    KindInfo("Namespace", "v1", "namespaces", "namespace", ("ns",), False),
+    KindInfo("Node", "v1", "nodes", "node", ("no",), False),
+    KindInfo("Network", LACE_API_VERSION, "networks", "network", ("net",), False),
+    KindInfo("Service", "v1", "services", "service", ("svc",), True),
+    KindInfo("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", "networkpolicy", ("netpol",), True),
+    KindInfo("Pod", "v1", "pods", "pod", ("po",), True),
+    KindInfo("Segment", LACE_API_VERSION, "segments", "segment", ("seg",), False),
+    KindInfo("IPBlock", LACE_API_VERSION, "ipblocks", "ipblock", (), False),
+    KindInfo("IPLease", LACE_API_VERSION, "ipleases", "iplease", (), False),
+)
+
+BY_KIND: dict[str, KindInfo] = {k.kind: k for k in KINDS}
+_BY_NAME: dict[str, KindInfo] = {name: k for k in KINDS for name in k.names()}
+
+# Order in which a batch is written (dependencies first) and, reversed, deleted.
+APPLY_ORDER: dict[str, int] = {k.kind: i for i, k in enumerate(KINDS)}
+
+
+def resolve_kind(name: str) -> KindInfo:
+    """Resolve ``pods``/``pod``/``po``/``Pod``/``network.lace.dev`` to its KindInfo, or raise UnknownKind."""
+    info = _BY_NAME.get(name.strip().lower())
+    if info is None:
+        raise UnknownKind(
+            f'the store has no resource type "{name}"',
+            hint="known types: " + ", ".join(k.plural for k in KINDS),
+        )
+    return info
+
+
+def kind_info(kind: str) -> KindInfo:
+    """The KindInfo of an exact ``kind`` field value (``Pod``), or raise UnknownKind."""
+    info = BY_KIND.get(kind)
+    if info is None:
+        raise UnknownKind(
+            f'unknown kind "{kind}"', hint="known kinds: " + ", ".join(k.kind for k in KINDS)
+        )
+    return info
+
+
+def pod_network(pod: dict) -> str:
+    """The primary network a Pod (or Service) asks for: annotation lace.dev/network, else default."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(NETWORK_ANNOTATION) or DEFAULT_NETWORK
+
+
+def segment_name(network: str, namespace: str, labels: dict[str, str]) -> str:
+    """The deterministic Segment object name for an identity (network, namespace, labels)."""
+    canon = "\n".join([network, namespace, *(f"{k}={v}" for k, v in sorted(labels.items()))])
+    return f"{network}-{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
+
+
+def _dashed(text: str) -> str:
+    return text.replace(":", "-").replace("/", "-").replace(".", "-").strip("-").lower()
+
+
+def block_name(network: str, cidr: str) -> str:
+    """IPBlock object name: ``default-10-244-1-0-24``."""
+    return f"{network}-{_dashed(str(ipaddress.ip_network(cidr)))}"
+
+
+def lease_name(network: str, ip: str) -> str:
+    """IPLease object name: one lease per (network, address), so a duplicate create conflicts."""
+    return f"{network}-{_dashed(ipaddress.ip_address(ip).exploded if ':' in ip else ip)}"

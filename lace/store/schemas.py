@@ -1,0 +1,149 @@
+"""Structural JSON Schemas, one per kind; semantic rules (CIDRs, references, ports) live in validation.py.
+
+Schemas only say which fields exist and their JSON types, so their error messages stay precise; unknown
+top-level spec fields of lace's own kinds are rejected, core kinds stay open like Kubernetes objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_STR_LIST = {"type": "array", "items": _STR}
+_INT_OR_STR = {"type": ["integer", "string"]}
+
+METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": _STR,
+        "namespace": _STR,
+        "labels": _STR_MAP,
+        "annotations": _STR_MAP,
+        "uid": _STR,
+        "resourceVersion": _STR,
+        "generation": {"type": "integer"},
+        "creationTimestamp": _STR,
+    },
+}
+
+SELECTOR = {
+    "type": "object",
+    "properties": {
+        "matchLabels": _STR_MAP,
+        "matchExpressions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["key", "operator"],
+                "properties": {"key": _STR, "operator": _STR, "values": _STR_LIST},
+            },
+        },
+    },
+}
+
+
+def _object(spec: dict[str, Any] | None = None, *, spec_required: bool = False,
+            status: dict[str, Any] | None = None) -> dict[str, Any]:
+    props: dict[str, Any] = {"apiVersion": _STR, "kind": _STR, "metadata": METADATA}
+    if spec is not None:
+        props["spec"] = spec
+    props["status"] = status or {"type": "object"}
+    required = ["apiVersion", "kind", "metadata"] + (["spec"] if spec_required else [])
+    return {"type": "object", "required": required, "properties": props}
+
+
+_CONTAINER_PORT = {
+    "type": "object",
+    "required": ["containerPort"],
+    "properties": {"containerPort": {"type": "integer"}, "name": _STR, "protocol": _STR},
+}
+
+POD = _object({
+    "type": "object",
+    "properties": {
+        "nodeName": _STR,
+        "containers": {
+            "type": "array",
+            "items": {"type": "object", "properties": {
+                "name": _STR, "image": _STR, "ports": {"type": "array", "items": _CONTAINER_PORT}}},
+        },
+    },
+}, status={"type": "object", "properties": {
+    "phase": _STR, "podIP": _STR,
+    "podIPs": {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}},
+}})
+
+NAMESPACE = _object({"type": "object"})
+NODE = _object({"type": "object", "properties": {"podCIDRs": _STR_LIST}})
+
+_NP_PORT = {"type": "object", "properties": {"protocol": _STR, "port": _INT_OR_STR,
+                                             "endPort": {"type": "integer"}}}
+_NP_PEER = {"type": "object", "properties": {
+    "podSelector": SELECTOR, "namespaceSelector": SELECTOR,
+    "ipBlock": {"type": "object", "required": ["cidr"],
+                "properties": {"cidr": _STR, "except": _STR_LIST}},
+}}
+NETWORK_POLICY = _object({
+    "type": "object",
+    "required": ["podSelector"],
+    "properties": {
+        "podSelector": SELECTOR,
+        "policyTypes": _STR_LIST,
+        "ingress": {"type": "array", "items": {"type": "object", "properties": {
+            "from": {"type": "array", "items": _NP_PEER},
+            "ports": {"type": "array", "items": _NP_PORT}}}},
+        "egress": {"type": "array", "items": {"type": "object", "properties": {
+            "to": {"type": "array", "items": _NP_PEER},
+            "ports": {"type": "array", "items": _NP_PORT}}}},
+    },
+}, spec_required=True)
+
+SERVICE = _object({
+    "type": "object",
+    "properties": {
+        "type": _STR,
+        "selector": _STR_MAP,
+        "clusterIP": _STR,
+        "clusterIPs": _STR_LIST,
+        "ports": {"type": "array", "items": {"type": "object", "required": ["port"], "properties": {
+            "name": _STR, "protocol": _STR, "port": {"type": "integer"},
+            "targetPort": _INT_OR_STR, "nodePort": {"type": "integer"}}}},
+    },
+})
+
+NETWORK = _object({
+    "type": "object",
+    "required": ["cidrs"],
+    "additionalProperties": False,
+    "properties": {
+        "cidrs": {"type": "array", "minItems": 1, "items": _STR},
+        "routes": {"type": "array", "items": {
+            "type": "object", "required": ["to"], "additionalProperties": False,
+            "properties": {"to": _STR, "cidrs": _STR_LIST, "masquerade": _BOOL}}},
+    },
+}, spec_required=True, status={"type": "object", "properties": {"id": {"type": "integer"}}})
+
+SEGMENT = _object({
+    "type": "object", "required": ["network", "namespace", "labels"], "additionalProperties": False,
+    "properties": {"network": _STR, "namespace": _STR, "labels": _STR_MAP},
+}, spec_required=True, status={"type": "object", "properties": {"id": {"type": "integer"}}})
+
+IP_BLOCK = _object({
+    "type": "object", "required": ["network", "node", "cidr"], "additionalProperties": False,
+    "properties": {"network": _STR, "node": _STR, "cidr": _STR},
+}, spec_required=True)
+
+IP_LEASE = _object({
+    "type": "object", "required": ["network", "node", "ip", "pod"], "additionalProperties": False,
+    "properties": {"network": _STR, "node": _STR, "block": _STR, "ip": _STR, "pod": _STR,
+                   "containerID": _STR, "ifname": _STR},
+}, spec_required=True)
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Namespace": NAMESPACE, "Node": NODE, "Network": NETWORK, "Service": SERVICE,
+    "NetworkPolicy": NETWORK_POLICY, "Pod": POD, "Segment": SEGMENT, "IPBlock": IP_BLOCK,
+    "IPLease": IP_LEASE,
+}

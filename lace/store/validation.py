@@ -1,0 +1,485 @@
+"""Validation on write: structure by JSON Schema (schemas.py), meaning by the checks below.
+
+``validate(obj, lookup)`` returns a normalised copy or raises ValidationError naming the object
+(``Network "blue"``), the field (``spec.cidrs[1]``) and the fix. ``lookup`` answers questions about
+the objects already stored (inside the writer's transaction, so a batch sees its own earlier objects).
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import jsonschema
+import jsonschema.exceptions
+
+from lace.store import kinds as K
+from lace.store.errors import UnknownKind, ValidationError
+from lace.store.schemas import SCHEMAS
+from lace.store.selectors import (InvalidSelector, label_key_problem, label_value_problem,
+                                  validate_selector)
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+POLICY_TYPES = ("Ingress", "Egress")
+# Kinds whose names end up in DNS labels (namespaces, service names) or in annotations (networks).
+_LABEL_NAMED = {"Namespace", "Service", "Network"}
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Lookup(Protocol):
+    """Read access to stored objects that semantic checks need (references, overlaps)."""
+
+    def get_object(self, kind: str, name: str, namespace: str | None = None) -> dict | None: ...
+
+    def list_objects(self, kind: str, namespace: str | None = None) -> list[dict]: ...
+
+
+def object_ref(obj: Mapping[str, Any]) -> str:
+    """``Network "blue"`` / ``Pod "demo/web"``: how messages name an object."""
+    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else "object"
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    name = meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else "<unnamed>"
+    ns = meta.get("namespace")
+    info = K.BY_KIND.get(kind)
+    if info is not None and info.namespaced and isinstance(ns, str) and ns:
+        return f'{kind} "{ns}/{name}"'
+    return f'{kind} "{name}"'
+
+
+class _Checker:
+    """Collects the context of one object under validation so checks can raise short errors."""
+
+    def __init__(self, obj: dict, lookup: Lookup) -> None:
+        self.obj = obj
+        self.lookup = lookup
+        self.ref = object_ref(obj)
+
+    def fail(self, field: str | None, problem: str, fix: str | None = None) -> None:
+        raise ValidationError(self.ref, field, problem, fix)
+
+    # ---- shared field checks -------------------------------------------------------------------
+
+    def cidr(self, value: Any, field: str) -> IPNetwork:
+        if not isinstance(value, str):
+            self.fail(field, f"{value!r} is not a CIDR", "write it as a string like 10.1.0.0/16")
+        try:
+            return ipaddress.ip_network(value, strict=True)
+        except ValueError:
+            pass
+        try:
+            loose = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            self.fail(field, f'"{value}" is not a valid IPv4 or IPv6 CIDR',
+                      "write an address and prefix length like 10.1.0.0/16 or fd00:1::/64")
+        self.fail(field, f'"{value}" has host bits set', f"use {loose}")
+        raise AssertionError("unreachable")
+
+    def ip(self, value: Any, field: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        try:
+            return ipaddress.ip_address(value)
+        except ValueError:
+            self.fail(field, f'"{value}" is not a valid IPv4 or IPv6 address')
+        raise AssertionError("unreachable")
+
+    def port(self, value: Any, field: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            self.fail(field, f"port {value!r} is out of range", "use a number from 1 to 65535")
+
+    def named_or_numeric_port(self, value: Any, field: str) -> None:
+        if isinstance(value, str):
+            if value.isdigit():
+                self.port(int(value), field)
+            elif len(value) > 15 or not _IANA_SVC_NAME.match(value):
+                self.fail(field, f'"{value}" is not a valid port name',
+                          "a named port is at most 15 lowercase letters, digits and '-', with a letter")
+        else:
+            self.port(value, field)
+
+    def protocol(self, value: Any, field: str) -> None:
+        if value is not None and value not in PROTOCOLS:
+            self.fail(field, f"unsupported protocol {value!r}", "use TCP, UDP or SCTP")
+
+    def selector(self, value: Any, field: str) -> None:
+        try:
+            validate_selector(value, field)
+        except InvalidSelector as err:
+            self.fail(err.field, err.problem)
+
+    def labels(self, labels: Mapping[str, Any], field: str) -> None:
+        for key, value in labels.items():
+            problem = label_key_problem(key) or label_value_problem(value)
+            if problem:
+                self.fail(f"{field}.{key}", problem)
+
+    def network_exists(self, name: Any, field: str) -> dict:
+        net = self.lookup.get_object("Network", name) if isinstance(name, str) else None
+        if net is None:
+            self.fail(field, f'Network "{name}" does not exist',
+                      f"create Network {name} first, or use an existing one (lace get networks)")
+        assert net is not None
+        return net
+
+    def namespace_exists(self, name: str, field: str) -> None:
+        if name in K.ALWAYS_NAMESPACES:
+            return
+        if self.lookup.get_object("Namespace", name) is None:
+            self.fail(field, f'Namespace "{name}" does not exist', f"create Namespace {name} first")
+
+
+def _network_cidrs(net: Mapping[str, Any]) -> list[IPNetwork]:
+    out = []
+    for c in (net.get("spec") or {}).get("cidrs") or []:
+        try:
+            out.append(ipaddress.ip_network(c, strict=False))
+        except ValueError:
+            continue
+    return out
+
+
+def _overlaps(a: IPNetwork, b: IPNetwork) -> bool:
+    return a.version == b.version and a.overlaps(b)  # type: ignore[arg-type]
+
+
+def _contained(a: IPNetwork, b: IPNetwork) -> bool:
+    return a.version == b.version and a.subnet_of(b)  # type: ignore[arg-type]
+
+
+# ---- per-kind semantic checks ------------------------------------------------------------------
+
+def _check_namespace(c: _Checker) -> None:
+    pass
+
+
+def _check_node(c: _Checker) -> None:
+    for i, cidr in enumerate((c.obj.get("spec") or {}).get("podCIDRs") or []):
+        c.cidr(cidr, f"spec.podCIDRs[{i}]")
+
+
+def _check_network(c: _Checker) -> None:
+    name = c.obj["metadata"]["name"]
+    spec = c.obj["spec"]
+    cidrs: list[IPNetwork] = []
+    for i, value in enumerate(spec["cidrs"]):
+        net = c.cidr(value, f"spec.cidrs[{i}]")
+        for j, other in enumerate(cidrs):
+            if _overlaps(net, other):
+                c.fail(f"spec.cidrs[{i}]", f"{net} overlaps spec.cidrs[{j}] ({other})",
+                       "list each range once")
+        cidrs.append(net)
+    if name == K.DEFAULT_NETWORK:
+        for other in c.lookup.list_objects("Network"):
+            if other["metadata"]["name"] == name:
+                continue
+            for i, net in enumerate(cidrs):
+                for theirs in _network_cidrs(other):
+                    if _overlaps(net, theirs):
+                        c.fail(f"spec.cidrs[{i}]",
+                               f'{net} overlaps Network "{other["metadata"]["name"]}" ({theirs})',
+                               "the default network may not overlap any other network")
+    else:
+        default = c.lookup.get_object("Network", K.DEFAULT_NETWORK)
+        default_cidrs = (_network_cidrs(default) if default
+                         else [ipaddress.ip_network(x) for x in K.DEFAULT_NETWORK_CIDRS])
+        for i, net in enumerate(cidrs):
+            for theirs in default_cidrs:
+                if _overlaps(net, theirs):
+                    c.fail(f"spec.cidrs[{i}]", f"{net} overlaps the default network ({theirs})",
+                           "networks may overlap each other but never default: pick a range outside it")
+    for i, route in enumerate(spec.get("routes") or []):
+        to = route["to"]
+        if to == name:
+            c.fail(f"spec.routes[{i}].to", f'a route from Network "{name}" to itself',
+                   "remove it: a network always reaches its own CIDRs")
+        if to != K.ROUTE_OUTSIDE:
+            c.network_exists(to, f"spec.routes[{i}].to")
+        for j, value in enumerate(route.get("cidrs") or []):
+            c.cidr(value, f"spec.routes[{i}].cidrs[{j}]")
+
+
+def _check_pod(c: _Checker) -> None:
+    meta = c.obj["metadata"]
+    c.namespace_exists(meta["namespace"], "metadata.namespace")
+    c.network_exists(K.pod_network(c.obj), f"metadata.annotations.{K.NETWORK_ANNOTATION}")
+    spec = c.obj.get("spec") or {}
+    node = spec.get("nodeName")
+    if node is not None and not _DNS_SUBDOMAIN.match(node):
+        c.fail("spec.nodeName", f'"{node}" is not a valid node name',
+               "use lowercase letters, digits, '-' and '.'")
+    for i, container in enumerate(spec.get("containers") or []):
+        for j, port in enumerate(container.get("ports") or []):
+            where = f"spec.containers[{i}].ports[{j}]"
+            c.port(port["containerPort"], f"{where}.containerPort")
+            c.protocol(port.get("protocol"), f"{where}.protocol")
+            if "name" in port:
+                c.named_or_numeric_port(port["name"], f"{where}.name")
+    for i, entry in enumerate((c.obj.get("status") or {}).get("podIPs") or []):
+        if "ip" in entry:
+            c.ip(entry["ip"], f"status.podIPs[{i}].ip")
+
+
+def _check_policy_ports(c: _Checker, ports: list[dict], where: str) -> None:
+    for i, port in enumerate(ports):
+        field = f"{where}.ports[{i}]"
+        c.protocol(port.get("protocol"), f"{field}.protocol")
+        value = port.get("port")
+        end = port.get("endPort")
+        if value is not None:
+            c.named_or_numeric_port(value, f"{field}.port")
+        if end is not None:
+            if value is None or (isinstance(value, str) and not value.isdigit()):
+                c.fail(f"{field}.endPort", "endPort needs a numeric port",
+                       "set port to the first number of the range, or remove endPort")
+            c.port(end, f"{field}.endPort")
+            if end < int(value):
+                c.fail(f"{field}.endPort", f"endPort {end} is below port {value}",
+                       "make endPort at least port")
+
+
+def _check_policy_peer(c: _Checker, peer: dict, field: str) -> None:
+    if not peer:
+        c.fail(field, "an empty peer selects nothing",
+               "set podSelector, namespaceSelector or ipBlock")
+    if "ipBlock" in peer:
+        if "podSelector" in peer or "namespaceSelector" in peer:
+            c.fail(field, "ipBlock cannot be combined with podSelector or namespaceSelector",
+                   "put the ipBlock in a peer of its own")
+        block = c.cidr(peer["ipBlock"]["cidr"], f"{field}.ipBlock.cidr")
+        for k, value in enumerate(peer["ipBlock"].get("except") or []):
+            exc = c.cidr(value, f"{field}.ipBlock.except[{k}]")
+            if not _contained(exc, block) or exc == block:
+                c.fail(f"{field}.ipBlock.except[{k}]", f"{exc} is not strictly inside {block}",
+                       "except lists sub-ranges of the cidr")
+    for key in ("podSelector", "namespaceSelector"):
+        if key in peer:
+            c.selector(peer[key], f"{field}.{key}")
+
+
+def _check_network_policy(c: _Checker) -> None:
+    spec = c.obj["spec"]
+    c.selector(spec["podSelector"], "spec.podSelector")
+    for i, value in enumerate(spec.get("policyTypes") or []):
+        if value not in POLICY_TYPES:
+            c.fail(f"spec.policyTypes[{i}]", f"unknown policy type {value!r}", "use Ingress or Egress")
+    for direction, peers_key in (("ingress", "from"), ("egress", "to")):
+        for i, rule in enumerate(spec.get(direction) or []):
+            where = f"spec.{direction}[{i}]"
+            for j, peer in enumerate(rule.get(peers_key) or []):
+                _check_policy_peer(c, peer, f"{where}.{peers_key}[{j}]")
+            _check_policy_ports(c, rule.get("ports") or [], where)
+
+
+def _check_service(c: _Checker) -> None:
+    spec = c.obj.get("spec") or {}
+    svc_type = spec.get("type", "ClusterIP")
+    if svc_type not in SERVICE_TYPES:
+        c.fail("spec.type", f"unsupported service type {svc_type!r}", "use ClusterIP, NodePort or LoadBalancer")
+    if "selector" in spec:
+        c.labels(spec["selector"], "spec.selector")
+    for field in ("clusterIP",):
+        value = spec.get(field)
+        if value not in (None, "", "None"):
+            c.ip(value, f"spec.{field}")
+    for i, value in enumerate(spec.get("clusterIPs") or []):
+        c.ip(value, f"spec.clusterIPs[{i}]")
+    ports = spec.get("ports") or []
+    seen: dict[tuple[int, str], int] = {}
+    names: dict[str, int] = {}
+    for i, port in enumerate(ports):
+        where = f"spec.ports[{i}]"
+        c.port(port["port"], f"{where}.port")
+        proto = port.get("protocol", "TCP")
+        c.protocol(proto, f"{where}.protocol")
+        if "targetPort" in port:
+            c.named_or_numeric_port(port["targetPort"], f"{where}.targetPort")
+        if "nodePort" in port:
+            if svc_type == "ClusterIP":
+                c.fail(f"{where}.nodePort", "a ClusterIP service has no node ports",
+                       "set spec.type: NodePort or remove nodePort")
+            c.port(port["nodePort"], f"{where}.nodePort")
+        key = (port["port"], proto)
+        if key in seen:
+            c.fail(f"{where}", f"duplicate port {port['port']}/{proto} (also spec.ports[{seen[key]}])")
+        seen[key] = i
+        name = port.get("name")
+        if len(ports) > 1 and not name:
+            c.fail(f"{where}.name", "a service with several ports must name each one",
+                   "add name: <port name>")
+        if name:
+            if not _DNS_LABEL.match(name) or len(name) > 63:
+                c.fail(f"{where}.name", f'"{name}" is not a valid port name', "use a DNS label like http")
+            if name in names:
+                c.fail(f"{where}.name", f'duplicate port name "{name}" (also spec.ports[{names[name]}])')
+            names[name] = i
+    annotations = c.obj["metadata"].get("annotations") or {}
+    if K.NETWORK_ANNOTATION in annotations:
+        c.network_exists(annotations[K.NETWORK_ANNOTATION], f"metadata.annotations.{K.NETWORK_ANNOTATION}")
+    c.namespace_exists(c.obj["metadata"]["namespace"], "metadata.namespace")
+
+
+def _check_network_policy_ns(c: _Checker) -> None:
+    _check_network_policy(c)
+    c.namespace_exists(c.obj["metadata"]["namespace"], "metadata.namespace")
+
+
+def _check_segment(c: _Checker) -> None:
+    spec = c.obj["spec"]
+    c.network_exists(spec["network"], "spec.network")
+    c.labels(spec["labels"], "spec.labels")
+
+
+def _check_ip_block(c: _Checker) -> None:
+    spec = c.obj["spec"]
+    net = c.network_exists(spec["network"], "spec.network")
+    block = c.cidr(spec["cidr"], "spec.cidr")
+    if not any(_contained(block, n) for n in _network_cidrs(net)):
+        c.fail("spec.cidr", f'{block} is outside Network "{spec["network"]}"',
+               "allocate blocks from the network's own CIDRs")
+    if not _DNS_SUBDOMAIN.match(spec["node"]):
+        c.fail("spec.node", f'"{spec["node"]}" is not a valid node name')
+    for other in c.lookup.list_objects("IPBlock"):
+        if other["metadata"]["name"] == c.obj["metadata"]["name"]:
+            continue
+        if other["spec"]["network"] != spec["network"]:
+            continue
+        theirs = ipaddress.ip_network(other["spec"]["cidr"])
+        if _overlaps(block, theirs):
+            c.fail("spec.cidr", f'{block} overlaps IPBlock "{other["metadata"]["name"]}" '
+                                f'of node {other["spec"]["node"]} ({theirs})',
+                   "allocate with allocate_block(), which never overlaps")
+
+
+def _check_ip_lease(c: _Checker) -> None:
+    spec = c.obj["spec"]
+    net = c.network_exists(spec["network"], "spec.network")
+    ip = c.ip(spec["ip"], "spec.ip")
+    if not any(ip.version == n.version and ip in n for n in _network_cidrs(net)):
+        c.fail("spec.ip", f'{ip} is outside Network "{spec["network"]}"')
+    if "block" in spec:
+        block = c.lookup.get_object("IPBlock", spec["block"])
+        if block is None:
+            c.fail("spec.block", f'IPBlock "{spec["block"]}" does not exist')
+        elif ip not in ipaddress.ip_network(block["spec"]["cidr"]):
+            c.fail("spec.ip", f'{ip} is outside IPBlock "{spec["block"]}" ({block["spec"]["cidr"]})')
+    ns, sep, name = spec["pod"].partition("/")
+    if not sep or not ns or not name:
+        c.fail("spec.pod", f'"{spec["pod"]}" is not namespace/name', "write it as demo/web")
+    if "ifname" in spec and not 0 < len(spec["ifname"]) <= 15:
+        c.fail("spec.ifname", f'"{spec["ifname"]}" is not an interface name', "use 1 to 15 characters")
+
+
+_CHECKS = {
+    "Namespace": _check_namespace, "Node": _check_node, "Network": _check_network,
+    "Service": _check_service, "NetworkPolicy": _check_network_policy_ns, "Pod": _check_pod,
+    "Segment": _check_segment, "IPBlock": _check_ip_block, "IPLease": _check_ip_lease,
+}
+
+_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema) for kind, schema in SCHEMAS.items()}
+
+
+def _json_path(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema_error(ref: str, err: jsonschema.exceptions.ValidationError) -> ValidationError:
+    field = _json_path(err.absolute_path)
+    if err.validator == "required":
+        missing = re.search(r"'([^']+)' is a required property", err.message)
+        name = missing.group(1) if missing else "?"
+        return ValidationError(ref, f"{field}.{name}" if field else name, "required field is missing",
+                               f"add {name}")
+    if err.validator == "additionalProperties":
+        extra = re.findall(r"'([^']+)'", err.message)
+        name = extra[0] if extra else "?"
+        allowed = ", ".join(sorted((err.schema.get("properties") or {}).keys()))
+        return ValidationError(ref, f"{field}.{name}" if field else name, "unknown field",
+                               f"remove it (known fields: {allowed})")
+    if err.validator == "type":
+        expected = err.validator_value
+        expected = " or ".join(expected) if isinstance(expected, list) else expected
+        return ValidationError(ref, field or None, f"must be {expected}, not {err.instance!r}")
+    if err.validator == "minItems":
+        return ValidationError(ref, field or None, "must not be empty", "list at least one entry")
+    return ValidationError(ref, field or None, err.message)
+
+
+def check_name(obj: Mapping[str, Any], ref: str) -> None:
+    """Reject missing and non DNS-1123 names (labels for namespaces, services, networks)."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not name:
+        raise ValidationError(ref, "metadata.name", "name is missing", "add metadata.name")
+    if not isinstance(name, str):
+        raise ValidationError(ref, "metadata.name", f"name must be a string, not {name!r}")
+    if obj["kind"] in _LABEL_NAMED:
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            raise ValidationError(ref, "metadata.name", f'"{name}" is not a valid DNS-1123 label',
+                                  "use at most 63 lowercase letters, digits and '-', "
+                                  "starting and ending with a letter or digit")
+    elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise ValidationError(ref, "metadata.name", f'"{name}" is not a valid DNS-1123 subdomain',
+                              "use lowercase letters, digits, '-' and '.', "
+                              "starting and ending with a letter or digit")
+
+
+def normalize(obj: Any) -> dict:
+    """Check kind/apiVersion/name and default metadata.namespace; returns a deep copy."""
+    if not isinstance(obj, Mapping):
+        raise ValidationError("object", None, f"expected an object, got {type(obj).__name__}",
+                              "each document must be a mapping with apiVersion, kind and metadata")
+    obj = copy.deepcopy(dict(obj))
+    ref = object_ref(obj)
+    kind = obj.get("kind")
+    if not kind:
+        raise ValidationError(ref, "kind", "kind is missing", "add kind: Pod (or Network, Service, ...)")
+    try:
+        info = K.kind_info(kind) if isinstance(kind, str) else K.kind_info(repr(kind))
+    except UnknownKind:
+        raise ValidationError(ref, "kind", f'unknown kind "{kind}"',
+                              "use one of " + ", ".join(k.kind for k in K.KINDS)) from None
+    api_version = obj.get("apiVersion")
+    if api_version != info.api_version:
+        raise ValidationError(ref, "apiVersion",
+                              f"{kind} has apiVersion {info.api_version}, not {api_version!r}",
+                              f"set apiVersion: {info.api_version}")
+    if not isinstance(obj.get("metadata"), Mapping):
+        raise ValidationError(ref, "metadata", "metadata is missing", "add metadata.name")
+    obj["metadata"] = dict(obj["metadata"])
+    check_name(obj, ref)
+    meta = obj["metadata"]
+    if info.namespaced:
+        ns = meta.get("namespace") or "default"
+        if not isinstance(ns, str) or len(ns) > 63 or not _DNS_LABEL.match(ns):
+            raise ValidationError(ref, "metadata.namespace", f'"{ns}" is not a valid namespace name',
+                                  "use a DNS-1123 label")
+        meta["namespace"] = ns
+    else:
+        meta.pop("namespace", None)
+    return obj
+
+
+def validate(obj: Any, lookup: Lookup) -> dict:
+    """Validate one object whole; returns its normalised copy or raises ValidationError."""
+    obj = normalize(obj)
+    c = _Checker(obj, lookup)
+    err = jsonschema.exceptions.best_match(_VALIDATORS[obj["kind"]].iter_errors(obj))
+    if err is not None:
+        raise _schema_error(c.ref, err)
+    meta = obj["metadata"]
+    c.labels(meta.get("labels") or {}, "metadata.labels")
+    for key in meta.get("annotations") or {}:
+        problem = label_key_problem(key)
+        if problem:
+            c.fail(f"metadata.annotations.{key}", problem.replace("label key", "annotation key"))
+    _CHECKS[obj["kind"]](c)
+    return obj
