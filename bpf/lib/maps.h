@@ -153,11 +153,11 @@ struct {
 	LACE_PIN;
 } lace_events SEC(".maps");
 
-/* metrics: per-CPU packet and byte counters by (reason, point, verdict). */
+/* metrics: per-CPU packet and byte counters at LACE_METRICS_INDEX(reason, point, verdict). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, LACE_METRICS_MAX);
-	__type(key, struct lace_metrics_key);
+	__type(key, __u32);
 	__type(value, struct lace_metrics_value);
 	LACE_PIN;
 } lace_metrics SEC(".maps");

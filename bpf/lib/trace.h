@@ -5,18 +5,21 @@
 #include "lib/maps.h"
 #include "lib/flow.h"
 
+/* Types only used through casts or as plain integers get no BTF of their own; these anchors put
+ * them in every object so that tests/schema can check the Python mirrors against them. */
+const enum lace_drop_reason lace_btf_drop_reason __attribute__((unused));
+const enum lace_trace_point lace_btf_trace_point __attribute__((unused));
+const struct lace_trace_event *lace_btf_trace_event __attribute__((unused));
+
 static __always_inline void metrics_count(__u16 reason, __u8 point, __u8 verdict, __u32 len)
 {
-	struct lace_metrics_key k = { .reason = reason, .point = point, .verdict = verdict };
-	struct lace_metrics_value *v = bpf_map_lookup_elem(&lace_metrics, &k);
+	__u32 idx = LACE_METRICS_INDEX(reason, point, verdict);
+	struct lace_metrics_value *v = bpf_map_lookup_elem(&lace_metrics, &idx);
 
 	if (v) {
 		v->packets++;
 		v->bytes += len;
-		return;
 	}
-	struct lace_metrics_value init = { .packets = 1, .bytes = len };
-	bpf_map_update_elem(&lace_metrics, &k, &init, BPF_NOEXIST);
 }
 
 static __always_inline void trace_emit(struct __sk_buff *skb, const struct lace_flow *f,

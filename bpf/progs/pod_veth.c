@@ -138,7 +138,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	if (!cfg)
 		return lace_drop(skb, f, LACE_DROP_NO_CONFIG);
 
-	now = bpf_ktime_get_ns();
+	now = ct_now();
 	if (!f->icmp_error) {
 		e = ct_classify(f, src_net, now);
 		if (e) {

@@ -53,7 +53,7 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	if (dst_net == LACE_NETWORK_NONE || src_net == LACE_NETWORK_NONE)
 		return lace_drop(skb, f, LACE_DROP_BAD_SID);
 
-	now = bpf_ktime_get_ns();
+	now = ct_now();
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, dst_net, now);
 		if (!e)

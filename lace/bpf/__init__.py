@@ -5,6 +5,7 @@ It knows nothing about lace.  The shape follows cilium/ebpf: open an :class:`Obj
 with :func:`attach` (tcx, tc fallback) and get a :class:`Link` with pin/update/detach.
 """
 
+from .fs import BPFFS, ensure_bpffs, is_bpffs
 from .errors import (
     BPFError,
     IncompatibleMap,
@@ -41,5 +42,5 @@ __all__ = [
     "Link", "TcFilter", "attach", "attach_tc", "attach_tcx",
     "LinkInfo", "MapInfo", "ProgInfo", "TcxQuery",
     "link_info", "link_info_all", "map_info", "prog_info", "query_tcx", "query_tcx_full",
-    "TestRunResult", "test_run", "enter_netns",
+    "TestRunResult", "test_run", "enter_netns", "BPFFS", "ensure_bpffs", "is_bpffs",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ Per-CPU maps hold one value per possible CPU, each rounded up to 8 bytes: a per-
 
 from __future__ import annotations
 
+import struct
 import ctypes
 import errno
 import os
@@ -353,7 +354,12 @@ class Map:
         return deleted
 
     def clear(self) -> int:
-        """Delete every entry (hash-like maps); returns the number deleted."""
+        """Delete every entry of a hash-like map, or zero every slot of an array (whose slots
+        cannot be deleted); returns the number of entries removed or zeroed."""
+        if self.type in (ARRAY, PERCPU_ARRAY):
+            n = self.max_entries
+            keys = struct.pack(f"<{n}I", *range(n))
+            return self.update_batch(keys, bytes(self.value_blob_size * n), n)
         keys, _, count = self.dump()
         return self.delete_batch(keys, count)
 

@@ -132,7 +132,7 @@ _MAPS: tuple[MapDef, ...] = (
     MapDef("events", "lace_events", "ringbuf", None, trace.TRACE_EVENT, trace.EVENTS_BYTES,
            "ring buffer of flow decisions (struct lace_trace_event records); max_entries is its size in bytes",
            decode_value=_value(trace.decode_trace_event)),
-    MapDef("metrics", "lace_metrics", "percpu_hash", trace.METRICS_KEY, trace.METRICS_VALUE, trace.METRICS_MAX,
+    MapDef("metrics", "lace_metrics", "percpu_array", trace.METRICS_KEY, trace.METRICS_VALUE, trace.METRICS_MAX,
            "per-CPU packet and byte counters by (drop reason, trace point, verdict)",
            decode_key=trace.decode_metrics_key, decode_value=_value(trace.decode_metrics_value)),
 )

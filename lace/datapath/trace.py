@@ -13,7 +13,7 @@ from lace.datapath.delivery import DeliveryKind
 from lace.datapath.reasons import DropReason, TracePoint
 
 EVENTS_BYTES = 4 * 1024 * 1024
-METRICS_MAX = 1024
+METRICS_MAX = 4 << 11
 
 
 class NatKind(enum.IntEnum):
@@ -63,11 +63,10 @@ TRACE_EVENT = Layout(
     ],
 )
 
-#: struct lace_metrics_key (trace.h)
-METRICS_KEY = Layout(
-    "struct lace_metrics_key",
-    [("reason", "u16"), ("point", "u8"), ("verdict", "u8")],
-)
+#: metrics is a per-CPU array: the key is LACE_METRICS_INDEX(reason, point, verdict) (trace.h)
+METRICS_KEY = Layout("__u32", [("index", "u32")])
+METRICS_REASON_BITS = 8
+METRICS_POINT_BITS = 3
 
 #: struct lace_metrics_value (trace.h): one per CPU
 METRICS_VALUE = Layout("struct lace_metrics_value", [("packets", "u64"), ("bytes", "u64")])
@@ -75,6 +74,8 @@ METRICS_VALUE = Layout("struct lace_metrics_value", [("packets", "u64"), ("bytes
 C_MACROS: dict[str, int] = {
     "LACE_EVENTS_BYTES": EVENTS_BYTES,
     "LACE_METRICS_MAX": METRICS_MAX,
+    "LACE_METRICS_REASON_BITS": METRICS_REASON_BITS,
+    "LACE_METRICS_POINT_BITS": METRICS_POINT_BITS,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_nat_kind": (NatKind, "LACE_NAT_"),
@@ -117,16 +118,22 @@ def decode_trace_event(raw: bytes) -> dict[str, Any]:
     return out
 
 
+def metrics_index(reason: int, point: int, verdict: int) -> int:
+    """LACE_METRICS_INDEX: (verdict, point, reason) packed into one array index."""
+    return ((int(verdict) & 3) << (METRICS_REASON_BITS + METRICS_POINT_BITS)) | \
+        ((int(point) & 7) << METRICS_REASON_BITS) | (int(reason) & 0xFF)
+
+
 def metrics_key(reason: int, point: int, verdict: int) -> bytes:
-    return METRICS_KEY.pack(reason=int(reason), point=int(point), verdict=int(verdict))
+    return METRICS_KEY.pack(index=metrics_index(reason, point, verdict))
 
 
 def decode_metrics_key(raw: bytes) -> dict[str, Any]:
-    k = METRICS_KEY.unpack(raw)
+    i = METRICS_KEY.unpack(raw)["index"]
     return {
-        "reason": enum_label(DropReason, k["reason"]),
-        "point": enum_label(TracePoint, k["point"]),
-        "verdict": enum_label(Verdict, k["verdict"]),
+        "reason": enum_label(DropReason, i & 0xFF),
+        "point": enum_label(TracePoint, (i >> METRICS_REASON_BITS) & 7),
+        "verdict": enum_label(Verdict, i >> (METRICS_REASON_BITS + METRICS_POINT_BITS)),
     }
 
 

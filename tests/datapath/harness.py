@@ -24,7 +24,7 @@ from scapy.layers.inet import IP, TCP, UDP, ICMP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from lace.bpf import ObjectSpec, RingBuffer, enter_netns, test_run
+from lace.bpf import ObjectSpec, RingBuffer, ensure_bpffs, enter_netns, test_run
 from lace.datapath import config as cfgmod
 from lace.datapath import registry
 from lace.datapath.common import mac_bytes, Direction
@@ -131,6 +131,7 @@ class Datapath:
         for pod in specs:
             pod.ifindex = self.ifindex[pod.ifname]
 
+        ensure_bpffs()
         os.makedirs(self.pin_root)
         for name in ("pod_veth", "uplink"):
             spec = ObjectSpec.open(str(registry.bpf_object_path(name)), pin_root=self.pin_root)
@@ -177,11 +178,8 @@ class Datapath:
 
     def clear(self) -> None:
         for cli, mdef in registry.MAPS.items():
-            if mdef.map_type in ("ringbuf", "array"):
-                continue
-            m = self.maps[mdef.pin_name]
-            for k in list(m.keys()):
-                m.delete(k)
+            if mdef.map_type != "ringbuf":
+                self.maps[mdef.pin_name].clear()
         self.ring.consume()
         self.events.clear()
 

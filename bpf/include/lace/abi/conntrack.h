@@ -64,7 +64,7 @@ struct lace_ct6_key {
 	__u8   reserved[3];
 };
 
-/* Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns). */
+/* Times are CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns). */
 struct lace_ct_entry {
 	__u64  created_ns;
 	__u64  last_seen_ns;

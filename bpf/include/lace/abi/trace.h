@@ -3,7 +3,13 @@
 #define LACE_ABI_TRACE_H
 
 #define LACE_EVENTS_BYTES  (4 * 1024 * 1024)
-#define LACE_METRICS_MAX   1024
+/* metrics is a per-CPU array indexed by (verdict, point, reason): an inlined lookup per packet */
+#define LACE_METRICS_REASON_BITS 8
+#define LACE_METRICS_POINT_BITS  3
+#define LACE_METRICS_MAX   8192   /* 4 verdicts << (reason + point bits) */
+#define LACE_METRICS_INDEX(reason, point, verdict)                                   \
+	((((__u32)(verdict) & 3) << (LACE_METRICS_REASON_BITS + LACE_METRICS_POINT_BITS)) | \
+	 (((__u32)(point) & 7) << LACE_METRICS_REASON_BITS) | ((__u32)(reason) & 0xff))
 
 enum lace_nat_kind {
 	LACE_NAT_NONE = 0,
@@ -40,12 +46,6 @@ struct lace_trace_event {
 	__u32  node_id;         /* remote delivery: the node */
 	__u16  rule;            /* rule index inside policy_id */
 	__u16  reserved;
-};
-
-struct lace_metrics_key {
-	__u16 reason;           /* enum lace_drop_reason; NONE for forwarded packets */
-	__u8  point;            /* enum lace_trace_point */
-	__u8  verdict;          /* enum lace_verdict */
 };
 
 struct lace_metrics_value {
