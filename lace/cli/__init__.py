@@ -1,0 +1,1 @@
+"""lace.cli: the ``lace`` command line — ``main(argv, env) -> ExitStatus`` and its commands."""

@@ -1,0 +1,66 @@
+"""The ``lace`` CLI entry: ``main(argv, env) -> ExitStatus``, callable in-process (tests do)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import NoReturn, TextIO
+
+from lace.cli.args import HelpShown, build_parser
+from lace.cli.commands import command_modules
+from lace.cli.errors import CliError, from_store_error
+from lace.cli.invocation import Invocation
+from lace.cli.render import print_error
+from lace.cli.status import ExitStatus
+from lace.store.errors import StoreError
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
+         stdin: TextIO | None = None, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> ExitStatus:
+    """Run one lace command; errors are printed as ``error: ...`` lines, never as tracebacks."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    env = os.environ if env is None else env
+    inv = Invocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
+    try:
+        parser = build_parser(command_modules())
+        with contextlib.redirect_stdout(inv.stdout):
+            args = parser.parse_args(argv)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            inv.stdout.write(parser.format_help())
+            return ExitStatus.USAGE
+        return ExitStatus(handler(args, inv))
+    except HelpShown:
+        return ExitStatus.OK
+    except CliError as err:
+        print_error(inv.stderr, err.message, err.hint)
+        return err.status
+    except StoreError as err:
+        cli_err = from_store_error(err)
+        print_error(inv.stderr, cli_err.message, cli_err.hint)
+        return cli_err.status
+    except KeyboardInterrupt:
+        inv.stderr.write("interrupted\n")
+        return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        return ExitStatus.ERROR
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if env.get("LACE_DEBUG"):
+            traceback.print_exc(file=inv.stderr)
+        print_error(inv.stderr, f"unexpected {type(err).__name__}: {err}",
+                    None if env.get("LACE_DEBUG") else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
+        return ExitStatus.ERROR
+    finally:
+        inv.close()
+
+
+def entry() -> NoReturn:
+    """Console script ``lace``."""
+    status = main(sys.argv[1:], os.environ)
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.exit(int(status))
