@@ -1,0 +1,366 @@
+"""SqliteStore: Kubernetes-like CRUD, revisions, atomic batches, watch, compaction, allocators,
+and several processes sharing one file."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from lace.store import (AlreadyExists, Conflict, Forbidden, Gone, NotFound, SqliteStore, UnknownKind,
+                        ValidationError)
+from lace.store import kinds as K
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "store.db")
+    yield s
+    s.close()
+
+
+def net(name, cidrs, routes=None):
+    return {"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": name},
+            "spec": {"cidrs": cidrs, **({"routes": routes} if routes is not None else {})}}
+
+
+def pod(name, ns="default", network=None, labels=None, node="node-1"):
+    meta = {"name": name, "namespace": ns}
+    if network:
+        meta["annotations"] = {K.NETWORK_ANNOTATION: network}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node}}
+
+
+def ns(name):
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def test_init_creates_default_network_and_namespaces(store, tmp_path):
+    default = store.get("networks", "default")
+    assert default["status"]["id"] == 1
+    assert default["spec"]["cidrs"] == ["10.244.0.0/16", "fd00:10:244::/56"]
+    assert {o["metadata"]["name"] for o in store.list("ns").items} == {"default", "kube-system"}
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # reopening does not duplicate anything
+    rev = store.revision()
+    SqliteStore(tmp_path / "store.db").close()
+    assert store.revision() == rev
+
+
+def test_create_sets_metadata_and_revision(store):
+    before = store.revision()
+    obj = store.create(net("blue", ["10.10.0.0/16"]))
+    meta = obj["metadata"]
+    assert meta["resourceVersion"] == str(before + 1) and store.revision() == before + 1
+    assert meta["generation"] == 1 and len(meta["uid"]) == 36 and meta["creationTimestamp"].endswith("Z")
+    assert obj["status"] == {"id": 2}
+    assert store.get("net", "blue") == obj
+    with pytest.raises(AlreadyExists):
+        store.create(net("blue", ["10.11.0.0/16"]))
+    assert store.create(net("red", ["10.10.0.0/16"]))["status"]["id"] == 3
+
+
+@pytest.mark.parametrize("alias", ["pods", "pod", "po", "Pod", "pods", "POD"])
+def test_kind_aliases(store, alias):
+    store.create(pod("web"))
+    assert store.get(alias, "web")["metadata"]["name"] == "web"
+
+
+def test_every_kubectl_name_resolves():
+    for names, kind in [("pods pod po", "Pod"), ("namespaces namespace ns", "Namespace"),
+                        ("nodes node no", "Node"), ("networkpolicies networkpolicy netpol", "NetworkPolicy"),
+                        ("services service svc", "Service"), ("networks network net network.lace.dev", "Network"),
+                        ("segments", "Segment"), ("ipblocks", "IPBlock"), ("ipleases", "IPLease")]:
+        for name in names.split():
+            assert K.resolve_kind(name).kind == kind
+    with pytest.raises(UnknownKind):
+        K.resolve_kind("deployments")
+
+
+def test_get_and_delete_not_found(store):
+    with pytest.raises(NotFound, match='Pod "nope" not found in namespace "default"'):
+        store.get("pods", "nope")
+    with pytest.raises(NotFound):
+        store.delete("net", "nope")
+
+
+def test_apply_creates_configures_and_keeps_status(store):
+    assert store.apply(pod("web", labels={"a": "1"})).outcome == "created"
+    store.update_status("pod", "web", "default", {"phase": "Running", "podIPs": [{"ip": "10.244.0.5"}]})
+    again = store.apply(pod("web", labels={"a": "1"}))
+    assert again.outcome == "unchanged"
+    rev = store.revision()
+    changed = store.apply(pod("web", labels={"a": "2"}, node="node-2"))
+    assert changed.outcome == "configured" and store.revision() == rev + 1
+    obj = changed.object
+    assert obj["metadata"]["labels"] == {"a": "2"} and obj["spec"]["nodeName"] == "node-2"
+    assert obj["status"]["phase"] == "Running"
+    assert obj["metadata"]["generation"] == 2
+    # labels-only change does not bump generation
+    assert store.apply(pod("web", labels={"a": "3"}, node="node-2")).object["metadata"]["generation"] == 2
+
+
+def test_apply_ignores_status_in_body_but_network_id_is_kept(store):
+    body = net("blue", ["10.10.0.0/16"])
+    body["status"] = {"id": 99}
+    created = store.apply(body).object
+    assert created["status"] == {"id": 2}
+    body["spec"]["cidrs"].append("fd00:b::/64")
+    assert store.apply(body).object["status"] == {"id": 2}
+    store.update_status("net", "blue", None, {"id": 77, "note": "x"})
+    assert store.get("net", "blue")["status"] == {"id": 2, "note": "x"}
+
+
+def test_update_optimistic_concurrency(store):
+    obj = store.create(pod("web"))
+    fresh = dict(obj, spec={"nodeName": "node-2"})
+    updated = store.update(fresh)
+    assert updated["spec"]["nodeName"] == "node-2"
+    stale = dict(obj, spec={"nodeName": "node-3"})  # still carries the old resourceVersion
+    with pytest.raises(Conflict, match="was modified"):
+        store.update(stale)
+    with pytest.raises(NotFound):
+        store.update(pod("other"))
+    with pytest.raises(Conflict):
+        store.update_status("pod", "web", "default", {"phase": "Running"},
+                            resource_version=obj["metadata"]["resourceVersion"])
+
+
+def test_apply_all_is_atomic_and_orders_dependencies(store):
+    rev = store.revision()
+    events_before = store._conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    batch = [pod("web", ns="demo", network="blue"), net("blue", ["10.10.0.0/16"]), ns("demo"),
+             net("bad", ["10.244.1.0/24"])]
+    with pytest.raises(ValidationError) as info:
+        store.apply_all(batch)
+    assert info.value.index == 3 and 'Network "bad"' in str(info.value)
+    assert store.revision() == rev
+    assert store._conn.execute("SELECT count(*) FROM events").fetchone()[0] == events_before
+    with pytest.raises(NotFound):
+        store.get("net", "blue")
+    results = store.apply_all(batch[:3])
+    assert [r.outcome for r in results] == ["created"] * 3
+    assert results[0].object["metadata"]["namespace"] == "demo"
+
+
+def test_apply_all_rejects_duplicates_and_dry_run_writes_nothing(store):
+    with pytest.raises(ValidationError, match="appears twice") as info:
+        store.apply_all([net("blue", ["10.10.0.0/16"]), net("blue", ["10.11.0.0/16"])])
+    assert info.value.index == 1
+    rev = store.revision()
+    assert store.apply_all([net("blue", ["10.10.0.0/16"])], dry_run=True)[0].outcome == "created"
+    assert store.revision() == rev
+    with pytest.raises(NotFound):
+        store.get("net", "blue")
+
+
+def test_delete_rules(store):
+    store.apply_all([ns("demo"), net("blue", ["10.10.0.0/16"]), pod("web", ns="demo", network="blue"),
+                     net("red", ["10.20.0.0/16"], [{"to": "blue"}])])
+    with pytest.raises(Forbidden, match="cannot be deleted"):
+        store.delete("net", "default")
+    with pytest.raises(Forbidden, match=r"in use by 1 pod\(s\): demo/web"):
+        store.delete("net", "blue")
+    with pytest.raises(Forbidden, match="cannot be deleted"):
+        store.delete("ns", "default")
+    # deleting a namespace deletes what is in it
+    store.delete("ns", "demo")
+    assert store.list("pods").items == []
+    with pytest.raises(Forbidden, match="target of routes"):
+        store.delete("net", "blue")
+    store.delete("net", "red")
+    deleted = store.delete("net", "blue")
+    assert int(deleted["metadata"]["resourceVersion"]) == store.revision()
+
+
+def test_list_namespaces_and_selectors(store):
+    store.apply_all([ns("demo"), pod("a", labels={"app": "web", "tier": "front"}),
+                     pod("b", labels={"app": "db"}), pod("c", ns="demo", labels={"app": "web"})])
+    assert [o["metadata"]["name"] for o in store.list("pods").items] == ["a", "b", "c"]
+    assert [o["metadata"]["name"] for o in store.list("pods", "demo").items] == ["c"]
+    assert [o["metadata"]["name"] for o in store.list("pods", label_selector="app=web").items] == ["a", "c"]
+    sel = {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}
+    assert [o["metadata"]["name"] for o in store.list("pods", label_selector=sel).items] == ["b", "c"]
+    result = store.list("pods")
+    assert result.resource_version == str(store.revision())
+    with pytest.raises(ValidationError):
+        store.list("pods", label_selector="a in (")
+
+
+def test_watch_replays_since_then_blocks_and_stops(store):
+    start = store.revision()
+    store.create(pod("a"))
+    w = store.watch(["pods"], since=start, timeout=5)
+    first = next(w)
+    assert (first.type, first.object["metadata"]["name"], first.resource_version) == ("ADDED", "a", str(start + 1))
+    got = []
+
+    def consume():
+        for ev in w:
+            got.append(ev)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.05)
+    store.create(net("blue", ["10.10.0.0/16"]))  # filtered out by kind
+    store.update_status("pod", "a", "default", {"phase": "Running"})
+    store.delete("pod", "a")
+    deadline = time.monotonic() + 2
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.stop()
+    t.join(2)
+    assert not t.is_alive()
+    assert [(e.type, e.object["kind"]) for e in got] == [("MODIFIED", "Pod"), ("DELETED", "Pod")]
+    assert int(got[1].resource_version) == store.revision()
+
+
+def test_watch_wakes_promptly_and_times_out(store):
+    w = store.watch(since=None, timeout=0.3)
+    t0 = time.monotonic()
+    assert list(w) == []
+    assert 0.25 < time.monotonic() - t0 < 1.0
+    w = store.watch(timeout=5)
+    threading.Timer(0.05, lambda: store.create(pod("x"))).start()
+    t0 = time.monotonic()
+    ev = next(w)
+    assert ev.object["metadata"]["name"] == "x" and time.monotonic() - t0 < 0.5
+    w.stop()
+
+
+def test_compaction_makes_old_watches_gone(tmp_path):
+    s = SqliteStore(tmp_path / "s.db", max_events=50)
+    old = s.revision()
+    for i in range(250):
+        s.apply(pod("p", labels={"i": str(i)}))
+    count = s._conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    assert count <= 50 + 100
+    with pytest.raises(Gone):
+        s.watch(since=old)
+    # relist and watch from the list's revision works
+    rv = s.list("pods").resource_version
+    w = s.watch(since=rv, timeout=0.1)
+    assert list(w) == []
+    s.close()
+
+
+def test_allocate_segment_is_stable(store):
+    a = store.allocate_segment("default", "demo", {"app": "web", "tier": "f"})
+    assert a >= 256
+    assert store.allocate_segment("default", "demo", {"tier": "f", "app": "web"}) == a
+    b = store.allocate_segment("default", "demo", {"app": "db"})
+    c = store.allocate_segment("default", "other", {"app": "web", "tier": "f"})
+    assert len({a, b, c}) == 3
+    segs = store.list("segments").items
+    assert sorted(s["status"]["id"] for s in segs) == sorted([a, b, c])
+    with pytest.raises(ValidationError):
+        store.allocate_segment("nope", "demo", {})
+
+
+def test_allocate_block_never_overlaps(store):
+    b1 = store.allocate_block("default", "node-1", 4, 24)
+    b2 = store.allocate_block("default", "node-2", 4, 24)
+    assert store.allocate_block("default", "node-1", 4, 24) == b1
+    b3 = store.allocate_block("default", "node-1", 4, 24, additional=True)
+    v6 = store.allocate_block("default", "node-1", 6, 64)
+    nets = [ipaddress.ip_network(x) for x in (b1, b2, b3)]
+    assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+    assert all(n.subnet_of(ipaddress.ip_network("10.244.0.0/16")) for n in nets)
+    assert ipaddress.ip_network(v6).subnet_of(ipaddress.ip_network("fd00:10:244::/56"))
+    # mixed sizes still never overlap
+    b4 = ipaddress.ip_network(store.allocate_block("default", "node-3", 4, 23))
+    assert not any(b4.overlaps(n) for n in nets)
+    blocks = store.list("ipblocks").items
+    assert {b["spec"]["node"] for b in blocks} == {"node-1", "node-2", "node-3"}
+    # a hand-written overlapping block is rejected
+    with pytest.raises(ValidationError, match="overlaps IPBlock"):
+        store.create({"apiVersion": K.LACE_API_VERSION, "kind": "IPBlock", "metadata": {"name": "x"},
+                      "spec": {"network": "default", "node": "node-9", "cidr": b1}})
+
+
+def test_allocate_block_exhaustion(store):
+    store.create(net("tiny", ["10.50.0.0/23"]))
+    store.allocate_block("tiny", "a", 4, 24)
+    store.allocate_block("tiny", "b", 4, 24)
+    from lace.store import Exhausted
+    with pytest.raises(Exhausted):
+        store.allocate_block("tiny", "c", 4, 24)
+    with pytest.raises(Exhausted, match="no IPv6"):
+        store.allocate_block("tiny", "c", 6, 64)
+
+
+def test_leases(store):
+    block = store.allocate_block("default", "node-1", 4, 24)
+    ip = str(next(ipaddress.ip_network(block).hosts()))
+    lease = {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+             "metadata": {"name": K.lease_name("default", ip)},
+             "spec": {"network": "default", "node": "node-1", "block": K.block_name("default", block),
+                      "ip": ip, "pod": "default/web", "containerID": "abc", "ifname": "eth0"}}
+    store.create(lease)
+    with pytest.raises(AlreadyExists):
+        store.create(lease)
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from lace.store import SqliteStore
+    path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    s = SqliteStore(path)
+    for i in range(n):
+        s.create({"apiVersion": "v1", "kind": "Pod",
+                  "metadata": {"name": f"{tag}-{i}", "namespace": "default"}})
+    print(s.allocate_block("default", f"node-{tag}", 4, 26))
+""")
+
+WATCHER = textwrap.dedent("""
+    import json, sys
+    from lace.store import SqliteStore
+    path, since, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    s = SqliteStore(path)
+    print("ready", flush=True)
+    out = []
+    for ev in s.watch(["pods"], since=since, timeout=30):
+        out.append([ev.type, ev.object["metadata"]["name"], int(ev.resource_version)])
+        if len(out) == want:
+            break
+    print(json.dumps(out), flush=True)
+""")
+
+
+def test_processes_write_concurrently_and_a_watcher_sees_every_event_in_order(tmp_path):
+    path = str(tmp_path / "shared.db")
+    s = SqliteStore(path)
+    since = s.revision()
+    n = 60
+    watcher = subprocess.Popen([sys.executable, "-c", WATCHER, path, str(since), str(2 * n)],
+                               stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout.readline().strip() == "ready"
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, path, tag, str(n)],
+                                stdout=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    blocks = []
+    for w in writers:
+        out, _ = w.communicate(timeout=60)
+        assert w.returncode == 0
+        blocks.append(ipaddress.ip_network(out.strip()))
+    out, _ = watcher.communicate(timeout=60)
+    events = json.loads(out.strip().splitlines()[-1])
+    assert len(events) == 2 * n
+    assert all(e[0] == "ADDED" for e in events)
+    assert {e[1] for e in events} == {f"{t}-{i}" for t in "ab" for i in range(n)}
+    rvs = [e[2] for e in events]
+    assert rvs == sorted(rvs) and len(set(rvs)) == len(rvs)
+    # each writer's own events appear in the order it wrote them
+    for tag in "ab":
+        mine = [int(e[1].split("-")[1]) for e in events if e[1].startswith(tag)]
+        assert mine == list(range(n))
+    assert not blocks[0].overlaps(blocks[1])
+    assert len(s.list("pods").items) == 2 * n
+    s.close()
