@@ -92,7 +92,8 @@ def define_get(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("get", help="show objects",
                               description="Show objects: pods, namespaces, nodes, networks, "
                               "networkpolicies, services, segments, ipblocks, ipleases.")
-    p.add_argument("kind", metavar="KIND", help="object kind, e.g. pods, po, networks, netpol (or KIND/NAME)")
+    p.add_argument("kind", metavar="KIND", nargs="?",
+                   help="object kind, e.g. pods, po, networks, netpol (or KIND/NAME)")
     p.add_argument("names", metavar="NAME", nargs="*", help="only these objects")
     add_namespace_options(p)
     add_selector_option(p)

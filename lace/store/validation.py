@@ -366,7 +366,8 @@ def _check_ip_lease(c: _Checker) -> None:
         block = c.lookup.get_object("IPBlock", spec["block"])
         if block is None:
             c.fail("spec.block", f'IPBlock "{spec["block"]}" does not exist')
-        elif ip not in ipaddress.ip_network(block["spec"]["cidr"]):
+        elif not (ip.version == ipaddress.ip_network(block["spec"]["cidr"]).version
+                  and ip in ipaddress.ip_network(block["spec"]["cidr"])):
             c.fail("spec.ip", f'{ip} is outside IPBlock "{spec["block"]}" ({block["spec"]["cidr"]})')
     ns, sep, name = spec["pod"].partition("/")
     if not sep or not ns or not name:

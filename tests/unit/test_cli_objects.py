@@ -212,6 +212,7 @@ def test_get_errors(run, manifest):
     assert run.err.splitlines()[0] == 'error: the store has no resource type "widgets"'
     assert run("get", "pod", "nope") == ExitStatus.NOT_FOUND
     assert 'Pod "nope" not found in namespace "default"' in run.err
+    assert run("get") == ExitStatus.USAGE and "networks" in run.err
     assert run("get", "pods", "-A", "-n", "x") == ExitStatus.USAGE
     assert run("get", "pods", "-o", "xml") == ExitStatus.USAGE
     assert run.err.startswith("error: lace get: argument -o/--output: invalid choice")

@@ -12,6 +12,7 @@ from lace.cli.invocation import Invocation
 from lace.cli.render import (list_document, object_name, print_error, render_objects, write_document)
 from lace.cli.status import ExitStatus
 from lace.store import NotFound
+from lace.store import kinds as K
 
 
 def register(subparsers: Any) -> None:
@@ -19,6 +20,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    if not args.kind:
+        raise UsageError("say which kind of object to get",
+                         hint="one of: " + ", ".join(k.plural for k in K.KINDS))
     info, names = kind_and_names(args.kind, args.names)
     if args.all_namespaces and args.namespace:
         raise UsageError("-A and -n exclude each other", hint="pass one of them")
