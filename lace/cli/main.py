@@ -20,7 +20,7 @@ from lace.store.errors import StoreError
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
          stdin: TextIO | None = None, stdout: TextIO | None = None,
-         stderr: TextIO | None = None) -> ExitStatus:
+         stderr: TextIO | None = None) -> ExitStatus | int:
     """Run one lace command; errors are printed as ``error: ...`` lines, never as tracebacks."""
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ if env is None else env
@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if handler is None:
             inv.stdout.write(parser.format_help())
             return ExitStatus.USAGE
-        return ExitStatus(handler(args, inv))
+        rc = handler(args, inv)
+        # commands that run something else (lab exec) pass its exit status through unchanged
+        return rc if isinstance(rc, ExitStatus) or rc not in set(ExitStatus) else ExitStatus(rc)
     except HelpShown:
         return ExitStatus.OK
     except CliError as err:

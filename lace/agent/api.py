@@ -1,0 +1,102 @@
+"""The agent's local API: HTTP over a unix socket (CNI requests, health, status, metrics)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Callable
+
+log = logging.getLogger("lace.agent.api")
+
+Handler = Callable[[dict[str, Any]], tuple[int, Any]]
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class ApiServer:
+    """Routes ``(method, path)`` to handlers returning (status, JSON-able body | (content-type, bytes))."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.routes: dict[tuple[str, str], Handler] = {}
+        self._server: _Server | None = None
+
+    def route(self, method: str, path: str, fn: Handler) -> None:
+        self.routes[(method, path)] = fn
+
+    def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        api = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def address_string(self) -> str:  # unix sockets have no peer address
+                return "local"
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("api: " + fmt, *args)
+
+            def _handle(self, method: str) -> None:
+                path, _, query = self.path.partition("?")
+                fn = api.routes.get((method, path))
+                body: dict[str, Any] = {}
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    try:
+                        body = json.loads(self.rfile.read(n))
+                    except ValueError:
+                        self._send(400, {"error": "request body is not JSON"})
+                        return
+                body["_query"] = dict(p.partition("=")[::2] for p in query.split("&") if p)
+                if fn is None:
+                    self._send(404, {"error": f"no route {method} {path}"})
+                    return
+                try:
+                    status, out = fn(body)
+                except Exception as e:  # a handler bug must not kill the agent
+                    log.exception("api %s %s", method, path)
+                    status, out = 500, {"error": f"{type(e).__name__}: {e}"}
+                self._send(status, out)
+
+            def _send(self, status: int, out: Any) -> None:
+                if isinstance(out, tuple):
+                    ctype, data = out
+                else:
+                    ctype, data = "application/json", json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+        self._server = _Server(self.path, H)
+        os.chmod(self.path, 0o660)
+        threading.Thread(target=self._server.serve_forever, name="api", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,185 @@
+"""The node agent: loads the datapath, serves the local API, and reconciles the maps it owns from
+the store, level-triggered (every change recomputes the whole desired state and applies a pure
+diff; a periodic resync repairs anything changed behind its back)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from lace import netlink
+from lace.datapath import registry
+from lace.store.errors import Gone, StoreError
+from lace.store.sqlite import SqliteStore
+
+from .api import ApiServer
+from .conntrack import flush_addresses
+from .datapath import NodeDatapath
+from .desired import OWNED_MAPS, desired_maps
+from .diff import diff_all
+from .endpoints import CniError, CniRequest, Endpoints
+from .metrics import AgentMetrics
+from .state import NotRegistered, build_snapshot
+
+log = logging.getLogger("lace.agent")
+
+WATCH_KINDS = ["networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "namespaces",
+               "networkpolicies", "services"]
+RESYNC_SECONDS = 30.0
+
+
+class Agent:
+    def __init__(self, *, node: str, store_path: str, pin_root: str, socket_path: str,
+                 uplink: str = "eth0", mtu: int = 1460) -> None:
+        self.node = node
+        self.store_path = store_path
+        self.pin_root = pin_root
+        self.socket_path = socket_path
+        self.uplink = uplink
+        self.mtu = mtu
+        self.stopping = threading.Event()
+        self.dirty = threading.Event()
+        self._reconcile_lock = threading.Lock()
+        self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
+                                      "last_reconcile": None, "started": time.time()}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.store = SqliteStore(self.store_path)
+        self.datapath = NodeDatapath(self.pin_root)
+        self.datapath.load()
+        self.metrics = AgentMetrics(self.datapath, {n: registry.get(n).max_entries for n in registry.MAPS
+                                                    if registry.get(n).map_type not in ("ringbuf",)})
+        self.endpoints = Endpoints(self.store, self.node, self.mtu, self.datapath, self.reconcile,
+                                   lambda net, ips: flush_addresses(self.datapath, net, ips))
+        up = netlink.link(self.uplink)
+        if up is None:
+            raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
+        self.datapath.attach_uplink(up.ifindex)
+        self._adopt_pod_links()
+        self.api = ApiServer(self.socket_path)
+        self.api.route("POST", "/v1/cni", self._cni)
+        self.api.route("GET", "/healthz", lambda _: (200, self.health()))
+        self.api.route("GET", "/v1/status", lambda _: (200, self.health()))
+        self.api.route("GET", "/metrics", lambda _: (200, ("text/plain; version=0.0.4",
+                                                           self.metrics.exposition())))
+        self.reconcile()
+        self.api.start()
+        threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
+        threading.Thread(target=self._watch_loop, name="watch", daemon=True).start()
+        log.info("agent for node %s ready (pin root %s, socket %s)", self.node, self.pin_root, self.socket_path)
+
+    def _adopt_pod_links(self) -> None:
+        """After a restart: swap this agent's program into every pinned pod link whose interface
+        still exists; drop the pins of interfaces that are gone."""
+        for host in self.datapath.pod_links():
+            link = netlink.link(host)
+            if link is None:
+                self.datapath.detach_pod(host)
+            else:
+                self.datapath.attach_pod(host, link.ifindex)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.dirty.set()
+        w = getattr(self, "_watch", None)
+        if w is not None:
+            w.stop()
+        if getattr(self, "api", None):
+            self.api.stop()
+        # maps and links stay pinned: the datapath keeps forwarding without us
+        self.datapath.close()
+        self.store.close()
+
+    def run_forever(self) -> None:
+        self.start()
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        while not self.stopping.wait(1.0):
+            pass
+        self.stop()
+
+    # -- reconcile ---------------------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, int]:
+        """One level-triggered pass; returns the number of entries changed per map."""
+        with self._reconcile_lock:
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
+            want = desired_maps(snap)
+            have = {name: self.datapath.read(name) for name in OWNED_MAPS}
+            changed = {}
+            for name, ch in diff_all(want, have).items():
+                if ch:
+                    self.datapath.write(name, ch)
+                    n = len(ch.updates) + len(ch.deletes)
+                    changed[name] = n
+                    self.metrics.map_writes.labels(name).inc(n)
+            self.stats["reconciles"] += 1
+            self.stats["last_reconcile"] = time.time()
+            self.stats["endpoints"] = len(snap.endpoints)
+            self.metrics.reconciles.inc()
+            if changed:
+                log.info("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
+            return changed
+
+    def _reconcile_loop(self) -> None:
+        backoff = 0.05
+        while not self.stopping.is_set():
+            self.dirty.wait(RESYNC_SECONDS)
+            if self.stopping.is_set():
+                return
+            self.dirty.clear()
+            time.sleep(0.005)   # coalesce a burst of writes into one pass
+            try:
+                self.reconcile()
+                backoff = 0.05
+            except Exception as e:
+                self.stats["errors"] += 1
+                self.stats["last_error"] = f"{type(e).__name__}: {e}"
+                self.metrics.reconcile_errors.inc()
+                log.warning("reconcile failed (retrying in %.1fs): %s", backoff, e)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self.dirty.set()
+
+    def _watch_loop(self) -> None:
+        since = self.store.revision()
+        while not self.stopping.is_set():
+            try:
+                self._watch = self.store.watch(WATCH_KINDS, since=since)
+                for ev in self._watch:
+                    since = int(ev.resource_version)
+                    self.dirty.set()
+            except Gone:
+                since = self.store.revision()
+                self.dirty.set()
+            except StoreError as e:
+                log.warning("watch: %s", e)
+                time.sleep(0.5)
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def _cni(self, body: dict[str, Any]) -> tuple[int, Any]:
+        try:
+            req = CniRequest.parse(body)
+            if req.command == "ADD":
+                return 200, self.endpoints.add(req)
+            if req.command == "DEL":
+                return 200, self.endpoints.delete(req)
+            if req.command == "CHECK":
+                return 200, self.endpoints.check(req)
+            if req.command == "GC":
+                conf = body.get("config") or {}
+                return 200, self.endpoints.gc(conf.get("cni.dev/valid-attachments") or [])
+            raise CniError(4, f"unsupported CNI command {req.command!r}")
+        except CniError as e:
+            return 400, e.result()
+
+    def health(self) -> dict[str, Any]:
+        return {"node": self.node, "ok": self.stats["errors"] == 0 or self.stats["last_error"] is None,
+                "pinRoot": self.pin_root, **self.stats,
+                "migrations": [m.__dict__ for m in self.datapath.migrations]}

@@ -1,0 +1,91 @@
+"""Desired map contents for one node, computed from a Snapshot: a pure function.
+
+Returns, for every map the agent owns, the exact set of entries it should hold (packed key ->
+packed value). The diff against what the kernel holds is ``lace.agent.diff``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from lace.datapath import config as cfg
+from lace.datapath.common import NETWORK_OUTSIDE, mac_bytes
+from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.devices import DeviceRole, device_key, device_value
+from lace.datapath.endpoint import endpoint_value, veth_key
+from lace.datapath.routing import route_value, routing_key
+from lace.datapath.segment import segment_key, segment_value
+
+from .model import Snapshot
+
+#: maps the agent owns and reconciles; the datapath owns conntrack, events, metrics, probe-cookie
+OWNED_MAPS = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
+              "services", "backends", "probes")
+
+Entries = dict[bytes, bytes]
+
+
+def desired_maps(s: Snapshot) -> dict[str, Entries]:
+    out: dict[str, Entries] = {name: {} for name in OWNED_MAPS}
+    me = s.config.node
+    out["config"][cfg.config_key()] = cfg.config_value(
+        locator=str(me.locator), underlay_addr=str(me.underlay), node_id=me.node_id,
+        uplink_ifindex=s.config.uplink_ifindex, mtu=s.config.mtu)
+
+    out["devices"][device_key(s.config.uplink_ifindex)] = device_value(s.config.uplink_mac, DeviceRole.UPLINK)
+    for ep in s.endpoints:
+        out["devices"][device_key(ep.ifindex)] = device_value(ep.host_mac, DeviceRole.POD_VETH)
+
+    _routing(s, out["routing"])
+    _delivery(s, out["delivery"])
+
+    for ep in s.endpoints:
+        out["veth"][veth_key(ep.ifindex)] = endpoint_value(
+            endpoint_id=ep.endpoint_id, network=ep.network, segment=ep.segment, mac=ep.pod_mac,
+            ipv4=str(ep.ipv4) if ep.ipv4 else None, ipv6=str(ep.ipv6) if ep.ipv6 else None)
+
+    local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
+    for p in s.pods:
+        out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
+            p.segment, local=(p.network, p.ip) in local)
+    return out
+
+
+def _routing(s: Snapshot, out: Entries) -> None:
+    """Every network reaches its own CIDRs; its routes add other networks' prefixes or the outside."""
+    for net in s.networks.values():
+        for cidr in net.cidrs:
+            out[routing_key(net.id, str(cidr))] = route_value(net.id)
+        for r in net.routes:
+            if r.cidrs:
+                cidrs = list(r.cidrs)
+            elif r.dst_network == NETWORK_OUTSIDE:
+                cidrs = [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+            else:
+                target = next((n for n in s.networks.values() if n.id == r.dst_network), None)
+                cidrs = list(target.cidrs) if target else []
+            for cidr in cidrs:
+                # a network's own CIDRs always stay inside it
+                key = routing_key(net.id, str(cidr))
+                if key not in out:
+                    out[key] = route_value(r.dst_network, masquerade=r.masquerade)
+
+
+def _delivery(s: Snapshot, out: Entries) -> None:
+    """Local pods by address; every other node's blocks to its locator SID for that network."""
+    me = s.config.node.name
+    for blk in s.blocks:
+        if blk.node == me:
+            continue
+        node = s.nodes.get(blk.node)
+        if node is None:
+            continue
+        out[delivery_key(blk.network, str(blk.cidr))] = DELIVERY.pack(
+            kind=DeliveryKind.REMOTE, node_id=node.node_id,
+            sid=cfg.sid(str(node.locator), None, blk.network))
+    for ep in s.endpoints:
+        for ip in ep.ips():
+            plen = 32 if ip.version == 4 else 128
+            out[delivery_key(ep.network, f"{ip}/{plen}")] = DELIVERY.pack(
+                kind=DeliveryKind.LOCAL, ifindex=ep.ifindex, mac=mac_bytes(ep.pod_mac),
+                host_mac=mac_bytes(ep.host_mac), endpoint_id=ep.endpoint_id)

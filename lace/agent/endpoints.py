@@ -1,0 +1,242 @@
+"""Pod interfaces: what CNI ADD / DEL / CHECK do on this node.
+
+ADD: the pod's network and labels from the store, addresses from IPAM, the segment, a veth pair
+(host side ``lx<hash>`` here, ``eth0`` in the pod) with addresses, a link-local gateway answered by
+permanent neighbour entries, the maps for the endpoint and the pod program on the host side — all
+before the pod's interface comes up, so its first packet already meets the datapath.
+DEL undoes every trace: link, veth, map entries, conntrack entries, leases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lace import netlink
+from lace.store.errors import NotFound
+from lace.store.kinds import pod_network
+
+from .ipam import Ipam, IpamExhausted
+from .model import ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6
+
+log = logging.getLogger("lace.agent.endpoints")
+
+CNI_VERSION = "1.1.0"
+
+
+class CniError(Exception):
+    """A CNI error result: code (spec: 1-99 reserved, 100+ plugin specific), msg, details."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code, self.msg, self.details = code, msg, details
+
+    def result(self) -> dict[str, Any]:
+        return {"cniVersion": CNI_VERSION, "code": self.code, "msg": self.msg, "details": self.details}
+
+
+# CNI spec error codes, and lace's own
+E_UNKNOWN_CONTAINER = 3
+E_INVALID_ENV = 4
+E_IO = 5
+E_INVALID_CONFIG = 7
+E_TRY_AGAIN = 11
+E_IPAM_EXHAUSTED = 100
+E_POD_UNKNOWN = 101
+
+
+def host_ifname(container_id: str) -> str:
+    return "lx" + hashlib.sha256(container_id.encode()).hexdigest()[:10]
+
+
+def pod_mac(container_id: str) -> str:
+    h = hashlib.sha256(b"mac" + container_id.encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, h[0], h[1], h[2], h[3], h[4]))
+
+
+@dataclass
+class CniRequest:
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    pod_namespace: str
+    pod_name: str
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> CniRequest:
+        args = body.get("args") or {}
+        try:
+            return cls(body["command"], body["containerID"], body.get("netns") or "",
+                       body.get("ifname") or "eth0", args.get("K8S_POD_NAMESPACE", "default"),
+                       args.get("K8S_POD_NAME", ""))
+        except KeyError as e:
+            raise CniError(E_INVALID_ENV, f"missing {e.args[0]}") from None
+
+
+class Endpoints:
+    """CNI operations for this node; ``reconcile`` programs the maps from the store afterwards."""
+
+    def __init__(self, store, node: str, mtu: int, datapath, reconcile: Callable[[], None],
+                 flush_conntrack: Callable[[int, list], int]) -> None:
+        self.store = store
+        self.node = node
+        self.mtu = mtu
+        self.datapath = datapath
+        self.reconcile = reconcile
+        self.flush_conntrack = flush_conntrack
+        self.ipam = Ipam(store, node)
+
+    # -- ADD ---------------------------------------------------------------------------------
+
+    def add(self, req: CniRequest) -> dict[str, Any]:
+        if not req.netns:
+            raise CniError(E_INVALID_ENV, "CNI_NETNS is required for ADD")
+        ref = f"{req.pod_namespace}/{req.pod_name}"
+        try:
+            pod = self.store.get("pods", req.pod_name, req.pod_namespace)
+        except NotFound:
+            raise CniError(E_POD_UNKNOWN, f"pod {ref} is not in the store",
+                           "apply the Pod first; the runtime calls CNI for pods the API knows") from None
+        net_name = pod_network(pod)
+        try:
+            network = self.store.get("networks", net_name)
+        except NotFound:
+            raise CniError(E_INVALID_CONFIG, f'pod {ref} asks for network "{net_name}", which does not exist',
+                           "create the Network or fix the pod's lace.dev/network annotation") from None
+        cidrs = [ipaddress.ip_network(c) for c in network["spec"].get("cidrs") or []]
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        try:
+            leases = self.ipam.allocate(net_name, cidrs, ref, req.container_id, req.ifname)
+        except IpamExhausted as e:
+            raise CniError(E_IPAM_EXHAUSTED, str(e)) from None
+        self.store.allocate_segment(net_name, req.pod_namespace, labels)
+
+        host = host_ifname(req.container_id)
+        mac = pod_mac(req.container_id)
+        try:
+            families = self._plumb(req, host, mac, leases)
+            for lease in leases:
+                self._annotate(lease.name, host, mac)
+            self.reconcile()               # maps for this endpoint (and everyone's view of it)
+            self.datapath.attach_pod(host, netlink.link(host).ifindex)
+            # default routes go in last: until now the pod could send nowhere
+            self._default_routes(req, families)
+            return self._result(req, host, mac, leases)
+        except CniError:
+            self._undo(req, host)
+            raise
+        except Exception as e:
+            self._undo(req, host)
+            raise CniError(E_IO, f"could not set up the interface of pod {ref}: {e}") from None
+
+    def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> set[int]:
+        tmp = "tmp" + host[2:]
+        netlink.delete_link(host)   # a leftover of an interrupted ADD of the same container
+        netlink.veth_pair(host, tmp, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
+        netlink.rename(tmp, req.ifname, netns=req.netns)
+        host_info = netlink.link(host)
+        netlink.set_up(host)
+        netlink.set_up("lo", netns=req.netns)
+        has4 = has6 = False
+        for lease in leases:
+            plen = 32 if lease.ip.version == 4 else 128
+            netlink.add_address(req.ifname, f"{lease.ip}/{plen}", netns=req.netns)
+            has4 |= lease.ip.version == 4
+            has6 |= lease.ip.version == 6
+        # eth0 must be up for routes through it; only the gateway is reachable until ADD has
+        # attached the program and installs the default routes
+        netlink.set_up(req.ifname, netns=req.netns)
+        if has4:
+            netlink.add_neighbor(str(GATEWAY4), host_info.mac, req.ifname, netns=req.netns)
+            netlink.add_route(f"{GATEWAY4}/32", netns=req.netns, dev=req.ifname, scope="link")
+        if has6:
+            netlink.add_neighbor(str(GATEWAY6), host_info.mac, req.ifname, netns=req.netns)
+        return {v for v, on in ((4, has4), (6, has6)) if on}
+
+    def _default_routes(self, req: CniRequest, families: set[int]) -> None:
+        if 4 in families:
+            netlink.add_route("0.0.0.0/0", netns=req.netns, via=str(GATEWAY4), dev=req.ifname)
+        if 6 in families:
+            netlink.add_route("::/0", netns=req.netns, via=str(GATEWAY6), dev=req.ifname)
+
+    def _annotate(self, lease_name: str, host: str, mac: str) -> None:
+        obj = self.store.get("ipleases", lease_name)
+        ann = obj["metadata"].setdefault("annotations", {})
+        ann[ANN_HOST_IFNAME] = host
+        ann[ANN_POD_MAC] = mac
+        self.store.update(obj)
+
+    def _result(self, req: CniRequest, host: str, mac: str, leases) -> dict[str, Any]:
+        hinfo = netlink.link(host)
+        ips, routes = [], []
+        for lease in leases:
+            v4 = lease.ip.version == 4
+            ips.append({"address": f"{lease.ip}/{32 if v4 else 128}",
+                        "gateway": str(GATEWAY4 if v4 else GATEWAY6), "interface": 1})
+            routes.append({"dst": "0.0.0.0/0" if v4 else "::/0", "gw": str(GATEWAY4 if v4 else GATEWAY6)})
+        return {
+            "cniVersion": CNI_VERSION,
+            "interfaces": [{"name": host, "mac": hinfo.mac},
+                           {"name": req.ifname, "mac": mac, "mtu": self.mtu, "sandbox": req.netns}],
+            "ips": ips,
+            "routes": routes,
+            "dns": {},
+        }
+
+    def _undo(self, req: CniRequest, host: str) -> None:
+        try:
+            self.datapath.detach_pod(host)
+        except Exception as e:  # keep undoing: the rest must go too
+            log.warning("detach %s: %s", host, e)
+        try:
+            netlink.delete_link(host)
+        except Exception as e:
+            log.warning("delete %s: %s", host, e)
+        self.ipam.release(req.container_id)
+        self.reconcile()
+
+    # -- DEL / CHECK -------------------------------------------------------------------------
+
+    def delete(self, req: CniRequest) -> dict[str, Any]:
+        """Idempotent, as the spec asks: deleting what is already gone succeeds."""
+        host = host_ifname(req.container_id)
+        leases = self.ipam.leases_for(req.container_id)
+        self.datapath.detach_pod(host)
+        netlink.delete_link(host)
+        self.ipam.release(req.container_id)
+        self.reconcile()
+        for o in leases:
+            try:
+                net = self.store.get("networks", o["spec"]["network"])
+            except NotFound:
+                continue
+            self.flush_conntrack(int(net["status"]["id"]), [ipaddress.ip_address(o["spec"]["ip"])])
+        return {}
+
+    def gc(self, valid: list[dict[str, Any]]) -> dict[str, Any]:
+        """CNI GC: release what this node holds for containers the runtime no longer knows."""
+        keep = {a.get("containerID") for a in valid}
+        stale = {o["spec"].get("containerID") for o in self.store.list("ipleases").items
+                 if o["spec"]["node"] == self.node and o["spec"].get("containerID") not in keep}
+        for cid in stale:
+            if cid:
+                self.delete(CniRequest("DEL", cid, "", "eth0", "", ""))
+        return {}
+
+    def check(self, req: CniRequest) -> dict[str, Any]:
+        host = host_ifname(req.container_id)
+        if not self.ipam.leases_for(req.container_id):
+            raise CniError(E_UNKNOWN_CONTAINER, f"container {req.container_id} has no address on {self.node}")
+        info = netlink.link(host)
+        if info is None:
+            raise CniError(E_IO, f"interface {host} of container {req.container_id} is missing")
+        inner = netlink.link(req.ifname, netns=req.netns) if req.netns else None
+        if req.netns and inner is None:
+            raise CniError(E_IO, f"interface {req.ifname} is missing in {req.netns}")
+        if host not in self.datapath.pod_links():
+            raise CniError(E_IO, f"the lace program is not attached to {host}")
+        return {}

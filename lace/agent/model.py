@@ -1,0 +1,156 @@
+"""The agent's view of the cluster: plain values parsed from store objects, no I/O.
+
+Everything the desired-state computation needs is here, so that it stays a pure function that
+unit tests can drive without a kernel or a store.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Iterable, Union
+
+from lace.datapath.common import NETWORK_OUTSIDE
+
+IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+
+#: the pod's gateway: link-local, answered by a permanent neighbour entry (no ARP/ND needed)
+GATEWAY4 = ipaddress.IPv4Address("169.254.1.1")
+GATEWAY6 = ipaddress.IPv6Address("fe80::1")
+
+#: annotations on Node objects (the lab and a real cluster's node agent set them)
+ANN_LOCATOR = "lace.dev/locator"
+ANN_UNDERLAY = "lace.dev/underlay"
+ANN_NODE_ID = "lace.dev/node-id"
+#: annotations on IPLease objects recording the endpoint an agent made
+ANN_HOST_IFNAME = "lace.dev/host-ifname"
+ANN_POD_MAC = "lace.dev/mac"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A Network route: destination network ID (or NETWORK_OUTSIDE), prefixes, masquerade."""
+
+    dst_network: int
+    cidrs: tuple[IPNet, ...]
+    masquerade: bool = False
+
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    id: int
+    cidrs: tuple[IPNet, ...]
+    routes: tuple[Route, ...] = ()
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    node_id: int
+    underlay: ipaddress.IPv6Address
+    locator: ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Block:
+    """A per-node block of a network CIDR (IPBlock)."""
+
+    network: int
+    node: str
+    cidr: IPNet
+
+
+@dataclass(frozen=True)
+class PodAddress:
+    """One pod address anywhere in the cluster with its segment (for segment / delivery maps)."""
+
+    network: int
+    ip: IPAddr
+    segment: int
+    node: str
+    pod: str  # namespace/name
+
+
+@dataclass(frozen=True)
+class LocalEndpoint:
+    """A pod interface on this node as the datapath needs it."""
+
+    endpoint_id: int
+    pod: str
+    container_id: str
+    network: int
+    segment: int
+    ifindex: int
+    host_ifname: str
+    host_mac: str
+    pod_mac: str
+    ipv4: ipaddress.IPv4Address | None
+    ipv6: ipaddress.IPv6Address | None
+
+    def ips(self) -> list[IPAddr]:
+        return [ip for ip in (self.ipv4, self.ipv6) if ip is not None]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """This node: identity, uplink and pod MTU."""
+
+    node: Node
+    uplink_ifindex: int
+    uplink_mac: str
+    mtu: int
+
+
+@dataclass
+class Snapshot:
+    """Everything desired-state computation reads."""
+
+    config: NodeConfig
+    networks: dict[str, Network] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    blocks: list[Block] = field(default_factory=list)
+    pods: list[PodAddress] = field(default_factory=list)
+    endpoints: list[LocalEndpoint] = field(default_factory=list)
+
+    def network_id(self, name: str) -> int | None:
+        n = self.networks.get(name)
+        return n.id if n else None
+
+
+def parse_network(obj: dict, by_name: dict[str, int]) -> Network | None:
+    """A Network object (its routes resolved through ``by_name``); None before it has an ID."""
+    status = obj.get("status") or {}
+    if "id" not in status:
+        return None
+    spec = obj.get("spec") or {}
+    routes = []
+    for r in spec.get("routes") or []:
+        to = r.get("to")
+        dst = NETWORK_OUTSIDE if to == "outside" else by_name.get(to)
+        if dst is None:
+            continue
+        cidrs = tuple(ipaddress.ip_network(c) for c in r.get("cidrs") or ())
+        routes.append(Route(dst, cidrs, bool(r.get("masquerade"))))
+    return Network(obj["metadata"]["name"], int(status["id"]),
+                   tuple(ipaddress.ip_network(c) for c in spec.get("cidrs") or ()), tuple(routes))
+
+
+def parse_node(obj: dict) -> Node | None:
+    """A Node with its lace annotations; None when it has not registered them yet."""
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    try:
+        return Node(obj["metadata"]["name"], int(ann[ANN_NODE_ID]),
+                    ipaddress.IPv6Address(ann[ANN_UNDERLAY]), ipaddress.IPv6Network(ann[ANN_LOCATOR]))
+    except (KeyError, ValueError):
+        return None
+
+
+def by_name(networks: Iterable[dict]) -> dict[str, int]:
+    out = {}
+    for n in networks:
+        sid = (n.get("status") or {}).get("id")
+        if sid is not None:
+            out[n["metadata"]["name"]] = int(sid)
+    return out

@@ -1,0 +1,75 @@
+"""Build the agent's Snapshot from the store and the node's links (the only I/O before the pure
+desired-state computation)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from lace import netlink
+
+from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, LocalEndpoint, NodeConfig, PodAddress, Snapshot,
+                    by_name, parse_network, parse_node)
+
+
+class NotRegistered(Exception):
+    """This node has no Node object with its lace annotations yet."""
+
+
+def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
+    return (network, namespace, tuple(sorted(labels.items())))
+
+
+def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapshot:
+    net_objs = store.list("networks").items
+    ids = by_name(net_objs)
+    networks = {n.name: n for n in (parse_network(o, ids) for o in net_objs) if n}
+    nodes = {n.name: n for n in (parse_node(o) for o in store.list("nodes").items) if n}
+    me = nodes.get(node_name)
+    if me is None:
+        raise NotRegistered(f'node "{node_name}" is not registered (no Node object with lace annotations)')
+    up = netlink.link(uplink)
+    if up is None:
+        raise NotRegistered(f'node "{node_name}" has no uplink interface "{uplink}"')
+    snap = Snapshot(NodeConfig(me, up.ifindex, up.mac, mtu), networks, nodes)
+
+    for o in store.list("ipblocks").items:
+        s = o["spec"]
+        if s["network"] in ids:
+            snap.blocks.append(Block(ids[s["network"]], s["node"], ipaddress.ip_network(s["cidr"])))
+
+    segments = {_labels_key(o["spec"]["network"], o["spec"]["namespace"], o["spec"].get("labels") or {}):
+                int(o["status"]["id"]) for o in store.list("segments").items if "id" in (o.get("status") or {})}
+    pods = {f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}': p for p in store.list("pods").items}
+
+    local: dict[str, dict[str, Any]] = {}
+    for lease in store.list("ipleases").items:
+        s = lease["spec"]
+        pod = pods.get(s["pod"])
+        net_id = ids.get(s["network"])
+        if pod is None or net_id is None:
+            continue   # the pod is gone: its lease is garbage the owning agent collects
+        ns = pod["metadata"]["namespace"]
+        labels = pod["metadata"].get("labels") or {}
+        seg = segments.get(_labels_key(s["network"], ns, labels))
+        if seg is None:
+            seg = store.allocate_segment(s["network"], ns, labels)
+            segments[_labels_key(s["network"], ns, labels)] = seg
+        ip = ipaddress.ip_address(s["ip"])
+        snap.pods.append(PodAddress(net_id, ip, seg, s["node"], s["pod"]))
+        ann = lease["metadata"].get("annotations") or {}
+        if s["node"] == node_name and ann.get(ANN_HOST_IFNAME):
+            ep = local.setdefault(s.get("containerID", ""), {
+                "pod": s["pod"], "network": net_id, "segment": seg, "host": ann[ANN_HOST_IFNAME],
+                "mac": ann.get(ANN_POD_MAC, ""), "ipv4": None, "ipv6": None})
+            ep["ipv4" if ip.version == 4 else "ipv6"] = ip
+
+    for cid, ep in local.items():
+        link = netlink.link(ep["host"])
+        if link is None:
+            continue   # interface not there (yet, or anymore): nothing to program for it
+        snap.endpoints.append(LocalEndpoint(
+            endpoint_id=link.ifindex, pod=ep["pod"], container_id=cid, network=ep["network"],
+            segment=ep["segment"], ifindex=link.ifindex, host_ifname=ep["host"], host_mac=link.mac,
+            pod_mac=ep["mac"], ipv4=ep["ipv4"], ipv6=ep["ipv6"]))
+    return snap

@@ -1,0 +1,152 @@
+"""A lab cluster's lifecycle: bring up (topology, store, node registration, one agent per node,
+the kubelet), report status, run commands in pods, restart agents, and tear everything down."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from lace import netlink
+from lace.agent.client import AgentUnavailable, call
+from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
+from lace.store.sqlite import SqliteStore
+
+from . import procs, topology
+from .kubelet import Sandboxes
+
+Progress = Callable[[str], None]
+POD_MTU = 1460
+
+
+class LabError(Exception):
+    """A lab operation failed; the message names the lab or node and what to do."""
+
+
+def agent_socket(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, "agents", f"{node}.sock")
+
+
+def _agent_argv(state_dir: str, node: Any) -> list[str]:
+    return [sys.executable, "-m", "lace.agent", "--node", node.name,
+            "--store", os.path.join(state_dir, "store.db"), "--pin-root", node.pin_root,
+            "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
+            "--mtu", str(POD_MTU)]
+
+
+def start_agent(state_dir: str, node: Any) -> int:
+    return procs.spawn(_agent_argv(state_dir, node), netns=node.netns, name=f"agent-{node.name}",
+                       state_dir=state_dir, log_path=os.path.join(state_dir, "logs", f"agent-{node.name}.log"))
+
+
+def wait_agent(state_dir: str, node: str, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            status, body = call(agent_socket(state_dir, node), "GET", "/healthz", timeout=2)
+            if status == 200:
+                return body
+            last = str(body)
+        except AgentUnavailable as e:
+            last = str(e)
+        time.sleep(0.02)
+    log = os.path.join(state_dir, "logs", f"agent-{node}.log")
+    tail = ""
+    try:
+        tail = Path(log).read_text()[-800:]
+    except OSError:
+        pass
+    raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n{tail}")
+
+
+def register_nodes(store: SqliteStore, lab: Any) -> None:
+    objs = []
+    for n in lab.nodes:
+        objs.append({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": n.name, "labels": {"kubernetes.io/hostname": n.name, "lace.dev/lab": lab.name},
+            "annotations": {ANN_LOCATOR: n.locator, ANN_UNDERLAY: n.underlay_addr, ANN_NODE_ID: str(n.node_id)}}})
+    store.apply_all(objs)
+
+
+def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: None) -> Any:
+    if topology.load(name, state_dir=state_dir) is not None or netlink.netns.list_netns(f"lace-{name}-"):
+        raise LabError(f'lab "{name}" already exists', ) from None
+    os.makedirs(os.path.join(state_dir, "logs"), exist_ok=True)
+    try:
+        lab = topology.build(topology.LabSpec(name=name, nodes=nodes), state_dir=state_dir, progress=progress)
+        progress("opening the store")
+        store = SqliteStore(os.path.join(state_dir, "store.db"))
+        try:
+            register_nodes(store, lab)
+        finally:
+            store.close()
+        for n in lab.nodes:
+            progress(f"starting the agent on {n.name}")
+            start_agent(state_dir, n)
+        for n in lab.nodes:
+            wait_agent(state_dir, n.name)
+            progress(f"agent on {n.name} is ready")
+        progress("starting the kubelet")
+        procs.spawn([sys.executable, "-m", "lace.lab.kubelet", "--lab", name, "--state-dir", state_dir],
+                    netns=None, name="kubelet", state_dir=state_dir,
+                    log_path=os.path.join(state_dir, "logs", "kubelet.log"))
+    except BaseException:
+        down(name, state_dir)
+        raise
+    return lab
+
+
+def down(name: str, state_dir: str | None) -> None:
+    if state_dir and os.path.isdir(state_dir):
+        # pods first, so that nothing keeps a namespace busy; then the rest goes at once
+        procs.stop_all(state_dir)
+    topology.destroy(name, state_dir=state_dir)
+
+
+def status(name: str, state_dir: str) -> dict[str, Any]:
+    lab = topology.load(name, state_dir=state_dir)
+    if lab is None:
+        raise LabError(f'lab "{name}" is not running', )
+    running = {p["name"]: p for p in procs.list_procs(state_dir)}
+    out_nodes = []
+    for n in lab.nodes:
+        p = running.get(f"agent-{n.name}")
+        health: Any = None
+        try:
+            st, body = call(agent_socket(state_dir, n.name), "GET", "/healthz", timeout=2)
+            health = "healthy" if st == 200 and body.get("ok") else f"unhealthy: {body.get('last_error')}"
+            endpoints = body.get("endpoints")
+        except AgentUnavailable:
+            health, endpoints = "down", None
+        out_nodes.append({"name": n.name, "netns": n.netns, "underlay": n.underlay_addr, "locator": n.locator,
+                          "pinRoot": n.pin_root, "agentPid": p["pid"] if p and p.get("alive") else None,
+                          "agent": health, "endpoints": endpoints})
+    k = running.get("kubelet")
+    return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
+            "nodes": out_nodes, "kubeletPid": k["pid"] if k and k.get("alive") else None}
+
+
+def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -> int:
+    lab = topology.load(name, state_dir=state_dir)
+    if lab is None:
+        raise LabError(f'lab "{name}" is not running')
+    n = next((x for x in lab.nodes if x.name == node), None)
+    if n is None:
+        raise LabError(f'lab "{name}" has no node "{node}" (nodes: {", ".join(x.name for x in lab.nodes)})')
+    procs.stop(f"agent-{node}", state_dir, sig=signal.SIGKILL if kill else signal.SIGTERM, timeout=5)
+    pid = start_agent(state_dir, n)
+    wait_agent(state_dir, node)
+    return pid
+
+
+def pod_netns(state_dir: str, namespace: str, name: str) -> str:
+    rec = Sandboxes(os.path.join(state_dir, "kubelet")).find(namespace, name)
+    if rec is None or not rec.get("ready"):
+        raise LabError(f"pod {namespace}/{name} is not running in this lab (lace get pods -n {namespace})")
+    return rec["netns"]

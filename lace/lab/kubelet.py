@@ -1,0 +1,271 @@
+"""The lab's kubelet and scheduler: what turns a stored Pod into a running pod on a lab node.
+
+For every Pod: pick a node when it has none (fewest pods first), create its network namespace,
+call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
+configuration on stdin, the result on stdout) from inside the node's namespace, start the pod's
+servers (HTTP answering with the pod's name on each TCP containerPort, UDP echo on each UDP port)
+and report the pod Running with its addresses. A deleted Pod gets CNI DEL and loses its namespace.
+Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
+
+``python -m lace.lab.kubelet --lab NAME --state-dir DIR`` runs it (``lace lab up`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from lace import netlink
+from lace.store.errors import Conflict, Gone, NotFound, StoreError
+from lace.store.sqlite import SqliteStore
+
+from . import procs
+
+log = logging.getLogger("lace.lab.kubelet")
+
+CNI_VERSION = "1.1.0"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sandbox_netns(lab: str, uid: str) -> str:
+    return f"lace-{lab}-p-{hashlib.sha256(uid.encode()).hexdigest()[:10]}"
+
+
+def pod_ports(pod: dict) -> tuple[list[int], list[int]]:
+    tcp, udp = [], []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            port = int(p["containerPort"])
+            (udp if (p.get("protocol") or "TCP").upper() == "UDP" else tcp).append(port)
+    return sorted(set(tcp)), sorted(set(udp))
+
+
+class Sandboxes:
+    """The on-disk record of pod sandboxes: ``<state>/pods/<uid>.json``."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.dir = Path(state_dir) / "pods"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def get(self, uid: str) -> dict | None:
+        try:
+            return json.loads((self.dir / f"{uid}.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def put(self, rec: dict) -> None:
+        tmp = self.dir / f".{rec['uid']}.tmp"
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, self.dir / f"{rec['uid']}.json")
+
+    def remove(self, uid: str) -> None:
+        try:
+            (self.dir / f"{uid}.json").unlink()
+        except FileNotFoundError:
+            pass
+
+    def all(self) -> list[dict]:
+        out = []
+        for p in self.dir.glob("*.json"):
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def find(self, namespace: str, name: str) -> dict | None:
+        return next((r for r in self.all() if r["namespace"] == namespace and r["name"] == name), None)
+
+
+class Kubelet:
+    def __init__(self, lab: str, state_dir: str) -> None:
+        self.lab = lab
+        self.state_dir = state_dir
+        desc = json.loads((Path(state_dir) / "lab.json").read_text())
+        self.nodes = {n["name"]: n for n in desc["nodes"]}
+        self.store = SqliteStore(Path(state_dir) / "store.db")
+        self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
+        self.stopping = threading.Event()
+        self.cni_bin = Path(sys.executable).parent
+        self._pool_lock = threading.Lock()
+        self._busy: dict[str, threading.Lock] = {}
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def schedule(self, pod: dict) -> dict | None:
+        """Bind an unscheduled pod to the lab node with the fewest pods."""
+        counts = {n: 0 for n in self.nodes}
+        for p in self.store.list("pods").items:
+            n = (p.get("spec") or {}).get("nodeName")
+            if n in counts:
+                counts[n] += 1
+        node = min(sorted(counts), key=lambda n: counts[n])
+        pod = dict(pod)
+        pod["spec"] = dict(pod.get("spec") or {}, nodeName=node)
+        try:
+            return self.store.update(pod)
+        except (Conflict, NotFound):
+            return None   # changed or gone meanwhile: the next event brings it back
+
+    # -- pod lifecycle -----------------------------------------------------------------------
+
+    def _cni(self, command: str, node: str, rec: dict) -> dict | None:
+        conf = {"cniVersion": CNI_VERSION, "name": "lace", "type": "lace-cni",
+                "agentSocket": os.path.join(self.state_dir, "agents", f"{node}.sock")}
+        env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=rec["container_id"],
+                   CNI_NETNS=netlink.netns.path(rec["netns"]), CNI_IFNAME="eth0",
+                   CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={rec['namespace']};K8S_POD_NAME={rec['name']}",
+                   CNI_PATH=str(self.cni_bin))
+        node_ns = netlink.netns.path(self.nodes[node]["netns"])
+
+        def enter_node() -> None:   # in the child, before exec: run the plugin on the node
+            from pyroute2.netns import setns
+            setns(node_ns)
+
+        res = subprocess.run([str(self.cni_bin / conf["type"])], input=json.dumps(conf), env=env,
+                             capture_output=True, text=True, preexec_fn=enter_node, timeout=120)
+        out = json.loads(res.stdout) if res.stdout.strip() else None
+        if res.returncode != 0:
+            msg = (out or {}).get("msg") or res.stderr.strip() or f"exit {res.returncode}"
+            raise RuntimeError(f"CNI {command} failed: {msg}" + (f" ({out.get('details')})" if out and out.get("details") else ""))
+        return out
+
+    def start_pod(self, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        uid, node = meta["uid"], spec["nodeName"]
+        if node not in self.nodes:
+            return
+        rec = self.sandboxes.get(uid)
+        if rec is not None and rec.get("ready"):
+            return
+        rec = {"uid": uid, "namespace": meta["namespace"], "name": meta["name"], "node": node,
+               "netns": sandbox_netns(self.lab, uid), "container_id": uid, "ready": False,
+               "proc": f"pod-{uid[:13]}"}
+        self.sandboxes.put(rec)
+        netlink.netns.create(rec["netns"])
+        try:
+            result = self._cni("ADD", node, rec)
+        except Exception as e:
+            log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
+            self._fail(pod, str(e))
+            return
+        ips = [ip["address"].split("/")[0] for ip in (result or {}).get("ips", [])]
+        tcp, udp = pod_ports(pod)
+        ready = os.path.join(self.state_dir, "kubelet", f"{uid}.ready")
+        argv = [sys.executable, "-m", "lace.lab.podserver", "--name", f"{rec['namespace']}/{rec['name']}",
+                "--ready-file", ready]
+        for p in tcp:
+            argv += ["--tcp", str(p)]
+        for p in udp:
+            argv += ["--udp", str(p)]
+        procs.spawn(argv, netns=rec["netns"], name=rec["proc"], state_dir=self.state_dir,
+                    log_path=os.path.join(self.state_dir, "logs", f"{rec['proc']}.log"))
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        rec.update(ready=True, ips=ips)
+        self.sandboxes.put(rec)
+        status = {"phase": "Running", "hostIP": self.nodes[node]["underlay_addr"], "startTime": _now(),
+                  "podIP": ips[0] if ips else None, "podIPs": [{"ip": ip} for ip in ips],
+                  "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _now()}]}
+        try:
+            self.store.update_status("pods", meta["name"], meta["namespace"], status)
+        except NotFound:
+            self.stop_pod(rec)
+
+    def _fail(self, pod: dict, message: str) -> None:
+        meta = pod["metadata"]
+        try:
+            self.store.update_status("pods", meta["name"], meta["namespace"], {
+                "phase": "Pending", "conditions": [{"type": "Ready", "status": "False",
+                                                    "reason": "NetworkSetupFailed", "message": message}]})
+        except NotFound:
+            pass
+        rec = self.sandboxes.get(meta["uid"])
+        if rec:
+            self.stop_pod(rec)
+
+    def stop_pod(self, rec: dict) -> None:
+        procs.stop(rec["proc"], self.state_dir, timeout=2)
+        try:
+            self._cni("DEL", rec["node"], rec)
+        except Exception as e:
+            log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
+        netlink.netns.delete(rec["netns"])
+        for suffix in (".ready",):
+            try:
+                os.unlink(os.path.join(self.state_dir, "kubelet", rec["uid"] + suffix))
+            except FileNotFoundError:
+                pass
+        self.sandboxes.remove(rec["uid"])
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def sync(self, pods: list[dict]) -> None:
+        """Level-triggered: make sandboxes match the stored pods."""
+        live = {p["metadata"]["uid"]: p for p in pods}
+        for rec in self.sandboxes.all():
+            if rec["uid"] not in live:
+                self.stop_pod(rec)
+        for pod in pods:
+            self.handle(pod)
+
+    def handle(self, pod: dict) -> None:
+        spec = pod.get("spec") or {}
+        if not spec.get("nodeName"):
+            bound = self.schedule(pod)
+            if bound is None:
+                return
+            pod = bound
+        self.start_pod(pod)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            lst = self.store.list("pods")
+            self.sync(lst.items)
+            try:
+                with self.store.watch(["pods"], since=lst.resource_version, timeout=30) as w:
+                    for ev in w:
+                        if ev.type == "DELETED":
+                            rec = self.sandboxes.get(ev.object["metadata"]["uid"])
+                            if rec:
+                                self.stop_pod(rec)
+                        else:
+                            self.handle(ev.object)
+                        if self.stopping.is_set():
+                            break
+            except Gone:
+                continue
+            except StoreError as e:
+                log.warning("watch: %s", e)
+                time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lace-lab-kubelet")
+    ap.add_argument("--lab", required=True)
+    ap.add_argument("--state-dir", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import signal
+    k = Kubelet(args.lab, args.state_dir)
+    signal.signal(signal.SIGTERM, lambda *_: (k.stopping.set(), sys.exit(0)))
+    k.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

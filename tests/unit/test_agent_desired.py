@@ -1,0 +1,93 @@
+"""The agent's pure parts: desired map contents from a snapshot, and the diff against the kernel."""
+
+from __future__ import annotations
+
+import ipaddress as ia
+
+from lace.agent.desired import desired_maps
+from lace.agent.diff import diff, diff_all
+from lace.agent.model import Block, LocalEndpoint, Network, Node, NodeConfig, PodAddress, Route, Snapshot
+from lace.datapath.common import NETWORK_OUTSIDE
+from lace.datapath.config import decode_config, sid
+from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.endpoint import decode_endpoint, veth_key
+from lace.datapath.policy import policy_entry, selected_key
+from lace.datapath.routing import decode_route, routing_key
+from lace.datapath.segment import SEGMENT_VALUE, segment_key
+
+N1 = Node("worker-1", 1, ia.IPv6Address("fd5e:ff::1"), ia.IPv6Network("fd5e:c000:1::/48"))
+N2 = Node("worker-2", 2, ia.IPv6Address("fd5e:ff::2"), ia.IPv6Network("fd5e:c000:2::/48"))
+
+
+def snapshot() -> Snapshot:
+    default = Network("default", 1, (ia.ip_network("10.244.0.0/16"), ia.ip_network("fd00:10:244::/56")))
+    blue = Network("blue", 2, (ia.ip_network("10.10.0.0/16"),),
+                   (Route(1, (ia.ip_network("10.244.7.0/24"),)), Route(NETWORK_OUTSIDE, (), True)))
+    s = Snapshot(NodeConfig(N1, 2, "02:00:00:00:00:01", 1460), {"default": default, "blue": blue},
+                 {"worker-1": N1, "worker-2": N2})
+    s.blocks = [Block(1, "worker-1", ia.ip_network("10.244.0.0/24")),
+                Block(1, "worker-2", ia.ip_network("10.244.1.0/24")),
+                Block(2, "worker-2", ia.ip_network("10.10.1.0/24"))]
+    s.pods = [PodAddress(1, ia.ip_address("10.244.0.5"), 300, "worker-1", "x/a"),
+              PodAddress(1, ia.ip_address("10.244.1.9"), 301, "worker-2", "x/b")]
+    s.endpoints = [LocalEndpoint(7, "x/a", "c1", 1, 300, 7, "lxaaaa", "02:aa:00:00:00:01", "02:bb:00:00:00:01",
+                                 ia.IPv4Address("10.244.0.5"), None)]
+    return s
+
+
+def test_config_and_devices():
+    want = desired_maps(snapshot())
+    ((k, v),) = want["config"].items()
+    c = decode_config(v)
+    assert c["node_id"] == 1 and c["uplink_ifindex"] == 2 and c["mtu"] == 1460
+    assert len(want["devices"]) == 2   # the uplink and the pod veth
+
+
+def test_routing_own_cidrs_routes_and_outside():
+    want = desired_maps(snapshot())["routing"]
+    assert decode_route(want[routing_key(1, "10.244.0.0/16")])["dst_network"] == 1
+    assert decode_route(want[routing_key(2, "10.10.0.0/16")])["dst_network"] == 2
+    assert decode_route(want[routing_key(2, "10.244.7.0/24")])["dst_network"] == 1
+    out = decode_route(want[routing_key(2, "0.0.0.0/0")])
+    assert out["outside"] and out["masquerade"]
+    assert routing_key(1, "0.0.0.0/0") not in want, "default has no route out"
+
+
+def test_delivery_remote_blocks_and_local_pods():
+    want = desired_maps(snapshot())["delivery"]
+    remote = DELIVERY.unpack(want[delivery_key(1, "10.244.1.0/24")])
+    assert remote["kind"] == DeliveryKind.REMOTE and remote["node_id"] == 2
+    assert remote["sid"] == sid("fd5e:c000:2::/48", None, 1)
+    assert DELIVERY.unpack(want[delivery_key(2, "10.10.1.0/24")])["sid"] == sid("fd5e:c000:2::/48", None, 2)
+    assert delivery_key(1, "10.244.0.0/24") not in want, "own blocks are delivered per pod"
+    local = DELIVERY.unpack(want[delivery_key(1, "10.244.0.5/32")])
+    assert local["kind"] == DeliveryKind.LOCAL and local["ifindex"] == 7
+
+
+def test_veth_and_segments():
+    want = desired_maps(snapshot())
+    ep = decode_endpoint(want["veth"][veth_key(7)])
+    assert ep["network"] == 1 and ep["segment"] == 300
+    seg = SEGMENT_VALUE.unpack(want["segment"][segment_key(1, "10.244.1.9")])
+    assert seg["segment"] == 301 and seg["flags"] == 0
+    assert SEGMENT_VALUE.unpack(want["segment"][segment_key(1, "10.244.0.5")])["flags"] == 1  # local
+
+
+def test_diff_updates_deletes_and_leaves_equal_entries():
+    desired = {b"k1": b"v1", b"k2": b"v2"}
+    actual = {b"k1": b"v1", b"k2": b"old", b"k3": b"gone"}
+    ch = diff("routing", desired, actual)
+    assert ch.updates == {b"k2": b"v2"} and ch.deletes == [b"k3"]
+    assert not diff("routing", desired, desired)
+
+
+def test_diff_keeps_policy_hit_counters():
+    key = selected_key(300, 0)
+    counted = bytearray(policy_entry(5, 1))
+    counted[8:16] = (1234).to_bytes(8, "little")
+    assert not diff("policy", {key: policy_entry(5, 1)}, {key: bytes(counted)})
+
+
+def test_desired_is_deterministic():
+    assert desired_maps(snapshot()) == desired_maps(snapshot())
+    assert not any(diff_all(desired_maps(snapshot()), desired_maps(snapshot())).values())
