@@ -21,7 +21,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class ApiServer:
-    """Routes ``(method, path)`` to handlers returning (status, JSON-able body | (content-type, bytes))."""
+    """Routes ``(method, path)`` to handlers returning (status, body): a JSON-able body, a
+    ``(content-type, bytes)`` pair, or an iterator of JSON-able documents streamed as NDJSON."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -71,6 +72,9 @@ class ApiServer:
                 self._send(status, out)
 
             def _send(self, status: int, out: Any) -> None:
+                if hasattr(out, "__next__"):
+                    self._stream(status, out)
+                    return
                 if isinstance(out, tuple):
                     ctype, data = out
                 else:
@@ -80,6 +84,24 @@ class ApiServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, status: int, lines: Any) -> None:
+                """NDJSON, one document per line, until the iterator ends or the client leaves."""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-ndjson")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    for doc in lines:
+                        self.wfile.write(json.dumps(doc).encode() + b"\n")
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                finally:
+                    close = getattr(lines, "close", None)
+                    if close:
+                        close()
 
             def do_GET(self) -> None:
                 self._handle("GET")
