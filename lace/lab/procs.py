@@ -1,0 +1,264 @@
+"""Long-running processes of a lab (agents, pod servers): start detached inside a namespace, record, stop.
+
+Each process runs in its own session (so a signal to its process group reaches its children too),
+with stdin from /dev/null and stdout/stderr appended to a log file.  It enters its network
+namespace in the child between fork and exec (setns on /run/netns/NAME), so no ``ip netns exec``
+wrapper sits between us and it and the recorded pid is the program itself.
+
+The record is ``<state_dir>/procs.json``: ``{name: {pid, argv, started, netns, log_path,
+starttime}}``, rewritten atomically under an flock so concurrent writers do not lose entries.
+``starttime`` (field 22 of /proc/PID/stat) guards against signalling a recycled pid.
+Stdlib only: the CLI imports this on every lab command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+PROCS_FILE = "procs.json"
+_LOCK_FILE = ".procs.lock"
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+class ProcError(Exception):
+    """A lab process could not be started or signalled; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One recorded process and whether it still runs."""
+
+    name: str
+    pid: int
+    argv: list[str]
+    started: float
+    netns: str | None
+    log_path: str
+    alive: bool
+
+
+def _starttime(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after its last ')'
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19]) if fields[0] != "Z" else None
+
+
+def alive(pid: int, starttime: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie; reaped here if it is our child).
+
+    With ``starttime`` it must also be the same process that was recorded, not a recycled pid.
+    """
+    if pid <= 0:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    now = _starttime(pid)
+    if now is None:
+        return False
+    return starttime is None or now == starttime
+
+
+# ---- the record -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _locked(state_dir: str | os.PathLike[str]) -> Iterator[str]:
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, _LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield os.path.join(state_dir, PROCS_FILE)
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ProcError(f"cannot read the process record {path}: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: str, data: Mapping[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".procs.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _entry(state_dir: str | os.PathLike[str], name: str) -> dict[str, Any] | None:
+    with _locked(state_dir) as path:
+        return _read(path).get(name)
+
+
+def _forget(state_dir: str | os.PathLike[str], name: str, pid: int) -> None:
+    with _locked(state_dir) as path:
+        data = _read(path)
+        if data.get(name, {}).get("pid") == pid:
+            del data[name]
+            _write(path, data)
+
+
+# ---- start ----------------------------------------------------------------------------------
+
+def _enter_netns_child(fd: int) -> None:
+    # runs between fork and exec: keep to async-signal-safe work (one syscall, no allocation of note)
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    netns: str | None,
+    name: str,
+    state_dir: str | os.PathLike[str],
+    log_path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> int:
+    """Start ``argv`` detached inside NETNS (None: the caller's namespace) as ``name``; return its pid.
+
+    A process already recorded under ``name`` and still running is an error (stop it first); a
+    dead one's record is replaced.
+    """
+    if not argv:
+        raise ProcError(f"cannot start {name}: empty command")
+    old = _entry(state_dir, name)
+    if old and alive(int(old["pid"]), old.get("starttime")):
+        raise ProcError(f"cannot start {name}: already running as pid {old['pid']} (stop it first)")
+    ns_fd = None
+    if netns is not None:
+        ns_path = netns if "/" in netns else os.path.join("/run/netns", netns)
+        try:
+            ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ProcError(f"cannot start {name} in netns {netns}: {exc.strerror}") from None
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    try:
+        with open(log_path, "ab", buffering=0) as log, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(
+                list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                close_fds=True, env=dict(env) if env is not None else None, cwd=cwd,
+                preexec_fn=(lambda: _enter_netns_child(ns_fd)) if ns_fd is not None else None,  # type: ignore[arg-type]
+            )
+    except (OSError, subprocess.SubprocessError) as exc:
+        where = f" in netns {netns}" if netns else ""
+        raise ProcError(f"cannot start {name}{where} ({argv[0]}): {exc}") from None
+    finally:
+        if ns_fd is not None:
+            os.close(ns_fd)
+    record = {"pid": proc.pid, "argv": list(argv), "started": time.time(), "netns": netns,
+              "log_path": os.fspath(log_path), "starttime": _starttime(proc.pid)}
+    with _locked(state_dir) as path:
+        data = _read(path)
+        data[name] = record
+        _write(path, data)
+    return proc.pid
+
+
+# ---- inspect and stop -----------------------------------------------------------------------
+
+def list_procs(state_dir: str | os.PathLike[str]) -> list[ProcInfo]:
+    """Every recorded process, by name, with whether it still runs."""
+    with _locked(state_dir) as path:
+        data = _read(path)
+    return [
+        ProcInfo(name, int(e["pid"]), list(e.get("argv", [])), float(e.get("started", 0)), e.get("netns"),
+                 e.get("log_path", ""), alive(int(e["pid"]), e.get("starttime")))
+        for name, e in sorted(data.items())
+    ]
+
+
+def _signal(pid: int, sig: int) -> None:
+    # the process leads its own session and group: signal the group so its children go too
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def kill(name: str, state_dir: str | os.PathLike[str], sig: int = signal.SIGTERM) -> bool:
+    """Send ``sig`` to the process recorded as ``name`` without waiting; False if it is not running."""
+    e = _entry(state_dir, name)
+    if not e or not alive(int(e["pid"]), e.get("starttime")):
+        return False
+    _signal(int(e["pid"]), sig)
+    return True
+
+
+def _wait_gone(pid: int, starttime: int | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid, starttime):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def stop(name: str, state_dir: str | os.PathLike[str], sig: int = signal.SIGTERM, timeout: float = 5) -> bool:
+    """Stop ``name``: ``sig``, then SIGKILL after ``timeout`` seconds; forget it.  True if it was running."""
+    e = _entry(state_dir, name)
+    if not e:
+        return False
+    pid, st = int(e["pid"]), e.get("starttime")
+    was = alive(pid, st)
+    if was:
+        _signal(pid, sig)
+        if not _wait_gone(pid, st, timeout):
+            _signal(pid, signal.SIGKILL)
+            if not _wait_gone(pid, st, 5):
+                raise ProcError(f"{name} (pid {pid}) survived SIGKILL")
+    _forget(state_dir, name, pid)
+    return was
+
+
+def stop_all(state_dir: str | os.PathLike[str], sig: int = signal.SIGTERM, timeout: float = 5) -> list[str]:
+    """Stop every recorded process (all signalled at once, then waited for); returns the names stopped."""
+    if not os.path.isdir(state_dir):
+        return []
+    procs = [p for p in list_procs(state_dir)]
+    running = [p for p in procs if p.alive]
+    starts = {p.name: (_entry(state_dir, p.name) or {}).get("starttime") for p in running}
+    for p in running:
+        _signal(p.pid, sig)
+    deadline = time.monotonic() + timeout
+    for p in running:
+        if not _wait_gone(p.pid, starts[p.name], max(0.0, deadline - time.monotonic())):
+            _signal(p.pid, signal.SIGKILL)
+            _wait_gone(p.pid, starts[p.name], 5)
+    for p in procs:
+        _forget(state_dir, p.name, p.pid)
+    return [p.name for p in running]
