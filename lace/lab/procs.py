@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import fcntl
 import json
 import os

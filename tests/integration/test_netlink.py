@@ -260,7 +260,7 @@ def test_errors_name_the_object(ns: str) -> None:
     missing = uname()
     with pytest.raises(NetlinkError, match=rf"{missing}: no such network namespace"):
         nl.links(missing)
-    with pytest.raises(NetlinkError, match=rf"no such network namespace"):
+    with pytest.raises(NetlinkError, match=r"no such network namespace"):
         nl.veth_pair("x0", "x1", netns=ns, peer_netns=missing)
     # a route through a gateway that is not on any link: the kernel's reason, the route named
     with pytest.raises(NetlinkError, match=r"add route 192\.0\.2\.0/24 via 10\.9\.9\.9 in netns .*ENETUNREACH"):
