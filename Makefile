@@ -76,5 +76,9 @@ test-e2e: install
 bench: install
 	$(PY) bench/datapath.py
 
+# The README's main command: a 3-node lab with real traffic (stays up; `lace lab down` removes it)
+lab: install
+	$(PY) -m lace.lab.demo
+
 clean:
 	rm -rf $(BUILD) .stamp-*

@@ -113,7 +113,7 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
     lab = topology.load(name, state_dir=state_dir)
     if lab is None:
         raise LabError(f'lab "{name}" is not running', )
-    running = {p["name"]: p for p in procs.list_procs(state_dir)}
+    running = {p.name: p for p in procs.list_procs(state_dir)}
     out_nodes = []
     for n in lab.nodes:
         p = running.get(f"agent-{n.name}")
@@ -125,11 +125,11 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
         except AgentUnavailable:
             health, endpoints = "down", None
         out_nodes.append({"name": n.name, "netns": n.netns, "underlay": n.underlay_addr, "locator": n.locator,
-                          "pinRoot": n.pin_root, "agentPid": p["pid"] if p and p.get("alive") else None,
+                          "pinRoot": n.pin_root, "agentPid": p.pid if p and p.alive else None,
                           "agent": health, "endpoints": endpoints})
     k = running.get("kubelet")
     return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
-            "nodes": out_nodes, "kubeletPid": k["pid"] if k and k.get("alive") else None}
+            "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None}
 
 
 def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -> int:
