@@ -100,8 +100,8 @@ class Kubelet:
         self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
         self.stopping = threading.Event()
         self.cni_bin = Path(sys.executable).parent
-        self._pool_lock = threading.Lock()
-        self._busy: dict[str, threading.Lock] = {}
+        #: uid -> (failures, monotonic time of the next attempt): failed pods retry with backoff
+        self.backoff: dict[str, tuple[int, float]] = {}
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -151,6 +151,9 @@ class Kubelet:
         rec = self.sandboxes.get(uid)
         if rec is not None and rec.get("ready"):
             return
+        fails, next_try = self.backoff.get(uid, (0, 0.0))
+        if time.monotonic() < next_try:
+            return
         rec = {"uid": uid, "namespace": meta["namespace"], "name": meta["name"], "node": node,
                "netns": sandbox_netns(self.lab, uid), "container_id": uid, "ready": False,
                "proc": f"pod-{uid[:13]}"}
@@ -160,8 +163,10 @@ class Kubelet:
             result = self._cni("ADD", node, rec)
         except Exception as e:
             log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
+            self.backoff[uid] = (fails + 1, time.monotonic() + min(0.2 * 2 ** fails, 10.0))
             self._fail(pod, str(e))
             return
+        self.backoff.pop(uid, None)
         ips = [ip["address"].split("/")[0] for ip in (result or {}).get("ips", [])]
         tcp, udp = pod_ports(pod)
         ready = os.path.join(self.state_dir, "kubelet", f"{uid}.ready")
@@ -237,7 +242,8 @@ class Kubelet:
             lst = self.store.list("pods")
             self.sync(lst.items)
             try:
-                with self.store.watch(["pods"], since=lst.resource_version, timeout=30) as w:
+                # short watches: a relist every few seconds retries pods that failed
+                with self.store.watch(["pods"], since=lst.resource_version, timeout=2) as w:
                     for ev in w:
                         if ev.type == "DELETED":
                             rec = self.sandboxes.get(ev.object["metadata"]["uid"])
