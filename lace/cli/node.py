@@ -1,0 +1,99 @@
+"""The ``node`` command: what one node's data plane holds and decides (``spec/node-state.md``).
+
+``main(argv, env) -> ExitStatus`` like ``lace``'s own entry, callable in-process.  Run it inside
+the node (``lace exec --node NODE -- node ...``); it reads the pinned maps directly, so it works
+with the agent down, and resolves IDs to names through the store unless ``-n/--numeric``.
+
+    node bpf show MAP        node ct list|gc TABLE      node trace flow      node device list
+
+``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, TextIO
+
+from lace.cli.args import ArgumentParser, HelpShown
+from lace.cli.errors import CliError
+from lace.cli.invocation import Invocation
+from lace.cli.render import print_error
+from lace.cli.status import ExitStatus
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return n
+
+
+def add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """-n, --limit and -o: on the top level with defaults, on every leaf without (so either place works)."""
+    d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    p.add_argument("-n", "--numeric", action="store_true", default=d(False),
+                   help="raw IDs and addresses; never contacts the store / API server")
+    p.add_argument("--limit", type=_positive, metavar="N", default=d(None), help="show at most N entries")
+    p.add_argument("-o", "--output", choices=("json",), default=d(None),
+                   help="json: one JSON document (default: a table)")
+
+
+def build_parser() -> ArgumentParser:
+    from lace.cli.nodestate import bpf_show, ct, device, trace
+    parser = ArgumentParser(prog="node", description="Inspect this node's lace data plane.")
+    add_common(parser, top=True)
+    sub = parser.add_subparsers(dest="group", metavar="COMMAND", parser_class=ArgumentParser)
+    for module in (bpf_show, ct, trace, device):
+        module.register(sub, add_common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
+         stdin: TextIO | None = None, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> ExitStatus:
+    """Run one node command; errors are ``error: ...`` lines with a hint, never tracebacks."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    env = os.environ if env is None else env
+    inv = Invocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
+    try:
+        parser = build_parser()
+        with contextlib.redirect_stdout(inv.stdout):
+            args = parser.parse_args(argv)
+        handler: Any = getattr(args, "handler", None)
+        if handler is None:
+            inv.stdout.write(parser.format_help())
+            return ExitStatus.USAGE
+        return ExitStatus(handler(args, inv))
+    except HelpShown:
+        return ExitStatus.OK
+    except CliError as err:
+        print_error(inv.stderr, err.message, err.hint)
+        return err.status
+    except KeyboardInterrupt:
+        return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        return ExitStatus.ERROR
+    except Exception as err:  # noqa: BLE001 - the last line of defence
+        if env.get("LACE_DEBUG"):
+            traceback.print_exc(file=inv.stderr)
+        print_error(inv.stderr, f"unexpected {type(err).__name__}: {err}",
+                    None if env.get("LACE_DEBUG") else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
+        return ExitStatus.ERROR
+    finally:
+        inv.close()
+
+
+def entry() -> NoReturn:
+    """Console script ``node``."""
+    status = main(sys.argv[1:], os.environ)
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.exit(int(status))

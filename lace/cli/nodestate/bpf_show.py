@@ -1,0 +1,411 @@
+"""``node bpf show MAP``: one pinned map at a time, decoded, with names resolved (unless -n).
+
+Each map has a small view function turning decoded entries into table rows and JSON entries; the
+dump itself is the loader's (batch where the kernel supports it, iteration for LPM tries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lace import netlink
+from lace.cli.errors import UsageError
+from lace.cli.invocation import Invocation
+from lace.cli.nodestate import render
+from lace.cli.nodestate.context import NodeContext
+from lace.cli.nodestate.resolve import NumericResolver, for_node
+from lace.cli.status import ExitStatus
+from lace.datapath import registry
+from lace.datapath.registry import MapDef
+
+
+def register(sub: Any, add_common: Callable[..., None]) -> None:
+    bpf = sub.add_parser("bpf", help="show the node's BPF maps", description="Show the node's BPF maps.")
+    add_common(bpf)
+    bsub = bpf.add_subparsers(dest="bpf_command", metavar="SUBCOMMAND", parser_class=type(bpf))
+    p = bsub.add_parser("show", help="dump one map: " + ", ".join(registry.SHOWABLE),
+                        description="Dump one map, decoded. MAP is one of: " + ", ".join(registry.SHOWABLE) + ".")
+    p.add_argument("map", metavar="MAP", help=", ".join(registry.SHOWABLE))
+    p.add_argument("--endpoints", action="store_true", help="services: add each service's backends")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--egress", action="store_true", help="policy: only egress entries")
+    g.add_argument("--ingress", action="store_true", help="policy: only ingress entries")
+    add_common(p)
+    p.set_defaults(handler=run_show)
+    bpf.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(
+        UsageError("say what to do: node bpf show MAP", hint="maps: " + ", ".join(registry.SHOWABLE))))
+
+
+@dataclass
+class Entry:
+    """One map entry: decoded key and value, raw bytes, and what the view adds."""
+
+    key: dict[str, Any]
+    value: dict[str, Any]
+    raw_key: bytes
+    raw_value: bytes
+
+
+@dataclass
+class View:
+    """What one map looks like: table headers, rows, JSON entries."""
+
+    headers: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    docs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Names:
+    """Interface names by ifindex in this namespace (read once), and pods behind them."""
+
+    def __init__(self, res: NumericResolver) -> None:
+        self.res = res
+        self._links: dict[int, str] | None = None
+
+    def ifname(self, ifindex: int) -> str | None:
+        if self._links is None:
+            try:
+                self._links = {li.ifindex: li.name for li in netlink.links()}
+            except netlink.NetlinkError:
+                self._links = {}
+        return self._links.get(int(ifindex))
+
+    def pod_of_ifindex(self, ifindex: int) -> str | None:
+        name = self.ifname(ifindex)
+        return self.res.pod_for_ifname(name) if name else None
+
+
+def dump_entries(ctx: NodeContext, mdef: MapDef) -> tuple[list[Entry], int]:
+    """Every entry of a map (decoded), and its capacity."""
+    with ctx.open_map(mdef.pin_name, mdef.cli_name) as m:
+        keys, values, n = m.dump()
+        ks, vs = m.key_size, m.value_blob_size
+        kb, vb = bytes(keys), bytes(values)
+        cap = m.max_entries
+    out = []
+    for i in range(n):
+        rk, rv = kb[i * ks:(i + 1) * ks], vb[i * vs:(i + 1) * vs]
+        out.append(Entry(mdef.key_dict(rk), mdef.value_dict(rv, rk), rk, rv))
+    return out, cap
+
+
+def _net(res: NumericResolver, net_id: int) -> str:
+    return res.network(net_id)
+
+
+def _names(res: NumericResolver, doc: dict[str, Any], **ids: int | None) -> None:
+    """Add ``<field>_name`` to a JSON entry for each network/segment ID (not with -n)."""
+    if res.numeric:
+        return
+    for fieldname, value in ids.items():
+        if value is None:
+            continue
+        if "segment" in fieldname or fieldname == "peer":
+            doc[f"{fieldname}_name"] = res.peer(value) if fieldname == "peer" else res.segment(value)
+        else:
+            doc[f"{fieldname}_name"] = res.network(value)
+
+
+# ---- per-map views -------------------------------------------------------------------------------
+
+def view_config(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["LOCATOR", "UNDERLAY", "NODE-ID", "UPLINK", "MTU", "FLAGS"])
+    for e in entries:
+        c = e.value
+        if not any(e.raw_value):
+            continue  # the array slot exists but nothing was written: not configured
+        up = names.ifname(c["uplink_ifindex"])
+        uplink = f'{up} ({c["uplink_ifindex"]})' if up and not res.numeric else str(c["uplink_ifindex"])
+        v.rows.append([c["locator"], c["underlay_addr"], c["node_id"], uplink, c["mtu"], ",".join(c["flags"])])
+        doc = {**c}
+        if up:
+            doc["uplink"] = up
+        v.docs.append(doc)
+    return v
+
+
+def view_devices(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["IFINDEX", "NAME", "ROLE", "MAC", "POD"])
+    for e in sorted(entries, key=lambda e: e.key["ifindex"]):
+        idx = e.key["ifindex"]
+        name = names.ifname(idx)
+        pod = res.pod_for_ifname(name) if name and e.value["role"] == "pod-veth" else None
+        v.rows.append([idx, name or "(gone)", e.value["role"], e.value["mac"], pod])
+        v.docs.append({"ifindex": idx, "name": name, **e.value, "pod": pod})
+    return v
+
+
+def view_routing(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["SRC-NETWORK", "PREFIX", "DST-NETWORK", "MASQUERADE"])
+    for e in sorted(entries, key=lambda e: (e.key["src_network"], _pfx_sort(e.key["prefix"]))):
+        k, val = e.key, e.value
+        dst = "outside" if val["outside"] else _net(res, val["dst_network"])
+        v.rows.append([_net(res, k["src_network"]), k["prefix"], dst, "yes" if val["masquerade"] else "no"])
+        doc = {**k, **val}
+        _names(res, doc, src_network=k["src_network"], dst_network=val["dst_network"])
+        v.docs.append(doc)
+    return v
+
+
+def _pfx_sort(prefix: str) -> tuple[int, int, int]:
+    net = ipaddress.ip_network(prefix, strict=False)
+    return (net.version, int(net.network_address), net.prefixlen)
+
+
+def view_delivery(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["NETWORK", "PREFIX", "KIND", "TARGET"])
+    for e in sorted(entries, key=lambda e: (e.key["network"], _pfx_sort(e.key["prefix"]))):
+        k, val = e.key, e.value
+        doc = {**k, **val}
+        if val["kind"] == "local":
+            ifname = names.ifname(val["ifindex"])
+            pod = res.pod_for_ifname(ifname) if ifname else None
+            if not pod and not res.numeric:
+                pod = res.pod_for_ip(k["network"], k["prefix"].split("/")[0])
+            target = f'local pod {pod or "?"} via {ifname or "ifindex"} ({val["ifindex"]}) mac {val["mac"]}'
+            if res.numeric:
+                target = f'local ifindex {val["ifindex"]} mac {val["mac"]} endpoint {val["endpoint_id"]}'
+            doc.update(ifname=ifname, pod=pod)
+        elif val["kind"] == "remote":
+            target = f'remote node {val["node_id"]} sid {val["sid"]}'
+            doc["node_id"] = val["node_id"]
+        elif val["kind"] == "host":
+            target = "this node's host stack"
+        else:
+            target = val["kind"]
+        v.rows.append([_net(res, k["network"]), k["prefix"], val["kind"], target])
+        _names(res, doc, network=k["network"])
+        v.docs.append(doc)
+    return v
+
+
+def view_veth(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["IFINDEX", "IFNAME", "POD", "ENDPOINT", "NETWORK", "SEGMENT", "MAC", "IPV4", "IPV6"])
+    for e in sorted(entries, key=lambda e: e.key["ifindex"]):
+        idx, val = e.key["ifindex"], e.value
+        ifname = names.ifname(idx)
+        pod = res.pod_for_ifname(ifname) if ifname else None
+        v.rows.append([idx, ifname or "(gone)", pod, val["endpoint_id"], _net(res, val["network"]),
+                       res.segment(val["segment"]), val["mac"], val["ipv4"], val["ipv6"]])
+        doc = {"ifindex": idx, "ifname": ifname, "pod": pod, **val}
+        _names(res, doc, network=val["network"], segment=val["segment"])
+        v.docs.append(doc)
+    return v
+
+
+def view_services(entries: list[Entry], res: NumericResolver, names: Names, args: Any,
+                  backends: dict[int, dict[str, Any]] | None = None) -> View:
+    headers = ["NETWORK", "VIP", "PORT", "PROTO", "SERVICE", "BACKENDS", "FLAGS"]
+    if args.endpoints:
+        headers.append("BACKEND")
+    v = View(headers)
+    slots: dict[tuple, list[Entry]] = {}
+    services = []
+    for e in entries:
+        k = e.key
+        ident = (k["network"], k["addr"], k["port"], k["proto"])
+        if k["slot"] == 0:
+            services.append(e)
+        else:
+            slots.setdefault(ident, []).append(e)
+    for e in sorted(services, key=lambda e: (e.key["network"], e.key["addr"], e.key["port"])):
+        k, val = e.key, e.value
+        name = res.service(val["service_id"], network=k["network"], vip=k["addr"], port=k["port"], proto=k["proto"])
+        row = [_net(res, k["network"]), k["addr"], k["port"], k["proto"], name, val["backend_count"],
+               ",".join(val["flags"])]
+        doc: dict[str, Any] = {**k, **val}
+        if not res.numeric:
+            doc["service"] = name
+        _names(res, doc, network=k["network"])
+        if args.endpoints:
+            bes = []
+            for s in sorted(slots.get((k["network"], k["addr"], k["port"], k["proto"]), []),
+                            key=lambda s: s.key["slot"]):
+                b = (backends or {}).get(s.value["backend_id"])
+                be: dict[str, Any] = {"slot": s.key["slot"], "backend_id": s.value["backend_id"]}
+                if b is None:
+                    text = f'backend {s.value["backend_id"]} (missing from backends)'
+                else:
+                    be.update(b)
+                    host = f'[{b["addr"]}]' if ":" in b["addr"] else b["addr"]
+                    pod = res.pod_for_ip(b["network"], b["addr"])
+                    text = f'{host}:{b["port"]}' + (f" ({pod})" if pod else "")
+                    if pod:
+                        be["pod"] = pod
+                    if "active" not in b["flags"]:
+                        text += " " + ",".join(b["flags"] or ["inactive"])
+                be["text"] = text
+                bes.append(be)
+            doc["backends"] = bes
+            row.append(bes[0]["text"] if bes else "(none)")
+            v.rows.append(row)
+            for be in bes[1:]:
+                v.rows.append([render.BLANK] * (len(headers) - 1) + [be["text"]])
+        else:
+            v.rows.append(row)
+        v.docs.append(doc)
+    return v
+
+
+def view_policy(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["SEGMENT", "DIRECTION", "PEER", "PROTO", "PORTS", "POLICY", "RULE", "HITS"])
+    want = "egress" if args.egress else "ingress" if args.ingress else None
+
+    def order(e: Entry) -> tuple:
+        k = e.key
+        return (k["segment"], k["direction"], not k["selected"], k["peer"], str(k["proto"]), k["port"] or 0)
+
+    for e in sorted(entries, key=order):
+        k, val = e.key, e.value
+        if want and k["direction"] != want:
+            continue
+        doc = {**k, **val}
+        if k["selected"]:
+            mode = "selected (audit)" if "audit" in val["flags"] else "selected (default deny)"
+            peer, proto, ports = mode, "", ""
+            doc["marker"] = mode
+        else:
+            peer = res.peer(k["peer"])
+            proto = k["proto"] if k["proto"] is not None else "any"
+            if k["port"] is None:
+                ports = "any" if k["proto"] is not None else ""
+            elif k["port"] == k["end_port"]:
+                ports = str(k["port"])
+            else:
+                ports = f'{k["port"]}-{k["end_port"]}'
+        pol = res.policy(val["policy_id"]) if val["policy_id"] else "-"
+        v.rows.append([res.segment(k["segment"]), k["direction"], peer, proto, ports, pol,
+                       val["rule"], val["hits"]])
+        if not res.numeric:
+            doc["segment_name"] = res.segment(k["segment"])
+            if not k["selected"]:
+                doc["peer_name"] = res.peer(k["peer"])
+            if val["policy_id"]:
+                doc["policy"] = pol
+        v.docs.append(doc)
+    return v
+
+
+def view_segment(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["NETWORK", "ADDRESS", "POD", "SEGMENT", "LOCAL"])
+    for e in sorted(entries, key=lambda e: (e.key["network"], _pfx_sort(e.key["addr"]))):
+        k, val = e.key, e.value
+        pod = res.pod_for_ip(k["network"], k["addr"])
+        v.rows.append([_net(res, k["network"]), k["addr"], pod, res.segment(val["segment"]),
+                       "yes" if val["local"] else "no"])
+        doc = {**k, **val, "pod": pod}
+        _names(res, doc, network=k["network"], segment=val["segment"])
+        v.docs.append(doc)
+    return v
+
+
+def view_prefix_segment(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["NETWORK", "PREFIX", "SEGMENT"])
+    for e in sorted(entries, key=lambda e: (e.key["network"], _pfx_sort(e.key["prefix"]))):
+        k, val = e.key, e.value
+        v.rows.append([_net(res, k["network"]), k["prefix"], res.segment(val["segment"])])
+        doc = {**k, **val}
+        _names(res, doc, network=k["network"], segment=val["segment"])
+        v.docs.append(doc)
+    return v
+
+
+def view_probes(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    v = View(["ADDRESS", "PORT", "PROTO", "NETWORK", "POD", "IFINDEX", "TARGET"])
+    for e in sorted(entries, key=lambda e: (_pfx_sort(e.key["addr"]), e.key["port"])):
+        k, val = e.key, e.value
+        ifname = names.ifname(val["ifindex"])
+        pod = (res.pod_for_ifname(ifname) if ifname else None) or res.pod_for_ip(val["network"], val["target_addr"])
+        tgt = f'[{val["target_addr"]}]' if ":" in val["target_addr"] else val["target_addr"]
+        v.rows.append([k["addr"], k["port"], k["proto"], _net(res, val["network"]), pod,
+                       f'{val["ifindex"]}' + (f" ({ifname})" if ifname and not res.numeric else ""),
+                       f'{tgt}:{val["target_port"]}'])
+        doc = {**k, **val, "pod": pod, "ifname": ifname}
+        _names(res, doc, network=val["network"])
+        v.docs.append(doc)
+    return v
+
+
+def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    import time
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    v = View(["COOKIE", "ORIGINAL-DESTINATION", "PROTO", "NETWORK", "AGE"])
+    for e in sorted(entries, key=lambda e: e.key["cookie"]):
+        k, val = e.key, e.value
+        dst = f'[{val["orig_addr"]}]' if ":" in val["orig_addr"] else val["orig_addr"]
+        age_s = (now - val["created_ns"]) / 1e9 if val["created_ns"] else None
+        v.rows.append([k["cookie"], f'{dst}:{val["orig_port"]}', val["proto"], _net(res, val["network"]),
+                       render.human_duration(age_s) if age_s is not None else None])
+        doc = {**k, **val, "age_s": age_s}
+        _names(res, doc, network=val["network"])
+        v.docs.append(doc)
+    return v
+
+
+VIEWS: dict[str, Callable[..., View]] = {
+    "config": view_config, "devices": view_devices, "routing": view_routing, "delivery": view_delivery,
+    "veth": view_veth, "services": view_services, "policy": view_policy, "segment": view_segment,
+    "prefix-segment": view_prefix_segment, "probes": view_probes, "probe-cookie": view_probe_cookie,
+}
+assert tuple(VIEWS) == registry.SHOWABLE
+
+
+def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    name = args.map
+    if name not in VIEWS:
+        raise UsageError(f'unknown map "{name}"', hint="valid maps: " + ", ".join(registry.SHOWABLE))
+    if (args.egress or args.ingress) and name != "policy":
+        raise UsageError("--egress/--ingress apply to `node bpf show policy` only")
+    if args.endpoints and name != "services":
+        raise UsageError("--endpoints applies to `node bpf show services` only")
+    ctx = NodeContext.from_env(inv.env)
+    mdef = registry.get(name)
+    entries, cap = dump_entries(ctx, mdef)
+    res = for_node(args.numeric, ctx.require_store)
+    names = Names(res)
+    if name == "services":
+        backends: dict[int, dict[str, Any]] = {}
+        if args.endpoints:
+            bes, _ = dump_entries(ctx, registry.get("backends"))
+            backends = {b.key["backend_id"]: b.value for b in bes}
+        view = view_services(entries, res, names, args, backends)
+    else:
+        view = VIEWS[name](entries, res, names, args)
+    total = len(view.docs)
+    limit = args.limit
+    shown_docs = view.docs if limit is None else view.docs[:limit]
+    if args.output == "json":
+        render.write_json(inv.stdout, {
+            "node": ctx.node, "map": name, "pin": ctx.map_path(mdef.pin_name), "capacity": cap,
+            "count": total, "entries_in_map": len(entries), "shown": len(shown_docs),
+            "truncated": len(shown_docs) < total, "numeric": bool(args.numeric), "entries": shown_docs})
+        return ExitStatus.OK
+    con = inv.console()
+    label = f"{name}" + (f" ({'egress' if args.egress else 'ingress'})" if args.egress or args.ingress else "")
+    if not view.rows:
+        render.empty(con, label if total == 0 and not entries else f"{label} (after filters)", cap)
+        return ExitStatus.OK
+    rows = view.rows
+    if limit is not None:
+        # services --endpoints spreads one entry over several rows: cut at entry boundaries
+        if name == "services" and args.endpoints:
+            cut, seen = len(rows), 0
+            for i, r in enumerate(rows):
+                if r[0] is not render.BLANK:
+                    if seen == limit:
+                        cut = i
+                        break
+                    seen += 1
+            rows = rows[:cut]
+        else:
+            rows = rows[:limit]
+    render.table(con, view.headers, rows)
+    nouns = {"services": "services", "config": "entries"}
+    render.count_line(con, label, len(shown_docs), total, cap if name != "config" else None,
+                      noun=nouns.get(name, "entries"), map_entries=len(entries))
+    return ExitStatus.OK
+

@@ -1,0 +1,86 @@
+"""Where the node's state lives: pin root, store, node name and agent socket, from the environment.
+
+``lace exec --node N -- node ...`` sets ``LACE_PIN_ROOT``, ``LACE_STORE``, ``LACE_NODE`` and
+``LACE_AGENT_SOCKET``; in a lace-node pod the DaemonSet sets them.  Each is checked only when a
+command needs it, and a missing one is an error that says which variable to set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from collections.abc import Mapping
+
+from lace.bpf import BPFError, Map
+from lace.cli.errors import NotFoundError, UnavailableError, UsageError
+
+ENV_PIN_ROOT = "LACE_PIN_ROOT"
+ENV_STORE = "LACE_STORE"
+ENV_NODE = "LACE_NODE"
+ENV_AGENT_SOCKET = "LACE_AGENT_SOCKET"
+
+_HINT_EXEC = "run it as `lace exec --node NODE -- node ...`, which sets it"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeContext:
+    """The node a ``node`` command inspects (any field may be None until a command needs it)."""
+
+    pin_root: str | None
+    store_path: str | None
+    node: str | None
+    agent_socket: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> NodeContext:
+        return cls(env.get(ENV_PIN_ROOT) or None, env.get(ENV_STORE) or None,
+                   env.get(ENV_NODE) or None, env.get(ENV_AGENT_SOCKET) or None)
+
+    @property
+    def node_name(self) -> str:
+        """The node's name for messages (``this node`` when LACE_NODE is unset)."""
+        return self.node or "this node"
+
+    def require_pin_root(self) -> str:
+        if not self.pin_root:
+            raise UsageError(f"{ENV_PIN_ROOT} is not set: the node's bpffs pin root is unknown", hint=_HINT_EXEC)
+        if not os.path.isdir(self.pin_root):
+            raise UnavailableError(
+                f"pin root {self.pin_root} ({ENV_PIN_ROOT}) of {self.node_name} does not exist",
+                hint="the datapath was never loaded on this node: is its agent running? (lace lab status)")
+        return self.pin_root
+
+    def map_path(self, pin_name: str) -> str:
+        return os.path.join(self.require_pin_root(), pin_name)
+
+    def open_map(self, pin_name: str, cli_name: str) -> Map:
+        """Open a pinned map; errors name the map, the node and the path."""
+        path = self.map_path(pin_name)
+        try:
+            return Map.open_pinned(path)
+        except BPFError as exc:
+            if exc.errno == errno.ENOENT:
+                raise NotFoundError(f"map {cli_name} is not pinned on {self.node_name} ({path})",
+                                    hint="the datapath objects were not loaded here; restart the agent") from None
+            raise UnavailableError(f"cannot open map {cli_name} at {path}: {exc}") from None
+
+    def require_store(self) -> str:
+        """The store path, checked to be an existing, readable file (never created here)."""
+        if not self.store_path:
+            raise UsageError(f"{ENV_STORE} is not set: names cannot be resolved",
+                             hint="set it, or pass -n/--numeric to print raw IDs without the store")
+        path = self.store_path
+        if not os.path.isfile(path):
+            raise UnavailableError(f"the store {path} ({ENV_STORE}) does not exist or is not a file",
+                                   hint="pass -n/--numeric to print raw IDs without the store")
+        if not os.access(path, os.R_OK):
+            raise UnavailableError(f"the store {path} is not readable",
+                                   hint="pass -n/--numeric to print raw IDs without the store")
+        return path
+
+    def require_agent_socket(self) -> str:
+        if not self.agent_socket:
+            raise UsageError(f"{ENV_AGENT_SOCKET} is not set: the agent of {self.node_name} cannot be reached",
+                             hint=_HINT_EXEC)
+        return self.agent_socket
