@@ -44,6 +44,8 @@ def _dual_stack_socket(kind: int, port: int) -> socket.socket:
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "lace-podserver"
     sys_version = ""
+    # keep-alive: a client may hold one connection for many requests (the agent-restart test does)
+    protocol_version = "HTTP/1.1"
     body = b"\n"
 
     def _answer(self, with_body: bool) -> None:

@@ -140,9 +140,14 @@ def run_exec(args: argparse.Namespace, inv: Invocation) -> ExitStatus | int:
     def enter() -> None:
         from pyroute2.netns import setns
         setns(path)
+    # a terminal's streams go straight to the command; in-process callers (tests) get its output
+    io_kw: dict[str, Any] = {}
+    if inv.stdin is not sys.stdin:
+        io_kw["input"] = inv.stdin.read().encode()
+    if inv.stdout is not sys.stdout:
+        io_kw["capture_output"] = True
     try:
-        res = subprocess.run(cmd, preexec_fn=enter, stdin=inv.stdin if inv.stdin is not sys.stdin else None,
-                             capture_output=inv.stdout is not sys.stdout)
+        res = subprocess.run(cmd, preexec_fn=enter, **io_kw)
     except FileNotFoundError:
         raise NotFoundError(f"command not found in pod {args.pod}: {cmd[0]}") from None
     if inv.stdout is not sys.stdout:

@@ -1,0 +1,147 @@
+"""The e2e tier: one shared 3-node lab for the whole session (independent scenarios use their own
+namespaces and networks in it), driven through the real ``lace`` CLI in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from lace.cli.main import main as lace_main
+
+NETCHECK = [sys.executable, "-m", "lace.lab.netcheck"]
+
+
+class LabHandle:
+    """A running lab and the commands tests run against it."""
+
+    def __init__(self, name: str, state_dir: str) -> None:
+        self.name = name
+        self.env = dict(os.environ, LACE_STATE_DIR=state_dir, LACE_LAB=name, NO_COLOR="1")
+        self.state_dir = state_dir
+        self.dir = os.path.join(state_dir, "labs", name)
+
+    def lace(self, *argv: str, check: bool = True) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        rc = int(lace_main(list(argv), self.env, stdout=out, stderr=err, stdin=io.StringIO("")))
+        if check and rc != 0:
+            raise AssertionError(f"lace {' '.join(argv)} -> {rc}\n{out.getvalue()}\n{err.getvalue()}")
+        return rc, out.getvalue(), err.getvalue()
+
+    def apply(self, docs: list[dict] | str) -> None:
+        text = docs if isinstance(docs, str) else yaml.safe_dump_all(docs)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(text)
+        try:
+            self.lace("apply", "-f", f.name)
+        finally:
+            os.unlink(f.name)
+
+    def pods(self, namespace: str) -> dict[str, dict]:
+        _, out, _ = self.lace("get", "pods", "-n", namespace, "-o", "json")
+        return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+
+    def wait(self, namespace: str, names: list[str], phase: str = "Running", timeout: float = 60) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            ps = self.pods(namespace)
+            if all(ps.get(n, {}).get("status", {}).get("phase") == phase for n in names):
+                return ps
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pods {names} in {namespace} not {phase}: "
+                                     f"{ {n: ps.get(n, {}).get('status') for n in names} }")
+            time.sleep(0.05)
+
+    def wait_gone(self, namespace: str, name: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while name in self.pods(namespace):
+            assert time.monotonic() < deadline, f"pod {namespace}/{name} still there"
+            time.sleep(0.05)
+
+    def exec(self, pod: str, *argv: str) -> tuple[int, str]:
+        rc, out, err = self.lace("lab", "exec", pod, "--", *argv, check=False)
+        return rc, out + err
+
+    def check(self, pod: str, mode: str, ip: str, port: int, timeout: float = 1.0) -> tuple[bool, str]:
+        rc, out = self.exec(pod, *NETCHECK, mode, ip, str(port), "--timeout", str(timeout))
+        return rc == 0, out.strip()
+
+    def status(self) -> dict[str, Any]:
+        _, out, _ = self.lace("lab", "status", "-o", "json", check=False)
+        return json.loads(out)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return next(n for n in self.status()["nodes"] if n["name"] == name)
+
+
+def pod(name: str, ns: str, node: str | None = None, network: str | None = None,
+        labels: dict | None = None, tcp=(80,), udp=(53,)) -> dict:
+    ports = [{"containerPort": p} for p in tcp] + [{"containerPort": p, "protocol": "UDP"} for p in udp]
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels or {"app": name}}
+    if network:
+        meta["annotations"] = {"lace.dev/network": network}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "lace/podserver", "ports": ports}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def namespace(name: str, **labels: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {"ns": name}}}
+
+
+def network(name: str, *cidrs: str, routes: list | None = None) -> dict:
+    spec: dict[str, Any] = {"cidrs": list(cidrs)}
+    if routes:
+        spec["routes"] = routes
+    return {"apiVersion": "lace.dev/v1alpha1", "kind": "Network", "metadata": {"name": name}, "spec": spec}
+
+
+def ips(p: dict) -> tuple[str, str]:
+    addrs = [a["ip"] for a in p["status"]["podIPs"]]
+    v4 = next((a for a in addrs if ":" not in a), None)
+    v6 = next((a for a in addrs if ":" in a), None)
+    return v4, v6
+
+
+def leftovers(lab: str) -> dict[str, list[str]]:
+    """Everything of ``lab`` still in the kernel: namespaces, pins, links, cgroups."""
+    ns = [n.split()[0] for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+          if n.split() and n.split()[0].startswith(f"lace-{lab}-")]
+    pins = [p for p in os.listdir("/sys/fs/bpf") if p.startswith(f"lace-{lab}-")]
+    cg = [p for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified") if os.path.isdir(base)
+          for p in os.listdir(base) if p == f"lace-{lab}"]
+    return {k: v for k, v in {"netns": ns, "pins": pins, "cgroups": cg}.items() if v}
+
+
+@pytest.fixture(scope="session")
+def lab():
+    name = f"e2e{os.getpid() % 10000}"
+    state = tempfile.mkdtemp(prefix="lace-e2e-")
+    handle = LabHandle(name, state)
+    try:
+        handle.lace("lab", "up", "--name", name, "--nodes", "3")
+        yield handle
+    finally:
+        handle.lace("lab", "down", "--name", name, check=False)
+        left = leftovers(name)
+        subprocess.run(["rm", "-rf", state])
+        assert not left, f"lab down left {left}"
+
+
+@pytest.fixture
+def ns(lab):
+    """A fresh namespace for one test, removed afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    lab.apply([namespace(name)])
+    yield name
+    lab.lace("delete", "namespace", name, check=False)

@@ -1,0 +1,273 @@
+"""The lab end to end: pods on one node and across nodes over IPv4 and IPv6, SRv6 on the fabric,
+overlapping networks, anti-spoofing, agent crashes, pod deletion, IPAM exhaustion, lab teardown."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from scapy.layers.inet import IP, TCP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether  # noqa: F401 - registers the link type rdpcap needs
+from scapy.utils import rdpcap
+
+from lace.bpf import Map
+from lace.datapath import registry
+
+from .conftest import NETCHECK, LabHandle, leftovers, namespace, network, pod, ips
+
+
+def test_pods_talk_on_one_node_and_across_nodes(lab, ns):
+    lab.apply([pod("p1", ns, "worker-1"), pod("p2", ns, "worker-1"), pod("p3", ns, "worker-2")])
+    ps = lab.wait(ns, ["p1", "p2", "p3"])
+    for target in ("p2", "p3"):
+        v4, v6 = ips(ps[target])
+        for ip in (v4, v6):
+            ok, out = lab.check(f"{ns}/p1", "tcp", ip, 80)
+            assert ok and out == f"{ns}/{target}", (target, ip, out)
+            ok, out = lab.check(f"{ns}/p1", "udp", ip, 53)
+            assert ok and out.startswith("lace-netcheck"), (target, ip, out)
+    # and back the other way, from the remote node
+    ok, out = lab.check(f"{ns}/p3", "tcp", ips(ps["p1"])[1], 80)
+    assert ok and out == f"{ns}/p1"
+
+
+class Capture:
+    """tcpdump on the lab fabric, to a pcap file (an independent oracle of what crossed it)."""
+
+    def __init__(self, lab: LabHandle, path: str) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", f"lace-{lab.name}-fabric", "tcpdump", "-U", "-nn", "-i", "br0", "-w", path,
+             "ip6 and (ip6[6] == 4 or ip6[6] == 41)"], stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()   # "listening on br0 ..." once the filter is in place
+        assert "listening" in line, line
+
+    def stop(self, want_bytes: int = 200, timeout: float = 5.0) -> list:
+        # tcpdump -U writes each packet as it reads it: wait until they are on disk, then stop
+        deadline = time.monotonic() + timeout
+        while os.path.getsize(self.path) < want_bytes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=10)
+        return list(rdpcap(self.path))
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_cross_node_packets_are_srv6_to_the_destination_locator(lab, ns, tmp_path, family):
+    lab.apply([pod("src", ns, "worker-1"), pod("dst", ns, "worker-3")])
+    ps = lab.wait(ns, ["src", "dst"])
+    src_ip = ips(ps["src"])[0 if family == 4 else 1]
+    dst_ip = ips(ps["dst"])[0 if family == 4 else 1]
+    locator = ipaddress.ip_network(lab.node("worker-3")["locator"])
+    cap = Capture(lab, str(tmp_path / "fabric.pcap"))
+    try:
+        ok, out = lab.check(f"{ns}/src", "tcp", dst_ip, 80)
+    finally:
+        pkts = cap.stop()
+    assert ok, out
+    inner_t = IP if family == 4 else IPv6
+    to_dst = [p for p in pkts if IPv6 in p and p[IPv6].haslayer(inner_t)
+              and p[IPv6].payload.haslayer(TCP) and p[IPv6].payload.src == src_ip and p[IPv6].payload.dst == dst_ip]
+    assert to_dst, f"no encapsulated packet {src_ip} -> {dst_ip} on the fabric ({len(pkts)} captured)"
+    for p in to_dst:
+        outer = p[IPv6]
+        assert outer.nh == (4 if family == 4 else 41)
+        assert ipaddress.ip_address(outer.dst) in locator, f"{outer.dst} not in {locator}"
+        assert outer.src == lab.node("worker-1")["underlay"]
+        assert outer.payload[TCP].dport == 80
+
+
+def test_overlapping_networks_stay_apart(lab, ns):
+    tag = uuid.uuid4().hex[:4]
+    red, blue = f"red{tag}", f"blue{tag}"
+    lab.apply([network(red, "10.40.0.0/16", "fd40::/64"), network(blue, "10.40.0.0/16", "fd40::/64"),
+               pod("ra", ns, "worker-1", red), pod("ba", ns, "worker-1", blue),
+               pod("rb", ns, "worker-2", red), pod("bb", ns, "worker-3", blue)])
+    ps = lab.wait(ns, ["ra", "ba", "rb", "bb"])
+    assert ips(ps["ra"]) == ips(ps["ba"]), "the first pod of each network on worker-1 gets the same address"
+    same = ips(ps["ra"])
+    for ip in same:
+        ok, out = lab.check(f"{ns}/rb", "tcp", ip, 80)
+        assert ok and out == f"{ns}/ra", out       # red reaches the red pod behind the shared IP
+        ok, out = lab.check(f"{ns}/bb", "tcp", ip, 80)
+        assert ok and out == f"{ns}/ba", out       # blue the blue one
+    # a red pod never reaches a blue pod: bb's address means nothing (or another pod) in red
+    bb4 = ips(ps["bb"])[0]
+    ok, out = lab.check(f"{ns}/ra", "tcp", bb4, 80)
+    assert out != f"{ns}/bb"
+    # nor the default network's pods
+    lab.apply([pod("dflt", ns, "worker-2")])
+    d = lab.wait(ns, ["dflt"])["dflt"]
+    ok, out = lab.check(f"{ns}/ra", "tcp", ips(d)[0], 80)
+    assert not ok, out
+    lab.lace("delete", "pods", "ra", "ba", "rb", "bb", "-n", ns)
+    for p in ("ra", "ba", "rb", "bb"):
+        lab.wait_gone(ns, p)
+
+
+def _metric(lab: LabHandle, node: str, reason: str) -> float:
+    from lace.agent.client import call
+    _, text = call(os.path.join(lab.dir, "agents", f"{node}.sock"), "GET", "/metrics")
+    total = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith("lace_datapath_packets_total{") and f'reason="{reason}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_spoofed_source_is_dropped(lab, ns):
+    lab.apply([pod("honest", ns, "worker-1"), pod("target", ns, "worker-2")])
+    ps = lab.wait(ns, ["honest", "target"])
+    tgt = ips(ps["target"])[0]
+    spoof = "10.244.250.250"
+    rc, out = lab.exec(f"{ns}/honest", "ip", "addr", "add", f"{spoof}/32", "dev", "eth0")
+    assert rc == 0, out
+    before = _metric(lab, "worker-1", "spoofed-source")
+    code = (f"import socket;s=socket.socket();s.bind(({spoof!r},0));s.settimeout(1)\n"
+            f"try:\n s.connect(({tgt!r},80));print('connected')\nexcept OSError as e:\n print('blocked',e)")
+    rc, out = lab.exec(f"{ns}/honest", sys.executable, "-c", code)
+    assert "blocked" in out, out
+    assert _metric(lab, "worker-1", "spoofed-source") > before, "the drop is counted under its reason"
+    ok, out = lab.check(f"{ns}/honest", "tcp", tgt, 80)
+    assert ok, "the pod's own address still works"
+
+
+def _dump_owned(pin_root: str) -> dict[str, dict[bytes, bytes]]:
+    out = {}
+    for name in ("config", "devices", "routing", "delivery", "veth", "segment"):
+        m = Map.open_pinned(os.path.join(pin_root, registry.get(name).pin_name))
+        try:
+            keys, values, n = m.dump()
+            kb, vb, ks, vs = bytes(keys), bytes(values), m.key_size, m.value_blob_size
+            out[name] = {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}
+        finally:
+            m.close()
+    return out
+
+
+def test_agent_sigkill_keeps_streams_and_state(lab, ns):
+    lab.apply([pod("client", ns, "worker-1"), pod("server", ns, "worker-2")])
+    ps = lab.wait(ns, ["client", "server"])
+    pin_root = lab.node("worker-2")["pinRoot"]
+    before = _dump_owned(pin_root)
+    result: dict = {}
+
+    def stream() -> None:
+        result["rc"], result["out"] = lab.exec(f"{ns}/client", *NETCHECK, "hold", ips(ps["server"])[0], "80", "4")
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(1.0)   # the stream is running: now crash the agent of the server's node
+    old_pid = lab.node("worker-2")["agentPid"]
+    lab.lace("lab", "restart-agent", "worker-2", "--kill")
+    t.join(timeout=30)
+    assert result.get("rc") == 0, f"the stream broke: {result}"
+    assert lab.node("worker-2")["agentPid"] not in (None, old_pid)
+    after = _dump_owned(pin_root)
+    assert after == before, "the restarted agent adopted the maps without flushing or duplicating"
+    # and the node still takes new connections
+    ok, out = lab.check(f"{ns}/client", "tcp", ips(ps["server"])[0], 80)
+    assert ok, out
+
+
+def test_pod_delete_removes_every_trace(lab, ns):
+    lab.apply([pod("gone", ns, "worker-3")])
+    p = lab.wait(ns, ["gone"])["gone"]
+    uid = p["metadata"]["uid"]
+    from lace.agent.endpoints import host_ifname
+    host = host_ifname(uid)
+    node_ns = f"lace-{lab.name}-worker-3"
+    pin_root = lab.node("worker-3")["pinRoot"]
+    assert subprocess.run(["ip", "-n", node_ns, "link", "show", host], capture_output=True).returncode == 0
+    assert os.path.exists(os.path.join(pin_root, "links", f"pod-{host}"))
+    v4, v6 = ips(p)
+    lab.lace("delete", "pod", "gone", "-n", ns)
+    lab.wait_gone(ns, "gone")
+    from lace.datapath.delivery import delivery_key
+    from lace.lab.kubelet import sandbox_netns
+
+    def traces() -> list[str]:
+        left = []
+        if subprocess.run(["ip", "-n", node_ns, "link", "show", host], capture_output=True).returncode == 0:
+            left.append("veth")
+        if os.path.exists(os.path.join(pin_root, "links", f"pod-{host}")):
+            left.append("pinned link")
+        _, out, _ = lab.lace("get", "ipleases", "-o", "json")
+        if [l for l in json.loads(out)["items"] if l["spec"]["pod"] == f"{ns}/gone"]:
+            left.append("lease")
+        dl = Map.open_pinned(os.path.join(pin_root, "lace_delivery"))
+        try:
+            if dl.lookup(delivery_key(1, f"{v4}/32")) is not None or dl.lookup(delivery_key(1, f"{v6}/128")):
+                left.append("delivery entry")
+        finally:
+            dl.close()
+        if subprocess.run(["ip", "netns", "pids", sandbox_netns(lab.name, uid)], capture_output=True).returncode == 0:
+            left.append("pod namespace")
+        return left
+
+    deadline = time.monotonic() + 20
+    while left := traces():
+        assert time.monotonic() < deadline, f"left behind after delete: {left}"
+        time.sleep(0.05)
+
+
+def test_ipam_exhaustion_is_a_clear_error(lab, ns):
+    tag = uuid.uuid4().hex[:4]
+    tiny = f"tiny{tag}"
+    lab.apply([network(tiny, "10.50.0.0/29")] + [pod(f"x{i}", ns, "worker-1", tiny) for i in range(7)])
+    deadline = time.monotonic() + 60
+    while True:
+        ps = lab.pods(ns)
+        running = [n for n, p in ps.items() if p.get("status", {}).get("phase") == "Running"]
+        failed = [p for p in ps.values() if any(c.get("reason") == "NetworkSetupFailed"
+                                                  for c in p.get("status", {}).get("conditions", []))]
+        if len(running) == 6 and failed:
+            break
+        assert time.monotonic() < deadline, {n: p.get("status") for n, p in ps.items()}
+        time.sleep(0.1)
+    msg = next(c["message"] for c in failed[0]["status"]["conditions"] if c.get("reason") == "NetworkSetupFailed")
+    assert tiny in msg and "worker-1" in msg and "6 of 6" in msg, msg
+    lab.lace("delete", "pods", *[f"x{i}" for i in range(7)], "-n", ns)
+
+
+def test_cni_plugin_speaks_the_spec(lab):
+    cni = os.path.join(os.path.dirname(sys.executable), "lace-cni")
+    r = subprocess.run([cni], env={"CNI_COMMAND": "VERSION"}, capture_output=True, text=True)
+    assert r.returncode == 0 and "1.1.0" in json.loads(r.stdout)["supportedVersions"]
+    r = subprocess.run([cni], env={"CNI_COMMAND": "ADD"}, input="not json", capture_output=True, text=True)
+    assert r.returncode == 1 and json.loads(r.stdout)["code"] == 6
+    conf = json.dumps({"cniVersion": "1.1.0", "name": "lace", "type": "lace-cni",
+                       "agentSocket": os.path.join(lab.dir, "agents", "worker-1.sock")})
+    r = subprocess.run([cni], env={"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x", "CNI_NETNS": "/run/netns/none",
+                                   "CNI_IFNAME": "eth0", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=nope"},
+                       input=conf, capture_output=True, text=True)
+    err = json.loads(r.stdout)
+    assert r.returncode == 1 and "default/nope" in err["msg"], err
+    r = subprocess.run([cni], env={"CNI_COMMAND": "STATUS"}, input=conf, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_second_lab_coexists_and_down_leaves_nothing(lab, tmp_path):
+    other = LabHandle(f"x{os.getpid() % 10000}", str(tmp_path / "state"))
+    try:
+        other.lace("lab", "up", "--name", other.name, "--nodes", "1")
+        other.apply([pod("solo", "default", "worker-1")])
+        other.wait("default", ["solo"])
+        st = other.status()
+        assert [n["name"] for n in st["nodes"]] == ["worker-1"] and st["nodes"][0]["agent"] == "healthy"
+        assert lab.status()["nodes"][0]["agent"] == "healthy", "the first lab is unaffected"
+    finally:
+        other.lace("lab", "down", "--name", other.name, check=False)
+    assert not leftovers(other.name), leftovers(other.name)
+    rc, out, _ = other.lace("lab", "down", "--name", other.name, check=False)
+    assert rc == 0, "down is safe to run twice"
+    assert not leftovers(other.name)
