@@ -1,0 +1,413 @@
+"""``node ct list TABLE`` and ``node ct gc TABLE``: live conntrack entries, and removing expired ones.
+
+TABLE is ``all`` or one of ct-{tcp,udp,icmp}-{v6,v4}.  Entry times are CLOCK_MONOTONIC_COARSE
+nanoseconds (``bpf_ktime_get_coarse_ns``), compared with the same clock here.
+
+A node can hold a million entries, so both commands work on whole columns: the dump is one batch
+syscall sequence, decoding is ``Layout.decode_many`` (NumPy), ``-o json`` is assembled by
+:mod:`~lace.cli.nodestate.columns` without a Python object per entry, and gc deletes in batches.
+Names (networks, segments, pods, services) are resolved once per distinct value, not per entry.
+
+gc removes only entries whose expiry is in the past at the moment of the dump; an entry refreshed
+by a packet between the dump and the delete (milliseconds) is removed too and re-created by its
+next packet, which is what an LRU eviction would do to it anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from lace.cli.errors import UsageError
+from lace.cli.invocation import Invocation
+from lace.cli.nodestate import columns as C
+from lace.cli.nodestate.context import NodeContext
+from lace.cli.nodestate.resolve import NumericResolver, for_node
+from lace.cli.status import ExitStatus
+from lace.datapath import registry
+from lace.datapath.common import Proto, Verdict
+from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState, tcp_flag_labels
+from lace.datapath.delivery import DeliveryKind
+from lace.datapath.common import enum_label, flag_labels
+
+CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
+TABLES = ("all", *registry.CT_TABLES)
+_ = Verdict
+
+
+def now_coarse() -> int:
+    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+
+
+def register(sub: Any, add_common: Callable[..., None]) -> None:
+    ct = sub.add_parser("ct", help="connection tracking: list live entries, remove expired ones",
+                        description="Conntrack tables: " + ", ".join(TABLES) + ".")
+    add_common(ct)
+    csub = ct.add_subparsers(dest="ct_command", metavar="SUBCOMMAND", parser_class=type(ct))
+    p = csub.add_parser("list", help="list live conntrack entries",
+                        description="List conntrack entries of TABLE (" + ", ".join(TABLES) + ").")
+    p.add_argument("table", metavar="TABLE", help=", ".join(TABLES))
+    add_common(p)
+    p.set_defaults(handler=run_list)
+    p = csub.add_parser("gc", help="remove expired conntrack entries",
+                        description="Remove the expired entries of TABLE (" + ", ".join(TABLES) + ").")
+    p.add_argument("table", metavar="TABLE", help=", ".join(TABLES))
+    add_common(p)
+    p.set_defaults(handler=run_gc)
+    ct.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(
+        UsageError("say what to do: node ct list TABLE | node ct gc TABLE", hint="tables: " + ", ".join(TABLES))))
+
+
+def tables_of(arg: str) -> tuple[str, ...]:
+    if arg == "all":
+        return registry.CT_TABLES
+    if arg not in registry.CT_TABLES:
+        raise UsageError(f'unknown conntrack table "{arg}"', hint="tables: " + ", ".join(TABLES))
+    return (arg,)
+
+
+@dataclass
+class Table:
+    """One dumped conntrack table: decoded key and entry columns."""
+
+    name: str
+    family: int
+    keys: np.ndarray
+    vals: np.ndarray
+    raw_keys: Any
+    capacity: int
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+
+def dump_table(ctx: NodeContext, name: str) -> Table:
+    mdef = registry.get(name)
+    family = 6 if name.endswith("v6") else 4
+    layout = CT6_KEY if family == 6 else CT4_KEY
+    with ctx.open_map(mdef.pin_name, name) as m:
+        kb, vb, n = m.dump()
+        cap = m.max_entries
+    # the dump's buffers are a fresh mapping per dump that lives as long as these views: no copy
+    keys = layout.decode_many(kb, n)
+    vals = CT_ENTRY.decode_many(vb, n)
+    return Table(name, family, keys, vals, None, cap)
+
+
+# ---- tokens for enum columns ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _enum_tokens(cls: Any) -> list[str]:
+    out = []
+    for i in range(256):
+        lab = enum_label(cls, i)
+        out.append(orjson.dumps(lab).decode())
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _flags_tokens() -> list[str]:
+    return [orjson.dumps(flag_labels(CtFlag, i)).decode() for i in range(256)]
+
+
+def _proto_tokens() -> list[str]:
+    return _enum_tokens(Proto)
+
+
+def _named_codes(values: np.ndarray, name_of: Callable[[int], str | None]) -> tuple[np.ndarray, list[str]]:
+    """Resolve each distinct value once: (code per row, JSON tokens by code)."""
+    uniq, inv = np.unique(values, return_inverse=True)
+    return inv, [orjson.dumps(name_of(int(u))).decode() for u in uniq]
+
+
+def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, list[str]]:
+    """Pod of each row's address (in the key's network), matched by sorted search against the
+    store's known pod addresses of the networks present."""
+    n = t.count
+    width = 4 if t.family == 4 else 16
+    comb = np.zeros((n, 4 + width), dtype=np.uint8)
+    comb[:, :4] = t.keys["network"].astype(">u4").view(np.uint8).reshape(n, 4)
+    comb[:, 4:] = np.ascontiguousarray(t.keys[field]).view(np.uint8).reshape(n, width)
+    known: dict[bytes, str] = {}
+    import ipaddress
+    for net in np.unique(t.keys["network"]).tolist():
+        for ip, pod in res.ips_to_pods(int(net)).items():
+            a = ipaddress.ip_address(ip)
+            if a.version == t.family:
+                known[int(net).to_bytes(4, "big") + a.packed] = pod
+    codes = np.zeros(n, dtype=np.int64)
+    tokens = ["null"]
+    if known:
+        ks = sorted(known)
+        arr = np.frombuffer(b"".join(ks), dtype=f"V{4 + width}")
+        rows = comb.view(f"V{4 + width}").ravel()
+        # compare as bytes: V dtypes sort and search by memcmp
+        pos = np.searchsorted(arr, rows)
+        pos = np.minimum(pos, len(arr) - 1)
+        hit = arr[pos] == rows
+        codes = np.where(hit, pos + 1, 0)
+        tokens += [orjson.dumps(known[k]).decode() for k in ks]
+    return codes, tokens
+
+
+def json_rows(t: Table, now: int, res: NumericResolver) -> C.JsonRows:
+    """One JSON object per entry of a table (see the module docstring)."""
+    k, v, n = t.keys, t.vals, t.count
+    rows = C.JsonRows(n)
+    rows.lit('{"table":"' + t.name + '"')
+    rows.key("network")
+    rows.number(k["network"])
+    if not res.numeric:
+        codes, toks = _named_codes(k["network"], res.network)
+        rows.key("network_name")
+        rows.tokens(codes, toks)
+    rows.key("proto")
+    rows.tokens(k["proto"], _proto_tokens())
+    for addr, port in (("saddr", "sport"), ("daddr", "dport")):
+        rows.key(addr)
+        rows.string(C.ip(k[addr], t.family))
+        rows.key(port)
+        rows.number(k[port])
+    if not res.numeric:
+        for addr, label in (("saddr", "src_pod"), ("daddr", "dst_pod")):
+            codes, toks = _pod_codes(t, addr, res)
+            rows.key(label)
+            rows.tokens(codes, toks)
+    rows.key("state")
+    rows.tokens(v["state"], _enum_tokens(CtState))
+    rows.key("flags")
+    rows.tokens(v["flags"], _flags_tokens())
+    rows.key("delivery")
+    rows.tokens(v["delivery"], _enum_tokens(DeliveryKind))
+    nat = (v["flags"] & (CtFlag.DNAT | CtFlag.SNAT)) == 0
+    rows.key("nat_addr")
+    rows.string(C.ip(v["nat_addr"], t.family), null=nat)
+    rows.key("nat_port")
+    rows.number(v["nat_port"], null=nat)
+    for f in ("packets_fwd", "bytes_fwd", "packets_rev", "bytes_rev"):
+        rows.key(f)
+        rows.number(v[f])
+    for f in ("src_segment", "dst_segment"):
+        rows.key(f)
+        rows.number(v[f])
+        if not res.numeric:
+            codes, toks = _named_codes(v[f], res.segment)
+            rows.key(f + "_name")
+            rows.tokens(codes, toks)
+    rows.key("dst_network")
+    rows.number(v["dst_network"])
+    rows.key("rev_nat_id")
+    rows.number(v["rev_nat_id"])
+    if not res.numeric:
+        codes, toks = _named_codes(v["rev_nat_id"], lambda i: res.service(i) if i else None)
+        rows.key("service")
+        rows.tokens(codes, toks)
+    nowv = np.int64(now)
+    rows.key("age_s")
+    rows.number(np.maximum((nowv - v["created_ns"].astype(np.int64)) // 10**9, 0))
+    rows.key("idle_s")
+    rows.number(np.maximum((nowv - v["last_seen_ns"].astype(np.int64)) // 10**9, 0))
+    left = v["expires_ns"].astype(np.int64) - nowv
+    rows.key("expires_in_s")
+    rows.number(np.where(left >= 0, left // 10**9, -((-left) // 10**9)))
+    rows.key("expired")
+    rows.tokens((left <= 0).astype(np.int64), ["false", "true"])
+    rows.lit("}")
+    return rows
+
+
+def _take(t: Table, count: int, start: int = 0) -> Table:
+    return Table(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], None, t.capacity)
+
+
+#: rows formatted at once: small enough that the buffers stay hot (page faults, not arithmetic,
+#: dominate a single pass over a million rows), big enough to amortise NumPy's per-call cost
+CHUNK = 16384
+
+
+def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    names = tables_of(args.table)
+    ctx = NodeContext.from_env(inv.env)
+    tables = [dump_table(ctx, name) for name in names]
+    now = now_coarse()
+    res = for_node(args.numeric, ctx.require_store)
+    total = sum(t.count for t in tables)
+    shown = tables
+    if args.limit is not None:
+        left = args.limit
+        shown = []
+        for t in tables:
+            take = min(left, t.count)
+            shown.append(_take(t, take))
+            left -= take
+    n_shown = sum(t.count for t in shown)
+    if args.output == "json":
+        _write_json(inv, ctx, tables, shown, total, n_shown, now, res)
+        return ExitStatus.OK
+    _write_lines(inv, tables, shown, total, n_shown, now, res)
+    return ExitStatus.OK
+
+
+def _write_json(inv: Invocation, ctx: NodeContext, tables: list[Table], shown: list[Table], total: int,
+                n_shown: int, now: int, res: NumericResolver) -> None:
+    head = {"node": ctx.node, "numeric": bool(res.numeric), "now_ns": now, "clock": "CLOCK_MONOTONIC_COARSE",
+            "tables": [{"table": t.name, "count": t.count, "capacity": t.capacity} for t in tables],
+            "count": total, "shown": n_shown, "truncated": n_shown < total}
+    text = orjson.dumps(head)
+    out = inv.stdout
+    out.write(text[:-1].decode() + ',"entries":[\n')
+    buf = getattr(out, "buffer", None)
+    first = True
+    for t in shown:
+        if not t.count:
+            continue
+        for start in range(0, t.count, CHUNK):
+            body = json_rows(_take(t, CHUNK, start), now, res).build()
+            if not first:
+                out.write(",\n")
+            first = False
+            if buf is not None:
+                out.flush()
+                buf.write(body)
+            else:
+                out.write(bytes(body).decode())
+    out.write("\n]}\n")
+    out.flush()
+
+
+# ---- text --------------------------------------------------------------------------------------
+
+def _ep(addr: str, port: int, family: int, proto: int) -> str:
+    a = f"[{addr}]" if family == 6 else addr
+    return a if proto in (Proto.ICMP, Proto.ICMPV6) else f"{a}:{port}"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def entry_lines(t: Table, now: int, res: NumericResolver) -> list[str]:
+    """One compact line per entry: proto, client -> [VIP ->] backend, network, state, direction,
+    counters both ways, age and time left, flags."""
+    from lace.cli.nodestate.render import human_duration
+    k, v = t.keys, t.vals
+    if t.count == 0:
+        return []
+    saddr = C.ip(k["saddr"], t.family).tolist()
+    daddr = C.ip(k["daddr"], t.family).tolist()
+    nat_addr = C.ip(v["nat_addr"], t.family).tolist()
+    net_names = {int(x): res.network(int(x)) for x in np.unique(k["network"]).tolist()}
+    lines = []
+    kl, vl = k.tolist(), v.tolist()
+    kn, vn = k.dtype.names, v.dtype.names
+    for i in range(t.count):
+        kk = dict(zip(kn, kl[i]))
+        vv = dict(zip(vn, vl[i]))
+        proto = kk["proto"]
+        src = _ep(saddr[i], kk["sport"], t.family, proto)
+        dst = _ep(daddr[i], kk["dport"], t.family, proto)
+        flags = vv["flags"]
+        if flags & CtFlag.DNAT:
+            tup = f"{src} → {_ep(nat_addr[i], vv['nat_port'], t.family, proto)} → {dst}"
+        elif flags & CtFlag.SNAT:
+            tup = f"{src} → {dst} (snat as {_ep(nat_addr[i], vv['nat_port'], t.family, proto)})"
+        else:
+            tup = f"{src} → {dst}"
+        if not res.numeric:
+            sp, dp = res.pod_for_ip(kk["network"], saddr[i]), res.pod_for_ip(kk["network"], daddr[i])
+            if sp or dp:
+                tup += f"  [{sp or '-'} → {dp or '-'}]"
+        left = (vv["expires_ns"] - now) / 1e9
+        age = max(0.0, (now - vv["created_ns"]) / 1e9)
+        state = enum_label(CtState, vv["state"])
+        deliv = enum_label(DeliveryKind, vv["delivery"])
+        fl = ",".join(x for x in flag_labels(CtFlag, flags) if x not in ("dnat", "snat"))
+        tcpf = ""
+        if proto == Proto.TCP:
+            tcpf = f" tcp {'/'.join(tcp_flag_labels(vv['tcp_flags_fwd'])) or '-'}|" \
+                   f"{'/'.join(tcp_flag_labels(vv['tcp_flags_rev'])) or '-'}"
+        lines.append(
+            f"{enum_label(Proto, proto)!s:<5} {tup}  net {net_names[kk['network']]}  {state}  →{deliv}  "
+            f"fwd {vv['packets_fwd']}p/{_bytes(vv['bytes_fwd'])} rev {vv['packets_rev']}p/{_bytes(vv['bytes_rev'])}  "
+            f"age {human_duration(age)} "
+            + (f"left {human_duration(left)}" if left > 0 else f"expired {human_duration(-left)} ago")
+            + (f"  [{fl}]" if fl else "") + tcpf)
+    return lines
+
+
+def _write_lines(inv: Invocation, tables: list[Table], shown: list[Table], total: int, n_shown: int,
+                 now: int, res: NumericResolver) -> None:
+    from lace.cli.nodestate.render import pressure
+    out = inv.stdout
+    for full, t in zip(tables, shown):
+        if full.count == 0:
+            continue
+        if t.count:
+            out.write(f"# {t.name}\n")
+            out.write("\n".join(entry_lines(t, now, res)) + "\n")
+    for t in tables:
+        if t.count == 0:
+            out.write(f"{t.name}: empty (capacity {t.capacity})\n")
+        else:
+            out.write(f"{t.name}: {pressure(t.count, t.capacity)}\n")
+    if n_shown < total:
+        out.write(f"showing {n_shown} of {total} entries (--limit)\n")
+    elif len(tables) > 1:
+        out.write(f"total: {total} entries\n")
+    out.flush()
+
+
+# ---- gc ----------------------------------------------------------------------------------------
+
+def gc_table(ctx: NodeContext, name: str, now: int | None = None) -> dict[str, int]:
+    """Delete the expired entries of one table; returns counts before, expired and removed."""
+    mdef = registry.get(name)
+    with ctx.open_map(mdef.pin_name, name) as m:
+        kb, vb, n = m.dump()
+        now = now_coarse() if now is None else now
+        vals = CT_ENTRY.decode_many(vb, n)
+        expired = np.nonzero(vals["expires_ns"] <= np.uint64(now))[0]
+        removed = 0
+        if len(expired):
+            ks = m.key_size
+            keys = np.frombuffer(kb, dtype=np.uint8, count=n * ks).reshape(n, ks)
+            removed = m.delete_batch(np.ascontiguousarray(keys[expired]).tobytes(), len(expired))
+        cap = m.max_entries
+    return {"entries": n, "expired": int(len(expired)), "removed": removed, "remaining": n - removed,
+            "capacity": cap}
+
+
+def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    names = tables_of(args.table)
+    ctx = NodeContext.from_env(inv.env)
+    now = now_coarse()
+    results = [{"table": name, **gc_table(ctx, name, now)} for name in names]
+    shown = results if args.limit is None else results[: args.limit]
+    total = sum(r["removed"] for r in results)
+    if args.output == "json":
+        from lace.cli.nodestate.render import write_json
+        write_json(inv.stdout, {"node": ctx.node, "removed": total, "tables": shown})
+        return ExitStatus.OK
+    from lace.cli.nodestate.render import table
+    con = inv.console()
+    table(con, ["TABLE", "REMOVED", "REMAINING", "CAPACITY"],
+          [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown])
+    con.file.write(f"removed {total} expired entr{'y' if total == 1 else 'ies'} from "
+                   f"{len(results)} table{'s' if len(results) != 1 else ''}\n")
+    return ExitStatus.OK
+
+
+_unused = sys
