@@ -1,41 +1,50 @@
-"""A small client for the agent's unix-socket API (stdlib only, so the CNI plugin stays fast)."""
+"""A small client for the agent's unix-socket API: one HTTP/1.1 request per connection, stdlib
+``socket`` and ``json`` only, so the CNI plugin that uses it starts in a few milliseconds."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 from typing import Any
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 class AgentUnavailable(Exception):
-    """The agent's socket is missing or refuses connections."""
+    """The agent's socket is missing, refuses connections or does not answer in time."""
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
 
 
 def call(path: str, method: str, url: str, body: dict[str, Any] | None = None,
          timeout: float = 30.0) -> tuple[int, Any]:
-    conn = _UnixConnection(path, timeout)
+    """(HTTP status, decoded JSON body — or raw bytes for other content types)."""
+    data = json.dumps(body).encode() if body is not None else b""
+    head = (f"{method} {url} HTTP/1.1\r\nHost: lace-agent\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
     try:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data else {}
         try:
-            conn.request(method, url, body=data, headers=headers)
-            resp = conn.getresponse()
+            s.connect(path)
+            s.sendall(head + data)
+            raw = _read_all(s)
         except (FileNotFoundError, ConnectionRefusedError, socket.timeout, OSError) as e:
             raise AgentUnavailable(f"agent at {path} is not answering: {e}") from None
-        raw = resp.read()
-        ctype = resp.getheader("Content-Type", "")
-        return resp.status, (json.loads(raw) if "json" in ctype and raw else raw)
     finally:
-        conn.close()
+        s.close()
+    header, _, payload = raw.partition(b"\r\n\r\n")
+    lines = header.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        raise AgentUnavailable(f"agent at {path} sent no HTTP answer") from None
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if "json" in headers.get("content-type", "") and payload:
+        return status, json.loads(payload)
+    return status, payload

@@ -49,7 +49,7 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.store = SqliteStore(self.store_path)
+        self.store = SqliteStore(self.store_path, poll_interval=0.005)
         self.datapath = NodeDatapath(self.pin_root)
         self.datapath.load()
         self.metrics = AgentMetrics(self.datapath, {n: registry.get(n).max_entries for n in registry.MAPS
@@ -107,7 +107,7 @@ class Agent:
 
     def reconcile(self) -> dict[str, int]:
         """One level-triggered pass; returns the number of entries changed per map."""
-        with self._reconcile_lock:
+        with self._reconcile_lock, netlink.reuse():
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
             want = desired_maps(snap)
             have = {name: self.datapath.read(name) for name in OWNED_MAPS}

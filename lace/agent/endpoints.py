@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -93,6 +94,23 @@ class Endpoints:
     # -- ADD ---------------------------------------------------------------------------------
 
     def add(self, req: CniRequest) -> dict[str, Any]:
+        t0 = time.monotonic()
+        marks: list[tuple[str, float]] = []
+
+        def mark(what: str) -> None:
+            marks.append((what, time.monotonic()))
+        try:
+            with netlink.reuse():
+                return self._add(req, mark)
+        finally:
+            prev, parts = t0, []
+            for what, t in marks:
+                parts.append(f"{what} {(t - prev) * 1000:.0f}")
+                prev = t
+            log.info("ADD %s/%s: %.0f ms (%s)", req.pod_namespace, req.pod_name,
+                     (time.monotonic() - t0) * 1000, ", ".join(parts))
+
+    def _add(self, req: CniRequest, mark: Callable[[str], None]) -> dict[str, Any]:
         if not req.netns:
             raise CniError(E_INVALID_ENV, "CNI_NETNS is required for ADD")
         ref = f"{req.pod_namespace}/{req.pod_name}"
@@ -114,18 +132,25 @@ class Endpoints:
         except IpamExhausted as e:
             raise CniError(E_IPAM_EXHAUSTED, str(e)) from None
         self.store.allocate_segment(net_name, req.pod_namespace, labels)
+        mark("ipam")
 
         host = host_ifname(req.container_id)
         mac = pod_mac(req.container_id)
         try:
             families = self._plumb(req, host, mac, leases)
+            mark("interfaces")
             for lease in leases:
                 self._annotate(lease.name, host, mac)
+            mark("leases")
             self.reconcile()               # maps for this endpoint (and everyone's view of it)
+            mark("maps")
             self.datapath.attach_pod(host, netlink.link(host).ifindex)
+            mark("attach")
             # default routes go in last: until now the pod could send nowhere
             self._default_routes(req, families)
-            return self._result(req, host, mac, leases)
+            result = self._result(req, host, mac, leases)
+            mark("routes")
+            return result
         except CniError:
             self._undo(req, host)
             raise
@@ -203,6 +228,10 @@ class Endpoints:
 
     def delete(self, req: CniRequest) -> dict[str, Any]:
         """Idempotent, as the spec asks: deleting what is already gone succeeds."""
+        with netlink.reuse():
+            return self._delete(req)
+
+    def _delete(self, req: CniRequest) -> dict[str, Any]:
         host = host_ifname(req.container_id)
         leases = self.ipam.leases_for(req.container_id)
         self.datapath.detach_pod(host)

@@ -7,6 +7,7 @@ namespace it lives in (``None``: the calling thread's), and every failure is a
 """
 
 from .errors import NetlinkError
+from ._rtnl import reuse
 from .netns import create as create_netns
 from .netns import delete as delete_netns
 from .netns import entered, ipr, list_netns, run_in, sysctl
@@ -41,6 +42,7 @@ from .links import (
 from . import netns
 
 __all__ = [
+    "reuse",
     "NetlinkError", "netns",
     "create_netns", "delete_netns", "netns_exists", "netns_inode", "netns_path", "list_netns",
     "entered", "ipr", "run_in", "sysctl",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import threading
 from typing import Any, Iterator
 
 from pyroute2 import IPRoute
@@ -36,10 +37,38 @@ def translated(op: str, target: str) -> Iterator[None]:
         raise NetlinkError(op, target, exc.errno or 0, None if exc.errno else str(exc)) from None
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def reuse() -> Iterator[None]:
+    """Within the block, the calling thread keeps one handle per namespace instead of opening
+    one per operation (a dozen operations on a pod's interfaces then cost one socket each side)."""
+    outer = getattr(_local, "cache", None)
+    if outer is not None:
+        yield
+        return
+    _local.cache = {}
+    try:
+        yield
+    finally:
+        cache, _local.cache = _local.cache, None
+        for ip in cache.values():
+            with contextlib.suppress(Exception):
+                ip.close()
+
+
 @contextlib.contextmanager
 def handle(op: str, target: str, netns: str | None) -> Iterator[IPRoute]:
     """An IPRoute in NETNS for one operation; every failure is reported as ``op target``."""
+    cache = getattr(_local, "cache", None)
     with translated(op, target):
+        if cache is not None:
+            ip = cache.get(netns)
+            if ip is None:
+                ip = cache[netns] = _netns.ipr(netns)
+            yield ip
+            return
         ip = _netns.ipr(netns)
         try:
             yield ip
