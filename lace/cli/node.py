@@ -47,7 +47,7 @@ def add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
 
 
 def build_parser() -> ArgumentParser:
-    from lace.cli.nodestate import bpf_show, ct, device, trace
+    from lace.cli.nodestate import bpf_show, ct, device, trace  # device imports pyroute2 lazily too
     parser = ArgumentParser(prog="node", description="Inspect this node's lace data plane.")
     add_common(parser, top=True)
     sub = parser.add_subparsers(dest="group", metavar="COMMAND", parser_class=ArgumentParser)

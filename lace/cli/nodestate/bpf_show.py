@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace import netlink
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.nodestate import render
@@ -68,6 +67,7 @@ class Names:
 
     def ifname(self, ifindex: int) -> str | None:
         if self._links is None:
+            from lace import netlink  # pyroute2 costs ~0.3 s to import: only when names are needed
             try:
                 self._links = {li.ifindex: li.name for li in netlink.links()}
             except netlink.NetlinkError:

@@ -8,7 +8,6 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from lace import netlink
 from lace.bpf import BPFError, TcFilter, link_info_all, prog_info, query_tcx_full
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
@@ -73,6 +72,7 @@ def hooks_of(ifindex: int, links_by_prog: dict[tuple[int, int, str], int]) -> li
 
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    from lace import netlink  # pyroute2: imported only by the commands that list interfaces
     ctx = NodeContext.from_env(inv.env)
     try:
         links = netlink.links()
