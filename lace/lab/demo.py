@@ -26,7 +26,7 @@ def run(*argv: str, show: bool = True, check: bool = True) -> tuple[int, str]:
     shown = [a if not a.startswith(sys.executable) else "python" for a in argv]
     if show:
         print(f"$ lace {' '.join(shlex.quote(a) for a in shown)}".replace(" -m lace.lab.netcheck", " -m lace.lab.netcheck"))
-        text = out.getvalue() + err.getvalue()
+        text = err.getvalue() + out.getvalue()   # progress (stderr) came first
         if text:
             print(text.rstrip())
         print()
@@ -72,7 +72,8 @@ def main() -> int:
     run("lab", "down", "--name", a.name, show=False, check=False)
     run("lab", "up", "--name", a.name, "--nodes", "3")
     run("lab", "status")
-    run("apply", "-f", str(ROOT / "examples" / "demo.yaml"))
+    os.chdir(ROOT)
+    run("apply", "-f", "examples/demo.yaml")
     names = ["alpha/web-1", "alpha/web-2", "beta/web-3", "alpha/red-1", "alpha/red-2", "beta/blue-1", "beta/blue-2"]
     ps = wait_running(names)
     run("get", "networks")
