@@ -15,6 +15,7 @@ from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
+from lace.policy.program import desired_policy
 
 from .model import Snapshot
 
@@ -48,6 +49,8 @@ def desired_maps(s: Snapshot) -> dict[str, Entries]:
     for p in s.pods:
         out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
             p.segment, local=(p.network, p.ip) in local)
+    if s.policy is not None:
+        out["policy"], out["prefix-segment"] = desired_policy(s.policy, me.name)
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
 
@@ -113,6 +113,8 @@ class Snapshot:
     blocks: list[Block] = field(default_factory=list)
     pods: list[PodAddress] = field(default_factory=list)
     endpoints: list[LocalEndpoint] = field(default_factory=list)
+    #: lace.policy.PolicyInputs (namespaces, pod labels and ports, policies); None: no policy maps
+    policy: Any = None
 
     def network_id(self, name: str) -> int | None:
         n = self.networks.get(name)

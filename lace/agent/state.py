@@ -7,6 +7,7 @@ import ipaddress
 from typing import Any
 
 from lace import netlink
+from lace.policy.sources import policy_inputs
 
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, LocalEndpoint, NodeConfig, PodAddress, Snapshot,
                     by_name, parse_network, parse_node)
@@ -63,6 +64,7 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapsho
                 "pod": s["pod"], "network": net_id, "segment": seg, "host": ann[ANN_HOST_IFNAME],
                 "mac": ann.get(ANN_POD_MAC, ""), "ipv4": None, "ipv6": None})
             ep["ipv4" if ip.version == 4 else "ipv6"] = ip
+    snap.policy = policy_inputs(store, pods, snap.pods, segments)
 
     for cid, ep in local.items():
         link = netlink.link(ep["host"])

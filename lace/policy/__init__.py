@@ -1,0 +1,12 @@
+"""Kubernetes NetworkPolicy for lace: resolution into segments and the ``policy`` /
+``prefix-segment`` maps, the semantic evaluator, and the datapath emulation ``lace policy trace``
+uses. Pure except ``sources`` (store reads, CIDR segment allocation)."""
+
+from .ids import policy_ids
+from .model import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs
+from .parse import parse_policy
+from .program import desired_policy
+from .resolve import Pressure, Resolution, Resolver, resolve
+
+__all__ = ["ContainerPort", "NamespaceInfo", "PodInfo", "PolicyInputs", "Pressure", "Resolution", "Resolver",
+           "desired_policy", "parse_policy", "policy_ids", "resolve"]

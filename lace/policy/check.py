@@ -1,0 +1,65 @@
+"""Compare what nodes have programmed with what the store's policies imply (``lace policy trace``,
+the e2e tier's "maps settled" condition, ``node bpf show policy`` pressure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lace.datapath import registry
+
+from .emulate import NodeMaps, read_node_maps
+from .model import PolicyInputs
+from .program import node_segments
+from .resolve import Pressure, Resolution, resolve
+from .sources import inputs_from_store
+
+
+@dataclass
+class NodeDrift:
+    """Entries a node's maps lack, hold extra, or hold with another value, against the store."""
+
+    node: str
+    missing: list[bytes] = field(default_factory=list)
+    extra: list[bytes] = field(default_factory=list)
+    differ: list[bytes] = field(default_factory=list)
+    prefix_missing: int = 0
+    prefix_extra: int = 0
+    pressure: Pressure | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.extra or self.differ or self.prefix_missing or self.prefix_extra)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "in_sync": not self, "missing": len(self.missing), "extra": len(self.extra),
+                "differ": len(self.differ), "prefix_missing": self.prefix_missing,
+                "prefix_extra": self.prefix_extra,
+                "pressure": self.pressure.as_dict() if self.pressure else None}
+
+
+def desired_for(res: Resolution, inputs: PolicyInputs, node: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes], Pressure]:
+    entries, pr = res.entries(node_segments(inputs, node), registry.get("policy").max_entries)
+    prefixes, pr.prefix_desired, pr.prefix_dropped = res.prefix_entries(registry.get("prefix-segment").max_entries)
+    return entries, prefixes, pr
+
+
+def drift(res: Resolution, inputs: PolicyInputs, maps: NodeMaps) -> NodeDrift:
+    want, want_pfx, pr = desired_for(res, inputs, maps.node)
+    d = NodeDrift(maps.node, pressure=pr)
+    for k, v in want.items():
+        cur = maps.policy.get(k)
+        if cur is None:
+            d.missing.append(k)
+        elif cur[:8] != v[:8]:    # hits are the datapath's, never compared
+            d.differ.append(k)
+    d.extra = [k for k in maps.policy if k not in want]
+    d.prefix_missing = sum(1 for k, v in want_pfx.items() if maps.prefix_segment.get(k) != v)
+    d.prefix_extra = sum(1 for k in maps.prefix_segment if k not in want_pfx)
+    return d
+
+
+def lab_drift(store: Any, pin_roots: dict[str, str]) -> dict[str, NodeDrift]:
+    """Per lab node (name -> pin root): how its pinned maps differ from the store's policies."""
+    inputs = inputs_from_store(store)
+    res = resolve(inputs)
+    return {node: drift(res, inputs, read_node_maps(node, root)) for node, root in sorted(pin_roots.items())}

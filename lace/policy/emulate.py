@@ -1,0 +1,132 @@
+"""The datapath's policy decision replayed in Python over map contents (raw key -> value bytes),
+exactly as bpf/lib/segment.h, bpf/lib/routing.h and bpf/lib/policy.h look them up: LPM tries are
+matched bit for bit on the raw key, so the emulation cannot drift from the key layouts."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_SELECTED, SEGMENT_UNKNOWN, SEGMENT_WORLD,
+                                  Direction)
+from lace.datapath.policy import PolicyFlag, decode_policy_entry, decode_policy_key, lookup_key, selected_key
+from lace.datapath.routing import decode_route, routing_key
+from lace.datapath.segment import (decode_prefix_segment_key, decode_segment_value, prefix_segment_key,
+                                   segment_key)
+
+from .model import IPAddr
+
+Entries = dict[bytes, bytes]
+
+
+class LpmTable:
+    """An LPM trie's entries; ``lookup`` returns the longest prefix matching a full-length key."""
+
+    def __init__(self, entries: Entries) -> None:
+        self.by_len: dict[int, dict[int, tuple[bytes, bytes]]] = {}
+        self.width = 0
+        for k, v in entries.items():
+            plen = struct.unpack_from("<I", k)[0]
+            data = k[4:]
+            self.width = max(self.width, len(data) * 8)
+            bits = len(data) * 8
+            prefix = int.from_bytes(data, "big") >> (bits - plen) if plen else 0
+            self.by_len.setdefault(plen, {})[prefix] = (k, v)
+        self.lengths = sorted(self.by_len, reverse=True)
+
+    def lookup(self, key: bytes) -> tuple[bytes, bytes] | None:
+        plen_max = struct.unpack_from("<I", key)[0]
+        data = key[4:]
+        bits = len(data) * 8
+        value = int.from_bytes(data, "big")
+        for plen in self.lengths:
+            if plen > plen_max:
+                continue
+            hit = self.by_len[plen].get(value >> (bits - plen) if plen else 0)
+            if hit is not None:
+                return hit
+        return None
+
+
+@dataclass
+class NodeMaps:
+    """The maps of one node that policy decisions read."""
+
+    node: str
+    policy: Entries
+    segment: Entries
+    prefix_segment: Entries
+    routing: Entries = field(default_factory=dict)
+    capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        self._policy = LpmTable(self.policy)
+        self._pfx = LpmTable(self.prefix_segment)
+        self._routing = LpmTable(self.routing)
+
+    # -- bpf/lib/routing.h -------------------------------------------------------------------------
+    def route(self, src_network: int, ip: IPAddr) -> int | None:
+        hit = self._routing.lookup(routing_key(src_network, f"{ip}/{ip.max_prefixlen}"))
+        return decode_route(hit[1])["dst_network"] if hit else None
+
+    # -- bpf/lib/segment.h -------------------------------------------------------------------------
+    def segment_of(self, network: int, ip: IPAddr) -> tuple[int, str]:
+        """(segment, how it was found) as segment_resolve() does."""
+        v = self.segment.get(segment_key(network, ip))
+        if v is not None:
+            return decode_segment_value(v)["segment"], "endpoint"
+        hit = self._pfx.lookup(prefix_segment_key(network, f"{ip}/{ip.max_prefixlen}"))
+        if hit is not None:
+            return decode_segment_value(hit[1])["segment"], f'prefix {decode_prefix_segment_key(hit[0])["prefix"]}'
+        if network == NETWORK_OUTSIDE:
+            return SEGMENT_WORLD, "world (no prefix, routed outside)"
+        return SEGMENT_UNKNOWN, "unknown (no endpoint or prefix)"
+
+    # -- bpf/lib/policy.h policy_check() -----------------------------------------------------------
+    def check(self, subject: int, peer: int, direction: Direction, proto: int, dport: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "subject": subject, "peer": peer,
+                               "direction": direction.label}
+        marker = self.policy.get(selected_key(subject, direction))
+        if marker is None:
+            out.update(verdict="allow", selected=False)
+            return out
+        m = decode_policy_entry(marker)
+        out.update(selected=True, marker=m, audit_mode="audit" in m["flags"])
+        if proto in (1, 58):
+            dport = 0
+        hit = self._policy.lookup(lookup_key(subject, peer, direction, proto, dport))
+        if hit is None:
+            hit = self._policy.lookup(lookup_key(subject, SEGMENT_ANY, direction, proto, dport))
+        if hit is not None:
+            e = decode_policy_entry(hit[1])
+            k = decode_policy_key(hit[0])
+            if "selected" not in e["flags"] and k["peer"] != SEGMENT_SELECTED:
+                out.update(verdict="allow", entry={**k, **e}, policy_id=e["policy_id"], rule=e["rule"])
+                return out
+        out.update(verdict="audit" if int(PolicyFlag.AUDIT) & _flags(marker) else "deny",
+                   policy_id=m["policy_id"], rule=None)
+        return out
+
+
+def _flags(raw: bytes) -> int:
+    return struct.unpack_from("<H", raw, 6)[0]
+
+
+def read_node_maps(node: str, pin_root: str) -> NodeMaps:
+    """Dump a node's pinned policy, segment, prefix-segment and routing maps."""
+    from lace.bpf import Map
+    from lace.datapath import registry
+
+    def dump(cli: str) -> tuple[Entries, int]:
+        m = Map.open_pinned(f"{pin_root}/{registry.get(cli).pin_name}")
+        try:
+            keys, values, n = m.dump()
+            ks, vs = m.key_size, m.value_blob_size
+            kb, vb = bytes(keys), bytes(values)
+            return {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}, m.info().max_entries
+        finally:
+            m.close()
+
+    pol, cap = dump("policy")
+    return NodeMaps(node, pol, dump("segment")[0], dump("prefix-segment")[0], dump("routing")[0], capacity=cap)

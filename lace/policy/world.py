@@ -1,0 +1,93 @@
+"""The cluster as policy sees it: segments with their pods, namespaces with their labels, the CIDR
+identities, and memoised selector matching (the hot loop of resolution)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from lace.store.selectors import matches
+
+from .model import Labels, PodInfo, PolicyInputs
+
+#: Kubernetes sets this label on every Namespace; conformance tests select namespaces by it
+NS_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+@dataclass
+class SegmentInfo:
+    """One segment (network, namespace, labels) and the pods that have it."""
+
+    id: int
+    namespace: str
+    labels: Labels
+    network_id: int
+    pods: list[PodInfo] = field(default_factory=list)
+
+    def named_ports(self, name: str, proto: int) -> set[int]:
+        out: set[int] = set()
+        for p in self.pods:
+            out |= p.named_ports(name, proto)
+        return out
+
+
+def selector_key(selector: dict | None) -> str:
+    return json.dumps(selector, sort_keys=True)
+
+
+class World:
+    """Derived, read-only view of PolicyInputs used while resolving."""
+
+    def __init__(self, inputs: PolicyInputs) -> None:
+        self.inputs = inputs
+        self.segments: dict[int, SegmentInfo] = {}
+        for p in inputs.pods:
+            s = self.segments.get(p.segment)
+            if s is None:
+                s = self.segments[p.segment] = SegmentInfo(p.segment, p.namespace, p.labels, p.network_id)
+            s.pods.append(p)
+        self.by_namespace: dict[str, list[SegmentInfo]] = {}
+        for s in sorted(self.segments.values(), key=lambda s: s.id):
+            self.by_namespace.setdefault(s.namespace, []).append(s)
+        self.ns_labels: dict[str, dict[str, str]] = {}
+        self.ns_audit: dict[str, bool] = {}
+        for name in set(self.by_namespace) | set(inputs.namespaces):
+            info = inputs.namespaces.get(name)
+            labels = dict(info.labels) if info else {}
+            labels.setdefault(NS_NAME_LABEL, name)
+            self.ns_labels[name] = labels
+            self.ns_audit[name] = bool(info and info.audit)
+        self.cidrs: dict[str, int] = dict(inputs.cidr_segments)
+        self.cidr_nets = {c: ipaddress.ip_network(c) for c in self.cidrs}
+        self._memo: dict[tuple[str, Labels], bool] = {}
+        h = hashlib.sha256()
+        for s in sorted(self.segments.values(), key=lambda s: s.id):
+            ports = sorted({(cp.name, cp.proto, cp.port) for p in s.pods for cp in p.ports if cp.name})
+            h.update(repr((s.id, s.namespace, s.labels, s.network_id, ports)).encode())
+        h.update(repr(sorted((k, sorted(v.items())) for k, v in self.ns_labels.items())).encode())
+        h.update(repr(sorted(self.cidrs.items())).encode())
+        #: what every policy's resolution depends on besides the policy itself
+        self.fingerprint = h.hexdigest()
+        hi = hashlib.sha256()
+        for s in sorted(self.segments.values(), key=lambda s: s.id):
+            hi.update(repr((s.id, sorted(str(ip) for p in s.pods for ip in p.ips))).encode())
+        #: what policies with ipBlocks additionally depend on (ipBlocks match pod addresses too)
+        self.ip_fingerprint = hi.hexdigest()
+
+    def match(self, skey: str, selector: dict | None, labels: Labels) -> bool:
+        k = (skey, labels)
+        hit = self._memo.get(k)
+        if hit is None:
+            hit = self._memo[k] = matches(selector, dict(labels))
+        return hit
+
+    def namespaces_matching(self, selector: dict | None) -> list[str]:
+        skey = "ns:" + selector_key(selector)
+        return [ns for ns, labels in sorted(self.ns_labels.items())
+                if self.match(skey, selector, tuple(sorted(labels.items())))]
+
+    def segments_matching(self, namespaces: list[str], selector: dict | None) -> list[SegmentInfo]:
+        skey = selector_key(selector)
+        return [s for ns in namespaces for s in self.by_namespace.get(ns, ())
+                if self.match(skey, selector, s.labels)]

