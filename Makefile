@@ -47,7 +47,7 @@ $(CNI_BIN): lace/cni/plugin.py
 	@printf '#!%s -S\nimport sys\nsys.path.insert(0, %s)\nfrom lace.cni.plugin import main\nsys.exit(main())\n' \
 	  "$(abspath $(PY))" "'$(CURDIR)'" > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 
-$(BUILD)/include/vmlinux.h: .stamp-apt
+$(BUILD)/include/vmlinux.h: | .stamp-apt
 	@mkdir -p $(dir $@)
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
 

@@ -41,9 +41,11 @@ static __always_inline int icmp6_is_error(__u8 type)
 	return type >= 1 && type <= 4;
 }
 
+/* Link-local control the pod's kernel sends on its own (neighbour discovery, multicast listener
+ * reports): handed to the node's stack, which ignores it — not routed, not a spoofing attempt. */
 static __always_inline int icmp6_is_nd(__u8 type)
 {
-	return type >= 133 && type <= 137;
+	return (type >= 133 && type <= 137) || (type >= 130 && type <= 132) || type == 143;
 }
 
 /* Ports (or the ICMP echo identifier) at off for proto; reads through bpf_skb_load_bytes so that

@@ -97,9 +97,13 @@ static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_fl
 		return LACE_DROP_POLICY_EGRESS;
 	if (pv == LACE_POLICY_AUDIT)
 		f->audit = LACE_DROP_POLICY_EGRESS;
-	if (f->dst_network == LACE_NETWORK_OUTSIDE)
+	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
+		f->delivery = LACE_DELIVERY_OUTSIDE;
 		return 0;
+	}
 	d = delivery_lookup(f->dst_network, f->family, f->daddr);
+	if (d)
+		f->delivery = d->kind;     /* recorded in the conntrack entry */
 	if (d && d->kind == LACE_DELIVERY_LOCAL) {
 		pv = policy_check(f, f->dst_segment, f->src_segment, LACE_DIR_INGRESS);
 		if (pv == LACE_POLICY_DENY)

@@ -21,6 +21,7 @@ from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, desired_maps
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
+from .flows import FlowCollector
 from .metrics import AgentMetrics
 from .state import NotRegistered, build_snapshot
 
@@ -61,7 +62,12 @@ class Agent:
             raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
         self.datapath.attach_uplink(up.ifindex)
         self._adopt_pod_links()
+        # the one reader of the events ring buffer: a bounded history any number of clients follow
+        self.flows = FlowCollector(self.datapath.map("events"), self.node)
+        self.flows.start()
         self.api = ApiServer(self.socket_path)
+        for method, path, fn in self.flows.routes():
+            self.api.route(method, path, fn)
         self.api.route("POST", "/v1/cni", self._cni)
         self.api.route("GET", "/healthz", lambda _: (200, self.health()))
         self.api.route("GET", "/v1/status", lambda _: (200, self.health()))
@@ -91,6 +97,8 @@ class Agent:
             w.stop()
         if getattr(self, "api", None):
             self.api.stop()
+        if getattr(self, "flows", None):
+            self.flows.stop()
         # maps and links stay pinned: the datapath keeps forwarding without us
         self.datapath.close()
         self.store.close()

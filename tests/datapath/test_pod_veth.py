@@ -69,6 +69,7 @@ def test_tcp_syn_same_node_allowed_creates_ct(dp, family):
     assert e is not None and e["state"] == CtState.SYN_SENT
     assert e["src_segment"] == a.segment and e["dst_segment"] == b.segment
     assert e["dst_network"] == NET1 and e["packets_fwd"] == 1
+    assert e["delivery"] == DeliveryKind.LOCAL
     ev = res.events[-1]
     assert ev["verdict"] == Verdict.FORWARD and ev["ct_status"] == CtStatus.NEW
     assert ev["delivery"] == DeliveryKind.LOCAL and ev["delivery_ifindex"] == b.ifindex
@@ -465,6 +466,12 @@ def test_arp_and_neighbour_discovery_go_to_the_stack(dp):
     ns = Ether(src=a.mac, dst="33:33:00:00:00:01") / IPv6(src=a.ipv6, dst="ff02::1:ff00:1") / \
         ICMPv6ND_NS(tgt="fe80::1")
     assert dp.from_pod(a, ns).retval == TC_ACT_OK
+    # a multicast listener report from the pod's link-local address is no spoofing attempt
+    from scapy.layers.inet6 import ICMPv6MLReport2
+    mld = Ether(src=a.mac, dst="33:33:00:00:00:16") / IPv6(src="fe80::1234", dst="ff02::16", hlim=1) / \
+        ICMPv6MLReport2()
+    res = dp.from_pod(a, mld)
+    assert res.retval == TC_ACT_OK and not res.events
 
 
 def test_drop_counters_by_reason(dp):
