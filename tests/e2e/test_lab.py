@@ -89,9 +89,11 @@ def test_cross_node_packets_are_srv6_to_the_destination_locator(lab, ns, tmp_pat
 def test_overlapping_networks_stay_apart(lab, ns):
     tag = uuid.uuid4().hex[:4]
     red, blue = f"red{tag}", f"blue{tag}"
+    # ra and ba first: each takes the first block of its network, so they share an address
     lab.apply([network(red, "10.40.0.0/16", "fd40::/64"), network(blue, "10.40.0.0/16", "fd40::/64"),
-               pod("ra", ns, "worker-1", red), pod("ba", ns, "worker-1", blue),
-               pod("rb", ns, "worker-2", red), pod("bb", ns, "worker-3", blue)])
+               pod("ra", ns, "worker-1", red), pod("ba", ns, "worker-1", blue)])
+    lab.wait(ns, ["ra", "ba"])
+    lab.apply([pod("rb", ns, "worker-2", red), pod("bb", ns, "worker-3", blue)])
     ps = lab.wait(ns, ["ra", "ba", "rb", "bb"])
     assert ips(ps["ra"]) == ips(ps["ba"]), "the first pod of each network on worker-1 gets the same address"
     same = ips(ps["ra"])
