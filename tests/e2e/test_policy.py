@@ -7,13 +7,16 @@ against the real maps, audit verdicts in the flow stream and hit counters."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lace.lab import topology
+from lace import netlink
+from lace.lab import cluster, topology
 from lace.store import SqliteStore
 
 from ..unit.test_policy_scenarios import ALL, NAMESPACES, NODES, PODS, PORTS, SCENARIOS, Reach, Step, port_name
@@ -39,6 +42,8 @@ class Model:
         self.ns = {n: f"{prefix}{n}" for n in NAMESPACES}
         self.labels = {"pods": {}, "ns": {}}
         self.applied: set[str] = set()
+        self._sport = 20000
+        self._lock = threading.Lock()
         lab.apply([namespace(self.ns[n], ns=n) for n in NAMESPACES])
         lab.apply([_pod(self.ns[n], p) for n in NAMESPACES for p in PODS])
         self.ip4 = {}
@@ -48,7 +53,7 @@ class Model:
             for p in PODS:
                 self.ip4[f"{n}/{p}"], self.ip6[f"{n}/{p}"] = ips(ps[p])
         self.store_path = f"{lab.dir}/store.db"
-        self.pins = {n.name: n.pin_root for n in topology.load(lab.name, state_dir=lab.state_dir).nodes}
+        self.pins = {n.name: n.pin_root for n in topology.load(lab.name, state_dir=lab.dir).nodes}
 
     def real(self, key: str) -> str:
         ns, pod = key.split("/")
@@ -97,11 +102,20 @@ class Model:
     def probe_row(self, src: str, port: int, proto: str, family: int) -> dict[str, bool]:
         """One process in ``src`` probes all nine pods concurrently; a TCP answer must name the pod."""
         addrs = self.ip4 if family == 4 else self.ip6
-        argv = [sys.executable, "-c", PROBE, proto.lower(), str(port), str(PROBE_TIMEOUT), str(TRIES)]
+        with self._lock:
+            base = self._sport
+            self._sport += len(ALL) * TRIES
+            if self._sport > 60000:
+                self._sport = 20000
+        argv = [sys.executable, "-c", PROBE, proto.lower(), str(port), str(PROBE_TIMEOUT), str(TRIES), str(base)]
         argv += [f"{addrs[d]}={self.real(d)}" for d in ALL]
-        rc, out = self.lab.exec(self.real(src), *argv)
-        assert rc == 0, out
-        got = json.loads(out.strip().splitlines()[-1])
+        # straight into the pod's namespace: in-process `lace lab exec` from many threads races on
+        # sys.stdout (its capture test), so the probe rows run as plain subprocesses
+        ns, pod = self.real(src).split("/")
+        path = netlink.netns.path(cluster.pod_netns(self.lab.dir, ns, pod))
+        res = subprocess.run(["nsenter", f"--net={path}", *argv], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        got = json.loads(res.stdout.strip().splitlines()[-1])
         return {d: got[f"{addrs[d]}={self.real(d)}"] for d in ALL}
 
     def matrix(self, port: int, proto: str, family: int = 4) -> dict[tuple[str, str], bool]:
@@ -110,23 +124,44 @@ class Model:
         return {(s, d): rows[s][d] for s in ALL for d in ALL}
 
 
-#: run inside a pod: probe every "ip=ns/name" argument concurrently, print {target: answered}
+#: run inside a pod: probe every "ip=ns/name" argument concurrently, print {target: answered}.
+#: Each attempt binds its own source port (base + i): a 5-tuple is never reused within a session, so
+#: a probe never rides a conntrack entry left by an earlier allowed probe (the datapath treats a SYN
+#: that matches a closing entry as established — reported to the conntrack owner).
 PROBE = """
-import json, sys
+import json, socket, sys
 from concurrent.futures import ThreadPoolExecutor
-from lace.lab.netcheck import tcp, udp
-mode, port, timeout, tries = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-def one(target):
-    ip, name = target.split("=")
-    for _ in range(tries):
-        try:
-            out = tcp(ip, port, timeout) if mode == "tcp" else udp(ip, port, timeout)
-        except Exception:
-            continue
-        return out == name if mode == "tcp" else True
-    return False
-with ThreadPoolExecutor(len(sys.argv) - 5) as pool:
-    print(json.dumps(dict(zip(sys.argv[5:], pool.map(one, sys.argv[5:])))))
+mode, port, timeout, tries, base = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+targets = sys.argv[6:]
+def attempt(ip, name, sport):
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM if mode == "tcp" else socket.SOCK_DGRAM)
+    s.settimeout(timeout)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", sport))
+        if mode == "tcp":
+            s.connect((ip, port))
+            s.sendall(f"GET / HTTP/1.0\\r\\nHost: {ip}\\r\\n\\r\\n".encode())
+            data = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            return data.split(b"\\r\\n\\r\\n", 1)[-1].decode().strip() == name
+        payload = f"probe {sport}".encode()
+        s.sendto(payload, (ip, port))
+        return s.recvfrom(2048)[0] == payload
+    except OSError:
+        return False
+    finally:
+        s.close()
+def one(i):
+    ip, name = targets[i].split("=")
+    return any(attempt(ip, name, base + i * tries + t) for t in range(tries))
+with ThreadPoolExecutor(len(targets)) as pool:
+    print(json.dumps(dict(zip(targets, pool.map(one, range(len(targets)))))))
 """
 
 
@@ -198,12 +233,17 @@ def test_audit_verdicts_in_the_flow_stream(model):
     step = SCENARIOS[[s.name for s in SCENARIOS].index("audit")].steps(model.ip4)[0]
     model.apply_step(step)
     assert model.probe_row("y/b", 80, "TCP", 4)["x/a"]   # passes: audit only
-    rc, out, err = model.lab.lace("exec", "--node", NODES["a"], "--", "node", "trace", "flow", "--verdict", "audit",
-                                  "--ip", model.ip4["x/a"], "-o", "json", check=False)
-    assert rc == 0, err
-    flows = json.loads(out)["flows"]
-    assert any(f["daddr"] == model.ip4["x/a"] and f["saddr"] == model.ip4["y/b"] and
-               f["reason"] == "policy-ingress" for f in flows), flows
+    deadline = time.monotonic() + 10   # the agent reads the ring buffer asynchronously: poll for the event
+    while True:
+        rc, out, err = model.lab.lace("exec", "--node", NODES["a"], "--", "node", "trace", "flow", "--verdict",
+                                      "audit", "--ip", model.ip4["x/a"], "-o", "json", check=False)
+        assert rc == 0, err
+        flows = json.loads(out)["flows"]
+        if any(f["daddr"] == model.ip4["x/a"] and f["saddr"] == model.ip4["y/b"] and
+               f["reason"] == "policy-ingress" for f in flows):
+            break
+        assert time.monotonic() < deadline, flows[-5:]
+        time.sleep(0.1)
     rc, doc = _trace(model, "--from", f"{model.ns['y']}/b", "--to", f"{model.ns['x']}/a", "--port", "80")
     assert rc == 0 and doc["verdict"] == "audit" and doc["ingress"]["audit_mode"], doc
     model.apply_step(Step([], {}))

@@ -1,0 +1,156 @@
+"""The resolver without a kernel: policyTypes defaulting, policy IDs, ports (SCTP, ranges as LPM
+blocks, named), ipBlock CIDR segments, audit markers, the per-policy cache, per-node restriction and
+a full map reported with MAP_FULL."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from lace.datapath.common import SEGMENT_ANY, Direction
+from lace.datapath.policy import decode_policy_entry, decode_policy_key, selected_key
+from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, Resolver, parse_policy, policy_ids
+from lace.policy.ids import base_policy_id, cidr_from_label, cidr_label_value
+from lace.policy.resolve import MAP_FULL, resolve
+
+
+def pol(name, spec, ns="x", ann=None):
+    meta = {"name": name, "namespace": ns, "resourceVersion": str(hash(repr(spec)))}
+    if ann:
+        meta["annotations"] = ann
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta, "spec": spec}
+
+
+def inputs(*policies, cidrs=None) -> PolicyInputs:
+    i = PolicyInputs(namespaces={"x": NamespaceInfo("x", (("ns", "x"),)), "y": NamespaceInfo("y", (("ns", "y"),))})
+    ports = (ContainerPort(8080, 6, "http"), ContainerPort(9000, 132, "sctp-x"))
+    i.pods = [PodInfo("x", "a", (("app", "a"),), "default", 1, 300, (ipaddress.ip_address("10.0.0.1"),), "n1", ports),
+              PodInfo("x", "b", (("app", "b"),), "default", 1, 301, (ipaddress.ip_address("10.0.0.2"),), "n2", ports),
+              PodInfo("y", "c", (("app", "c"),), "default", 1, 302, (ipaddress.ip_address("10.0.1.3"),), "n2", ())]
+    i.policies = list(policies)
+    i.cidr_segments = dict(cidrs or {})
+    return i
+
+
+def decoded(entries):
+    return {tuple(sorted(decode_policy_key(k).items())): decode_policy_entry(v) for k, v in entries.items()}
+
+
+def allows(entries):
+    out = []
+    for k, v in entries.items():
+        dk = decode_policy_key(k)
+        if not dk["selected"]:
+            out.append((dk["segment"], dk["direction"], dk["peer"], dk["proto"], dk["port"], dk["end_port"]))
+    return sorted(out, key=repr)
+
+
+def test_policy_types_defaulting():
+    assert parse_policy(pol("p", {"podSelector": {}})).types() == ["ingress"]
+    assert parse_policy(pol("p", {"podSelector": {}, "egress": [{}]})).types() == ["ingress", "egress"]
+    assert parse_policy(pol("p", {"podSelector": {}, "policyTypes": ["Egress"], "ingress": [{}]})).types() == ["egress"]
+    # ingress rules of a policy that only says Egress are ignored
+    assert parse_policy(pol("p", {"podSelector": {}, "policyTypes": ["Egress"], "ingress": [{}]})).rules == ()
+
+
+def test_policy_ids_are_stable_nonzero_and_collision_free():
+    ids = policy_ids(["x/a", "y/b", "x/a"])
+    assert ids == policy_ids(["y/b", "x/a"]) and len(set(ids.values())) == 2
+    assert all(0 < v < 2 ** 31 for v in ids.values())
+    assert ids["x/a"] == base_policy_id("x", "a")
+
+
+def test_cidr_label_round_trip():
+    for c in ("10.0.0.0/8", "2001:db8:cafe::1/128", "0.0.0.0/0"):
+        assert cidr_from_label(cidr_label_value(c)) == c
+
+
+def test_marker_and_any_peer_any_port():
+    res = resolve(inputs(pol("p", {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{}]})))
+    entries, pr = res.entries()
+    m = decode_policy_entry(entries[selected_key(300, Direction.INGRESS)])
+    assert "selected" in m["flags"] and "audit" not in m["flags"] and m["policy_id"] == base_policy_id("x", "p")
+    assert allows(entries) == [(300, "ingress", SEGMENT_ANY, None, None, None)]
+    assert pr.markers == 1 and pr.programmed == 2 and pr.reason is None
+
+
+def test_sctp_udp_ranges_and_named_ports():
+    spec = {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [{"namespaceSelector": {}}], "ports": [
+        {"protocol": "SCTP", "port": "sctp-x"}, {"protocol": "UDP", "port": 1000, "endPort": 1003},
+        {"port": "http"}, {"port": "missing"}]}]}
+    entries, _ = resolve(inputs(pol("p", spec))).entries()
+    got = allows(entries)
+    for peer in (300, 301, 302):
+        assert (300, "ingress", peer, "tcp", 8080, 8080) in got
+        assert (300, "ingress", peer, "udp", 1000, 1003) in got      # one aligned LPM block
+        assert any(g[:3] == (300, "ingress", peer) and g[4] == 9000 for g in got)   # SCTP (132)
+    assert len(got) == 9
+
+
+def test_named_egress_port_resolves_on_the_destination():
+    spec = {"podSelector": {"matchLabels": {"app": "c"}}, "policyTypes": ["Egress"],
+            "egress": [{"ports": [{"port": "http"}]}]}
+    entries, _ = resolve(inputs(pol("p", spec, ns="y"))).entries()
+    # any peer + a named port: one entry per destination segment that has the name (y/c has none)
+    assert allows(entries) == [(302, "egress", 300, "tcp", 8080, 8080), (302, "egress", 301, "tcp", 8080, 8080)]
+
+
+def test_ip_block_segments_and_pod_addresses():
+    spec = {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [
+        {"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.0.2/32"]}}]}]}
+    cidrs = {"10.0.0.0/16": 400, "10.0.0.2/32": 401}
+    res = resolve(inputs(pol("p", spec), cidrs=cidrs))
+    entries, _ = res.entries()
+    peers = {a[2] for a in allows(entries)}
+    # the block's segment, x/a (10.0.0.1) and y/c (10.0.1.3); not x/b (in the except), not the except's segment
+    assert peers == {400, 300, 302}
+    pfx, desired, dropped = res.prefix_entries()
+    assert desired == 4 and not dropped   # 2 prefixes x (network 1, outside)
+
+
+def test_audit_marker_only_when_every_selecting_policy_audits():
+    deny_audit = pol("audit", {"podSelector": {}}, ann={"lace.dev/audit": "true"})
+    res = resolve(inputs(deny_audit))
+    entries, _ = res.entries()
+    assert "audit" in decode_policy_entry(entries[selected_key(300, Direction.INGRESS)])["flags"]
+    allow_audit = pol("audit-allow", {"podSelector": {}, "ingress": [{"ports": [{"port": 81}]}]},
+                      ann={"lace.dev/audit": "true"})
+    enforce = pol("enforce", {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"ports": [{"port": 80}]}]})
+    entries, _ = resolve(inputs(allow_audit, enforce)).entries()
+    assert "audit" not in decode_policy_entry(entries[selected_key(300, Direction.INGRESS)])["flags"]
+    # x/a: only the enforcing policy's rules count; x/b: only audit policies select it
+    assert [a for a in allows(entries) if a[0] == 300] == [(300, "ingress", 0, "tcp", 80, 80)]
+    assert [a for a in allows(entries) if a[0] == 301] == [(301, "ingress", 0, "tcp", 81, 81)]
+    ns_audit = inputs(enforce)
+    ns_audit.namespaces["x"] = NamespaceInfo("x", (("ns", "x"),), audit=True)
+    entries, _ = resolve(ns_audit).entries()
+    assert "audit" in decode_policy_entry(entries[selected_key(300, Direction.INGRESS)])["flags"]
+
+
+def test_incremental_cache_reresolves_only_the_changed_policy():
+    r = Resolver()
+    ps = [pol(f"p{i}", {"podSelector": {}, "ingress": [{"ports": [{"port": 80 + i}]}]}) for i in range(5)]
+    r.resolve(inputs(*ps))
+    assert r.last_resolved == 5
+    r.resolve(inputs(*ps))
+    assert r.last_resolved == 0
+    ps[2] = pol("p2", {"podSelector": {}, "ingress": [{"ports": [{"port": 99}]}]})
+    res = r.resolve(inputs(*ps))
+    assert r.last_resolved == 1
+    assert (300, "ingress", 0, "tcp", 99, 99) in allows(res.entries()[0])
+    relabelled = inputs(*ps)
+    relabelled.pods[0] = PodInfo("x", "a", (("app", "z"),), "default", 1, 310, relabelled.pods[0].ips, "n1")
+    r.resolve(relabelled)
+    assert r.last_resolved == 5       # a new segment: every policy may select it
+
+
+def test_per_node_entries_and_full_map_is_reported():
+    ps = [pol(f"p{i}", {"podSelector": {}, "ingress": [{"ports": [{"port": 1000 + i}]}]}) for i in range(10)]
+    res = resolve(inputs(*ps))
+    n1, _ = res.entries({300})
+    assert {decode_policy_key(k)["segment"] for k in n1} == {300}
+    entries, pr = res.entries(None, capacity=10)
+    assert len(entries) == 10 and pr.reason == MAP_FULL
+    assert pr.markers == 2 and pr.dropped == pr.desired - 10 == 22 - 10
+    assert sum(pr.dropped_by_policy.values()) == pr.dropped
+    # markers are kept (fail closed): every subject stays default deny
+    assert all(selected_key(s, Direction.INGRESS) in entries for s in (300, 301))
