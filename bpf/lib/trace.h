@@ -57,6 +57,8 @@ static __always_inline void trace_emit(struct __sk_buff *skb, const struct lace_
 	e->node_id = f->node_id;
 	e->rule = f->rule;
 	e->reserved = 0;
+	/* flags 0: the kernel wakes the reader only when it had drained everything (it is asleep);
+	 * a reader that is behind gets no wakeup per event */
 	bpf_ringbuf_submit(e, 0);
 }
 

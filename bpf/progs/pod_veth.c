@@ -40,9 +40,8 @@ static __always_inline int source_valid(struct __sk_buff *skb, const struct lace
 
 /* Hand the packet to its delivery target. */
 static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
-				   const struct lace_config *cfg)
+				   const struct lace_config *cfg, struct lace_delivery *d)
 {
-	struct lace_delivery *d;
 	int reason, rc;
 
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
@@ -50,7 +49,8 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
 		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
 		return TC_ACT_OK;
 	}
-	d = delivery_lookup(f->dst_network, f->family, f->daddr);
+	if (!d)
+		d = delivery_lookup(f->dst_network, f->family, f->daddr);
 	if (!d)
 		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 	f->delivery = d->kind;
@@ -87,7 +87,8 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
 
 /* Policy for a new flow: the source's egress, and the destination's ingress when it is a local
  * pod (a remote destination's node checks ingress after decapsulation). */
-static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_flow *f)
+static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_flow *f,
+					   struct lace_delivery **out)
 {
 	struct lace_delivery *d;
 	int pv;
@@ -102,6 +103,7 @@ static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_fl
 		return 0;
 	}
 	d = delivery_lookup(f->dst_network, f->family, f->daddr);
+	*out = d;
 	if (d)
 		f->delivery = d->kind;     /* recorded in the conntrack entry */
 	if (d && d->kind == LACE_DELIVERY_LOCAL) {
@@ -119,6 +121,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_veth_key vk = { .ifindex = skb->ifindex };
 	struct lace_endpoint *ep;
 	struct lace_config *cfg;
+	struct lace_delivery *d = 0;
 	struct lace_ct_entry *e;
 	struct lace_route *route;
 	__u32 zero = 0, src_net;
@@ -153,7 +156,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 				f->dst_network = src_net;
 				f->dst_segment = e->src_segment;
 			}
-			return deliver(skb, f, cfg);
+			return deliver(skb, f, cfg, 0);
 		}
 	}
 	route = route_lookup(src_net, f->family, f->daddr);
@@ -164,25 +167,25 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		e = ct_related(f, src_net, f->dst_network, now);
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
-		return deliver(skb, f, cfg);
+		return deliver(skb, f, cfg, 0);
 	}
 	if (f->dst_network != src_net) {
 		e = ct_reply(f, f->dst_network, now);
 		if (e) {
 			f->dst_segment = e->src_segment;
-			return deliver(skb, f, cfg);
+			return deliver(skb, f, cfg, 0);
 		}
 		f->ct_status = LACE_CT_STATUS_NEW;
 	}
 
 	f->dst_segment = segment_resolve(f->dst_network, f->family, f->daddr);
-	rc = new_flow_policy(skb, f);
+	rc = new_flow_policy(skb, f, &d);
 	if (rc)
 		return lace_drop(skb, f, rc);
 	rc = ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return deliver(skb, f, cfg);
+	return deliver(skb, f, cfg, d);
 }
 
 SEC("tc")
