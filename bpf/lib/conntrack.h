@@ -63,16 +63,16 @@ static __always_inline long ct_insert(__u8 family, __u8 proto, union lace_ct_key
 {
 	if (family == LACE_FAMILY_IPV4) {
 		if (proto == IPPROTO_TCP)
-			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, BPF_NOEXIST);
+			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, BPF_ANY);
 		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
-			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, BPF_NOEXIST);
-		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, BPF_NOEXIST);
+			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, BPF_ANY);
+		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, BPF_ANY);
 	}
 	if (proto == IPPROTO_TCP)
-		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, BPF_NOEXIST);
+		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, BPF_ANY);
 	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
-		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, BPF_NOEXIST);
-	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, BPF_NOEXIST);
+		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, BPF_ANY);
+	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, BPF_ANY);
 }
 
 static __always_inline __u64 ct_timeout_ns(__u8 state)
@@ -161,11 +161,27 @@ ct_related(struct lace_flow *f, __u32 src_network, __u32 reply_network, __u64 no
 		       f->inner_dport, f->inner_sport);
 		e = ct_lookup(f->family, f->inner_proto, &k);
 	}
+	if (e && e->expires_ns < now)
+		e = 0;
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_RELATED;
 		e->last_seen_ns = now;
 	}
 	return e;
+}
+
+/* Whether an entry still stands for this packet: not once it has expired (the agent's gc may not
+ * have run yet), and not for a SYN that reopens a closed or closing TCP tuple — that is a new
+ * connection and must meet policy again. */
+static __always_inline int ct_usable(const struct lace_ct_entry *e, const struct lace_flow *f,
+				     int reply, __u64 now)
+{
+	if (e->expires_ns < now)
+		return 0;
+	if (f->proto == IPPROTO_TCP && !reply && (f->tcp_flags & TCP_F_SYN) && !(f->tcp_flags & TCP_F_ACK) &&
+	    e->state >= LACE_CT_FIN_WAIT && e->state <= LACE_CT_CLOSED)
+		return 0;
+	return 1;
 }
 
 /* A reply of a flow whose original direction started in network: the reversed tuple. */
@@ -177,6 +193,8 @@ ct_reply(struct lace_flow *f, __u32 network, __u64 now)
 
 	ct_key(&k, f->family, network, f->proto, f->daddr, f->saddr, f->dport, f->sport);
 	e = ct_lookup(f->family, f->proto, &k);
+	if (e && !ct_usable(e, f, 1, now))
+		e = 0;
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_REPLY;
 		ct_advance(e, f, 1, now);
@@ -195,6 +213,10 @@ ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
 
 	ct_key(&k, f->family, src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
 	e = ct_lookup(f->family, f->proto, &k);
+	if (e && !ct_usable(e, f, 0, now)) {
+		f->ct_status = LACE_CT_STATUS_NEW;   /* ct_create replaces the stale entry */
+		return 0;
+	}
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_ESTABLISHED;
 		ct_advance(e, f, 0, now);
@@ -226,12 +248,10 @@ static __always_inline int ct_create(const struct lace_flow *f, __u64 now)
 	e.delivery = f->delivery;
 	if (f->audit)
 		e.flags |= LACE_CT_F_AUDIT;
-	if (ct_insert(f->family, f->proto, &k, &e) < 0) {
-		/* lost a race with another CPU creating the same flow: that entry stands */
-		if (ct_lookup(f->family, f->proto, &k))
-			return 0;
+	/* BPF_ANY: a new flow replaces a stale entry of the same tuple (expired, or a reopened TCP
+	 * port); an LRU table evicts rather than fails, so a failure here is a full table */
+	if (ct_insert(f->family, f->proto, &k, &e) < 0)
 		return LACE_DROP_CT_FULL;
-	}
 	return 0;
 }
 

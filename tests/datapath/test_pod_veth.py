@@ -482,3 +482,39 @@ def test_drop_counters_by_reason(dp):
         dp.from_pod(a, dp.l3(a, "198.51.100.1", 4) / UDP(dport=53))
     per_cpu = dp.m("metrics").lookup_percpu(metrics_key(DropReason.NO_ROUTE, TracePoint.FROM_POD, Verdict.DROP))
     assert sum(METRICS_VALUE.unpack(v)["packets"] for v in per_cpu) == 3
+
+
+# -- stale conntrack entries never bypass policy -----------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_syn_reusing_a_closed_tuple_meets_policy_again(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    A, B = a.ip(family), b.ip(family)
+    assert dp.from_pod(a, dp.l3(a, B, family) / TCP(sport=45000, dport=80, flags="S")).retval == TC_ACT_REDIRECT
+    dp.from_pod(b, dp.l3(b, A, family) / TCP(sport=80, dport=45000, flags="R"))
+    assert ct_entry(dp, NET1, A, B, 45000, 80, 6)["state"] == CtState.CLOSED
+    dp.select(b.segment, ING)       # the policy tightened meanwhile
+    res = dp.from_pod(a, dp.l3(a, B, family) / TCP(sport=45000, dport=80, flags="S"))
+    assert_dropped(res, DropReason.POLICY_INGRESS)
+
+
+def test_expired_entry_is_a_new_flow(dp):
+    a, b = dp.pods["a"], dp.pods["b"]
+    dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6000, dport=53))
+    fam, key = ct_key(NET1, a.ipv4, b.ipv4, 6000, 53, 17)
+    m = dp.m("ct-udp-v4")
+    e = CT_ENTRY.unpack(m.lookup(key))
+    e["expires_ns"] = 1                 # long expired, gc has not run
+    m.update(key, CT_ENTRY.pack(e))
+    dp.select(b.segment, ING)
+    assert_dropped(dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6000, dport=53)), DropReason.POLICY_INGRESS)
+    # and a reply does not revive it either
+    dp.m("policy").clear()
+    dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6001, dport=53))
+    fam, key = ct_key(NET1, a.ipv4, b.ipv4, 6001, 53, 17)
+    e = CT_ENTRY.unpack(m.lookup(key))
+    e["expires_ns"] = 1
+    m.update(key, CT_ENTRY.pack(e))
+    dp.select(a.segment, ING)
+    res = dp.from_pod(b, dp.l3(b, a.ipv4, 4) / UDP(sport=53, dport=6001))
+    assert_dropped(res, DropReason.POLICY_INGRESS)
