@@ -113,12 +113,13 @@ class Agent:
 
     # -- reconcile ---------------------------------------------------------------------------
 
-    def reconcile(self) -> dict[str, int]:
-        """One level-triggered pass; returns the number of entries changed per map."""
+    def reconcile(self, *, resync: bool = False) -> dict[str, int]:
+        """One level-triggered pass; returns the number of entries changed per map. A resync
+        reads every map back from the kernel instead of trusting what this agent last wrote."""
         with self._reconcile_lock, netlink.reuse():
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
             want = desired_maps(snap)
-            have = {name: self.datapath.read(name) for name in OWNED_MAPS}
+            have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changed = {}
             for name, ch in diff_all(want, have).items():
                 if ch:
@@ -137,13 +138,13 @@ class Agent:
     def _reconcile_loop(self) -> None:
         backoff = 0.05
         while not self.stopping.is_set():
-            self.dirty.wait(RESYNC_SECONDS)
+            resync = not self.dirty.wait(RESYNC_SECONDS)
             if self.stopping.is_set():
                 return
             self.dirty.clear()
             time.sleep(0.005)   # coalesce a burst of writes into one pass
             try:
-                self.reconcile()
+                self.reconcile(resync=resync)
                 backoff = 0.05
             except Exception as e:
                 self.stats["errors"] += 1

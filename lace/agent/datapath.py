@@ -42,6 +42,10 @@ class NodeDatapath:
         self.objects: dict[str, Object] = {}
         self.migrations: list = []
         self._lock = threading.Lock()
+        #: what the agent last wrote to each owned map: the agent is their only writer, so a
+        #: reconcile diffs against this instead of reading an LPM trie back entry by entry; the
+        #: periodic resync reads the kernel again and repairs anything changed behind its back
+        self._shadow: dict[str, Entries] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -124,20 +128,37 @@ class NodeDatapath:
 
     # -- the one writer ----------------------------------------------------------------------
 
-    def read(self, cli_name: str) -> Entries:
+    def read(self, cli_name: str, *, fresh: bool = True) -> Entries:
+        """The map's entries: from the kernel, or (``fresh=False``) as this agent last left them."""
+        if not fresh and cli_name in self._shadow:
+            return dict(self._shadow[cli_name])
+        entries = self._read_kernel(cli_name)
+        self._shadow[cli_name] = dict(entries)
+        return entries
+
+    def _read_kernel(self, cli_name: str) -> Entries:
         m = self.map(cli_name)
         keys, values, n = m.dump()
         ks, vs = m.key_size, m.value_blob_size
         kb, vb = bytes(keys), bytes(values)
         return {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}
 
-    def read_owned(self) -> dict[str, Entries]:
-        return {name: self.read(name) for name in OWNED_MAPS}
+    def read_owned(self, *, fresh: bool = True) -> dict[str, Entries]:
+        return {name: self.read(name, fresh=fresh) for name in OWNED_MAPS}
 
     def write(self, cli_name: str, changes: MapChanges) -> None:
         m = self.map(cli_name)
         with self._lock:
-            for k in changes.deletes:
-                m.delete(k)
-            for k, v in changes.updates.items():
-                m.update(k, v)
+            shadow = self._shadow.get(cli_name)
+            try:
+                for k in changes.deletes:
+                    m.delete(k)
+                    if shadow is not None:
+                        shadow.pop(k, None)
+                for k, v in changes.updates.items():
+                    m.update(k, v)
+                    if shadow is not None:
+                        shadow[k] = v
+            except BaseException:
+                self._shadow.pop(cli_name, None)   # unsure what landed: read the kernel next time
+                raise
