@@ -129,6 +129,7 @@ class Agent:
                     self.metrics.map_writes.labels(name).inc(n)
             self.stats["reconciles"] += 1
             self.stats["last_reconcile"] = time.time()
+            self.stats["last_error"] = None   # healthy again: the last pass went through
             self.stats["endpoints"] = len(snap.endpoints)
             self.metrics.reconciles.inc()
             if changed:
@@ -189,6 +190,9 @@ class Agent:
             return 400, e.result()
 
     def health(self) -> dict[str, Any]:
-        return {"node": self.node, "ok": self.stats["errors"] == 0 or self.stats["last_error"] is None,
+        from lace.policy.program import LAST_PRESSURE
+        pressure = LAST_PRESSURE.get(self.node)
+        return {"node": self.node, "ok": self.stats["last_error"] is None,
                 "pinRoot": self.pin_root, **self.stats,
+                "policyPressure": pressure.as_dict() if pressure else None,
                 "migrations": [m.__dict__ for m in self.datapath.migrations]}
