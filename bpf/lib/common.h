@@ -47,33 +47,6 @@
 
 #ifndef __always_inline
 #define __always_inline inline __attribute__((always_inline))
-/* clang 14 does not lower __builtin_memcmp for BPF: compare by hand, fixed sizes only. */
-static __always_inline int lace_eq6(const __u8 *a, const __u8 *b)
-{
-	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) |
-		(a[4] ^ b[4]) | (a[5] ^ b[5])) == 0;
-}
-
-static __always_inline int lace_eq4(const __u8 *a, const __u8 *b)
-{
-	__u32 x, y;
-
-	__builtin_memcpy(&x, a, 4);
-	__builtin_memcpy(&y, b, 4);
-	return x == y;
-}
-
-static __always_inline int lace_eq16(const __u8 *a, const __u8 *b)
-{
-	__u64 a0, a1, b0, b1;
-
-	__builtin_memcpy(&a0, a, 8);
-	__builtin_memcpy(&a1, a + 8, 8);
-	__builtin_memcpy(&b0, b, 8);
-	__builtin_memcpy(&b1, b + 8, 8);
-	return ((a0 ^ b0) | (a1 ^ b1)) == 0;
-}
-
 #endif
 
 #define LACE_PIN __uint(pinning, LIBBPF_PIN_BY_NAME)
