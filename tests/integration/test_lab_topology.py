@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,54 +23,10 @@ from lace import netlink as nl
 from lace.lab import procs, topology
 from lace.lab.topology import LabError, LabSpec
 
+from .oracles import ip, ipj, ping
+
 PID = os.getpid() % 100000
 LAB = f"t{PID}"
-
-
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
-def ipj(ns: str, *args: str) -> list[dict]:
-    return json.loads(ip("-j", "-n", ns, *args).stdout or "[]")
-
-
-# one ICMP echo; iputils-ping when installed, else a raw socket (see test_netlink.py)
-_ICMP_ECHO = r"""
-import ipaddress, os, socket, struct, sys, time
-dst = sys.argv[1]
-v6 = ipaddress.ip_address(dst).version == 6
-s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_RAW,
-                  socket.IPPROTO_ICMPV6 if v6 else socket.IPPROTO_ICMP)
-s.settimeout(1.0)
-ident = os.getpid() & 0xFFFF
-def csum(b):
-    b += b"\0" * (len(b) & 1)
-    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    t = (t >> 16) + (t & 0xFFFF); t += t >> 16
-    return ~t & 0xFFFF
-msg = struct.pack("!BBHHH", 128 if v6 else 8, 0, 0, ident, 1) + b"lace-oracle"
-if not v6:
-    msg = msg[:2] + struct.pack("!H", csum(msg)) + msg[4:]
-s.sendto(msg, (dst, 0))
-deadline = time.time() + 1.0
-while time.time() < deadline:
-    try:
-        data, _ = s.recvfrom(2048)
-    except socket.timeout:
-        break
-    icmp = data if v6 else data[(data[0] & 0xF) * 4:]
-    if icmp[0] == (129 if v6 else 0) and struct.unpack("!H", icmp[4:6])[0] == ident:
-        sys.exit(0)
-sys.exit("no echo reply from " + dst)
-"""
-
-
-def ping(ns: str, addr: str) -> None:
-    if shutil.which("ping"):
-        ip("netns", "exec", ns, "ping", "-c1", "-W1", addr)
-    else:
-        ip("netns", "exec", ns, sys.executable, "-c", _ICMP_ECHO, addr)
 
 
 def leftovers(name: str) -> list[str]:

@@ -7,12 +7,9 @@ deleted afterwards, whatever happens.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import threading
 from typing import Iterator
 
@@ -21,60 +18,13 @@ import pytest
 from lace import netlink as nl
 from lace.netlink import NetlinkError
 
+from .oracles import ip, ipj, ping
+
 _seq = itertools.count()
 
 
 def uname() -> str:
     return f"lace-t{os.getpid()}-{next(_seq)}"
-
-
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
-def ipj(ns: str, *args: str) -> list[dict]:
-    return json.loads(ip("-j", "-n", ns, *args).stdout or "[]")
-
-
-# One ICMP echo over a raw socket, for machines without iputils-ping (the Makefile does not install
-# it): the kernel's echo responder on the far side is the oracle either way.
-_ICMP_ECHO = r"""
-import ipaddress, os, socket, struct, sys, time
-dst = sys.argv[1]
-v6 = ipaddress.ip_address(dst).version == 6
-s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_RAW,
-                  socket.IPPROTO_ICMPV6 if v6 else socket.IPPROTO_ICMP)
-s.settimeout(1.0)
-ident = os.getpid() & 0xFFFF
-def csum(b):
-    b += b"\0" * (len(b) & 1)
-    t = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    t = (t >> 16) + (t & 0xFFFF); t += t >> 16
-    return ~t & 0xFFFF
-kind = 128 if v6 else 8
-msg = struct.pack("!BBHHH", kind, 0, 0, ident, 1) + b"lace-oracle"
-if not v6:  # the kernel fills in the ICMPv6 checksum itself
-    msg = msg[:2] + struct.pack("!H", csum(msg)) + msg[4:]
-s.sendto(msg, (dst, 0))
-deadline = time.time() + 1.0
-while time.time() < deadline:
-    try:
-        data, _ = s.recvfrom(2048)
-    except socket.timeout:
-        break
-    icmp = data if v6 else data[(data[0] & 0xF) * 4:]
-    if icmp[0] == (129 if v6 else 0) and struct.unpack("!H", icmp[4:6])[0] == ident:
-        sys.exit(0)
-sys.exit("no echo reply from " + dst)
-"""
-
-
-def ping(ns: str, addr: str) -> None:
-    """One echo request from namespace ``ns`` to ``addr`` must be answered (raises otherwise)."""
-    if shutil.which("ping"):
-        ip("netns", "exec", ns, "ping", "-c1", "-W1", addr)
-    else:
-        ip("netns", "exec", ns, sys.executable, "-c", _ICMP_ECHO, addr)
 
 
 @pytest.fixture
