@@ -28,6 +28,7 @@ from typing import Any
 
 from lace import netlink
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
+from lace.store.kinds import pod_network
 from lace.store.sqlite import SqliteStore
 
 from . import procs
@@ -194,7 +195,10 @@ class Kubelet:
         t_cni = time.monotonic()
         rec.update(ready=True, ips=ips)
         self.sandboxes.put(rec)
+        # status.network (a lace extension): the network the pod is attached to, so that
+        # `lace get pods -o json` shows it for pods that rely on the default
         status = {"phase": "Running", "hostIP": self.nodes[node]["underlay_addr"], "startTime": _now(),
+                  "network": pod_network(pod),
                   "podIP": ips[0] if ips else None, "podIPs": [{"ip": ip} for ip in ips],
                   "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _now()}]}
         try:

@@ -28,6 +28,9 @@ from .conftest import NETCHECK, LabHandle, leftovers, namespace, network, pod, i
 def test_pods_talk_on_one_node_and_across_nodes(lab, ns):
     lab.apply([pod("p1", ns, "worker-1"), pod("p2", ns, "worker-1"), pod("p3", ns, "worker-2")])
     ps = lab.wait(ns, ["p1", "p2", "p3"])
+    for p in ps.values():   # what `lace get pods -o json` shows of each pod
+        assert p["spec"]["nodeName"] and p["status"]["network"] == "default" and p["status"]["phase"] == "Running"
+        assert len(p["status"]["podIPs"]) == 2
     for target in ("p2", "p3"):
         v4, v6 = ips(ps[target])
         for ip in (v4, v6):
