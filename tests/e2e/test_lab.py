@@ -244,6 +244,29 @@ def test_ipam_exhaustion_is_a_clear_error(lab, ns):
     lab.lace("delete", "pods", *[f"x{i}" for i in range(7)], "-n", ns)
 
 
+def test_unbound_pods_are_scheduled_and_run(lab, ns):
+    lab.apply([pod(f"s{i}", ns) for i in range(3)])
+    ps = lab.wait(ns, [f"s{i}" for i in range(3)])
+    assert all(p["spec"]["nodeName"] in ("worker-1", "worker-2", "worker-3") for p in ps.values())
+
+
+def test_cni_check_confirms_a_running_pod(lab, ns):
+    from lace.lab.kubelet import sandbox_netns
+    lab.apply([pod("chk", ns, "worker-2")])
+    p = lab.wait(ns, ["chk"])["chk"]
+    uid = p["metadata"]["uid"]
+    cni = os.path.join(os.path.dirname(sys.executable), "lace-cni")
+    conf = json.dumps({"cniVersion": "1.1.0", "name": "lace", "type": "lace-cni",
+                       "agentSocket": os.path.join(lab.dir, "agents", "worker-2.sock")})
+    env = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": uid, "CNI_NETNS": f"/run/netns/{sandbox_netns(lab.name, uid)}",
+           "CNI_IFNAME": "eth0", "CNI_ARGS": f"K8S_POD_NAMESPACE={ns};K8S_POD_NAME=chk"}
+    r = subprocess.run([cni], env=env, input=conf, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    r = subprocess.run([cni], env=dict(env, CNI_CONTAINERID="not-a-container"), input=conf,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and json.loads(r.stdout)["code"] == 3, r.stdout
+
+
 def test_cni_plugin_speaks_the_spec(lab):
     cni = os.path.join(os.path.dirname(sys.executable), "lace-cni")
     r = subprocess.run([cni], env={"CNI_COMMAND": "VERSION"}, capture_output=True, text=True)

@@ -151,3 +151,23 @@ def test_device_list_shows_programs_on_every_pod_veth_and_the_uplink(lab, talked
     pods = [r for r in rows if r.get("role") == "pod-veth"]
     assert pods and all("lace_from_pod" in json.dumps(r) for r in pods), text[:2000]
     assert "MISSING" not in text
+
+
+def test_maps_conntrack_and_devices_read_with_the_agent_down(lab, talked):
+    import signal
+    from lace.lab import procs
+    assert procs.kill("agent-worker-1", lab.dir, signal.SIGKILL)
+    try:
+        deadline = time.monotonic() + 10
+        while lab.node("worker-1")["agent"] != "down":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rc, out = node_cmd(lab, "worker-1", "bpf", "show", "veth")
+        assert f"{talked['ns']}/alice" in out
+        node_json(lab, "worker-1", "ct", "list", "all")
+        rc, out = node_cmd(lab, "worker-1", "device", "list")
+        assert "lace_from_pod" in out
+        rc, out = node_cmd(lab, "worker-1", "trace", "flow", "--last", "1", check=False)
+        assert rc != 0 and "worker-1" in out, "trace needs the agent, and says which one is down"
+    finally:
+        lab.lace("lab", "restart-agent", "worker-1")
