@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -56,6 +57,26 @@ def host_ifname(container_id: str) -> str:
 def pod_mac(container_id: str) -> str:
     h = hashlib.sha256(b"mac" + container_id.encode()).digest()
     return ":".join(f"{b:02x}" for b in (0x02, h[0], h[1], h[2], h[3], h[4]))
+
+
+class _Attach:
+    """The pod program's attachment, running in a thread; ``join`` re-raises its failure."""
+
+    def __init__(self, datapath, host: str, ifindex: int) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                datapath.attach_pod(host, ifindex)
+            except BaseException as e:  # noqa: BLE001 - handed to join()
+                self.error = e
+        self.thread = threading.Thread(target=run, name=f"attach-{host}", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 @dataclass
@@ -137,14 +158,14 @@ class Endpoints:
         host = host_ifname(req.container_id)
         mac = pod_mac(req.container_id)
         try:
-            families = self._plumb(req, host, mac, leases)
+            families, attaching = self._plumb(req, host, mac, leases)
             mark("interfaces")
             for lease in leases:
                 self._annotate(lease.name, host, mac)
             mark("leases")
             self.reconcile()               # maps for this endpoint (and everyone's view of it)
             mark("maps")
-            self.datapath.attach_pod(host, netlink.link(host).ifindex)
+            attaching.join()
             mark("attach")
             # default routes go in last: until now the pod could send nowhere
             self._default_routes(req, families)
@@ -158,12 +179,15 @@ class Endpoints:
             self._undo(req, host)
             raise CniError(E_IO, f"could not set up the interface of pod {ref}: {e}") from None
 
-    def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> set[int]:
+    def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach"]:
         tmp = "tmp" + host[2:]
         netlink.delete_link(host)   # a leftover of an interrupted ADD of the same container
         netlink.veth_pair(host, tmp, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
-        netlink.rename(tmp, req.ifname, netns=req.netns)
         host_info = netlink.link(host)
+        # attaching waits out a kernel RCU grace period (~10-20 ms here): let it run while the pod
+        # side is configured; the pod cannot send anywhere before its default routes anyway
+        attaching = _Attach(self.datapath, host, host_info.ifindex)
+        netlink.rename(tmp, req.ifname, netns=req.netns)
         netlink.set_up(host)
         netlink.set_up("lo", netns=req.netns)
         has4 = has6 = False
@@ -180,7 +204,7 @@ class Endpoints:
             netlink.add_route(f"{GATEWAY4}/32", netns=req.netns, dev=req.ifname, scope="link")
         if has6:
             netlink.add_neighbor(str(GATEWAY6), host_info.mac, req.ifname, netns=req.netns)
-        return {v for v, on in ((4, has4), (6, has6)) if on}
+        return {v for v, on in ((4, has4), (6, has6)) if on}, attaching
 
     def _default_routes(self, req: CniRequest, families: set[int]) -> None:
         if 4 in families:

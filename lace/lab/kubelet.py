@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+
 
 from lace import netlink
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
@@ -137,14 +137,11 @@ class Kubelet:
                    CNI_NETNS=netlink.netns.path(rec["netns"]), CNI_IFNAME="eth0",
                    CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={rec['namespace']};K8S_POD_NAME={rec['name']}",
                    CNI_PATH=str(self.cni_bin))
-        node_ns = netlink.netns.path(self.nodes[node]["netns"])
-
-        def enter_node() -> None:   # in the child, before exec: run the plugin on the node
-            from pyroute2.netns import setns
-            setns(node_ns)
-
-        res = subprocess.run([str(self.cni_bin / conf["type"])], input=json.dumps(conf), env=env,
-                             capture_output=True, text=True, preexec_fn=enter_node, timeout=120)
+        # the plugin runs on the node: this (pool) thread enters the node's namespace and the child
+        # inherits it — no preexec hook, so the spawn stays a cheap vfork
+        with netlink.netns.entered(self.nodes[node]["netns"]):
+            res = subprocess.run([str(self.cni_bin / conf["type"])], input=json.dumps(conf), env=env,
+                                 capture_output=True, text=True, timeout=120)
         out = json.loads(res.stdout) if res.stdout.strip() else None
         if res.returncode != 0:
             msg = (out or {}).get("msg") or res.stderr.strip() or f"exit {res.returncode}"
