@@ -7,6 +7,11 @@ with the agent down, and resolves IDs to names through the store unless ``-n/--n
     node bpf show MAP        node ct list|gc TABLE      node trace flow      node device list
 
 ``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
+
+Startup matters (``node ct list all -o json`` on a million entries has a budget of about a
+second): only the command group named on the command line is imported, and the CLI's shared
+modules that pull in rich, YAML or the store (``lace.cli.args``, ``errors``, ``invocation``,
+``render``) are imported only on the paths that need them (errors, help, tables).
 """
 
 from __future__ import annotations
@@ -19,11 +24,10 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
-from lace.cli.args import ArgumentParser, HelpShown
-from lace.cli.errors import CliError
-from lace.cli.invocation import Invocation
-from lace.cli.render import print_error
 from lace.cli.status import ExitStatus
+
+#: command group -> module of lace.cli.nodestate that registers it
+GROUPS = {"bpf": "bpf_show", "ct": "ct", "trace": "trace", "device": "device"}
 
 
 def _positive(text: str) -> int:
@@ -36,6 +40,22 @@ def _positive(text: str) -> int:
     return n
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """``lace.cli.args.ArgumentParser`` (UsageError instead of exiting, HelpShown after help),
+    without importing it — and the store behind it — on the way to a successful command."""
+
+    def error(self, message: str) -> NoReturn:
+        from lace.cli.errors import UsageError
+        raise UsageError(f"{self.prog}: {message}", hint=f"run `{self.prog} --help` for usage")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        from lace.cli.args import HelpShown
+        from lace.cli.errors import UsageError
+        if status:
+            raise UsageError(message.strip() if message else f"{self.prog}: bad usage")
+        raise HelpShown()
+
+
 def add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
     """-n, --limit and -o: on the top level with defaults, on every leaf without (so either place works)."""
     d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
@@ -46,14 +66,64 @@ def add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
                    help="json: one JSON document (default: a table)")
 
 
-def build_parser() -> ArgumentParser:
-    from lace.cli.nodestate import bpf_show, ct, device, trace  # device imports pyroute2 lazily too
+def _group_of(argv: Sequence[str]) -> str | None:
+    """The command group argv names (skipping the common options before it), if it names one."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--limit", "-o", "--output"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a if a in GROUPS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
+    """The parser; with ``argv`` naming a command group, only that group's module is imported
+    (``node --help``, no group or an unknown one: all of them)."""
+    import importlib
+    group = _group_of(argv) if argv is not None else None
+    names = [GROUPS[group]] if group else list(GROUPS.values())
     parser = ArgumentParser(prog="node", description="Inspect this node's lace data plane.")
     add_common(parser, top=True)
     sub = parser.add_subparsers(dest="group", metavar="COMMAND", parser_class=ArgumentParser)
-    for module in (bpf_show, ct, trace, device):
-        module.register(sub, add_common)
+    for name in names:  # device imports pyroute2 lazily too
+        importlib.import_module(f"lace.cli.nodestate.{name}").register(sub, add_common)
     return parser
+
+
+class NodeInvocation:
+    """The ``Invocation`` handlers get: env and streams here, anything else (``console()``, the
+    store, ...) from a real :class:`lace.cli.invocation.Invocation` made on first use, so a
+    command that never asks for it never imports rich."""
+
+    def __init__(self, env: Mapping[str, str], stdin: TextIO, stdout: TextIO, stderr: TextIO) -> None:
+        self.env, self.stdin, self.stdout, self.stderr = env, stdin, stdout, stderr
+        self._real: Any = None
+
+    def _invocation(self) -> Any:
+        if self._real is None:
+            from lace.cli.invocation import Invocation
+            self._real = Invocation(self.env, self.stdin, self.stdout, self.stderr)
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_real":
+            raise AttributeError(name)
+        return getattr(self._invocation(), name)
+
+    def close(self) -> None:
+        if self._real is not None:
+            self._real.close()
+
+
+def _loaded(module: str, name: str) -> Any:
+    """``module.name`` if the module was imported (an exception of its class can only exist then)."""
+    mod = sys.modules.get(module)
+    return getattr(mod, name, None) if mod is not None else None
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
@@ -62,9 +132,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Run one node command; errors are ``error: ...`` lines with a hint, never tracebacks."""
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ if env is None else env
-    inv = Invocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
+    inv = NodeInvocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         with contextlib.redirect_stdout(inv.stdout):
             args = parser.parse_args(argv)
         handler: Any = getattr(args, "handler", None)
@@ -72,16 +142,18 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             inv.stdout.write(parser.format_help())
             return ExitStatus.USAGE
         return ExitStatus(handler(args, inv))
-    except HelpShown:
-        return ExitStatus.OK
-    except CliError as err:
-        print_error(inv.stderr, err.message, err.hint)
-        return err.status
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:
         return ExitStatus.ERROR
     except Exception as err:  # noqa: BLE001 - the last line of defence
+        help_shown, cli_error = _loaded("lace.cli.args", "HelpShown"), _loaded("lace.cli.errors", "CliError")
+        if help_shown is not None and isinstance(err, help_shown):
+            return ExitStatus.OK
+        from lace.cli.render import print_error
+        if cli_error is not None and isinstance(err, cli_error):
+            print_error(inv.stderr, err.message, err.hint)
+            return err.status
         if env.get("LACE_DEBUG"):
             traceback.print_exc(file=inv.stderr)
         print_error(inv.stderr, f"unexpected {type(err).__name__}: {err}",

@@ -13,7 +13,6 @@ import os
 from collections.abc import Mapping
 
 from lace.bpf import BPFError, Map
-from lace.cli.errors import NotFoundError, UnavailableError, UsageError
 
 ENV_PIN_ROOT = "LACE_PIN_ROOT"
 ENV_STORE = "LACE_STORE"
@@ -44,8 +43,10 @@ class NodeContext:
 
     def require_pin_root(self) -> str:
         if not self.pin_root:
+            from lace.cli.errors import UsageError  # error paths only: lace.cli.errors imports the store
             raise UsageError(f"{ENV_PIN_ROOT} is not set: the node's bpffs pin root is unknown", hint=_HINT_EXEC)
         if not os.path.isdir(self.pin_root):
+            from lace.cli.errors import UnavailableError
             raise UnavailableError(
                 f"pin root {self.pin_root} ({ENV_PIN_ROOT}) of {self.node_name} does not exist",
                 hint="the datapath was never loaded on this node: is its agent running? (lace lab status)")
@@ -60,6 +61,7 @@ class NodeContext:
         try:
             return Map.open_pinned(path)
         except BPFError as exc:
+            from lace.cli.errors import NotFoundError, UnavailableError
             if exc.errno == errno.ENOENT:
                 raise NotFoundError(f"map {cli_name} is not pinned on {self.node_name} ({path})",
                                     hint="the datapath objects were not loaded here; restart the agent") from None
@@ -67,6 +69,7 @@ class NodeContext:
 
     def require_store(self) -> str:
         """The store path, checked to be an existing, readable file (never created here)."""
+        from lace.cli.errors import UnavailableError, UsageError  # the store is opened next anyway
         if not self.store_path:
             raise UsageError(f"{ENV_STORE} is not set: names cannot be resolved",
                              hint="set it, or pass -n/--numeric to print raw IDs without the store")
@@ -81,6 +84,7 @@ class NodeContext:
 
     def require_agent_socket(self) -> str:
         if not self.agent_socket:
+            from lace.cli.errors import UsageError
             raise UsageError(f"{ENV_AGENT_SOCKET} is not set: the agent of {self.node_name} cannot be reached",
                              hint=_HINT_EXEC)
         return self.agent_socket

@@ -21,13 +21,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
-from lace.cli.errors import UsageError
-from lace.cli.invocation import Invocation
 from lace.cli.nodestate import columns as C
 from lace.cli.nodestate.context import NodeContext
 from lace.cli.nodestate.resolve import NumericResolver, for_node
@@ -37,6 +35,16 @@ from lace.datapath.common import Proto, Verdict
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState, tcp_flag_labels
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.common import enum_label, flag_labels
+
+if TYPE_CHECKING:
+    from lace.cli.invocation import Invocation
+
+
+def UsageError(message: str, hint: str | None = None) -> Exception:  # noqa: N802 - raised like the class
+    """``lace.cli.errors.UsageError``, imported when one is raised (it imports the store)."""
+    from lace.cli.errors import UsageError as cls
+    return cls(message, hint=hint)
+
 
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 TABLES = ("all", *registry.CT_TABLES)

@@ -1,14 +1,17 @@
 """Rendering for the ``node`` commands: rich tables with a count line at the end, ``-o json`` as one
-document (orjson, no table decoration), human durations, and the empty-map message."""
+document (orjson, no table decoration), human durations, and the empty-map message.
+
+rich (and ``lace.cli.render``, which brings YAML and the store's kinds) is imported only when a
+table is drawn: ``-o json`` never loads it."""
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
-from rich.console import Console
 
-from lace.cli.render import render_table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 NONE = "-"
 
@@ -53,6 +56,7 @@ def _cell(c: Any) -> str:
 
 
 def table(console: Console, headers: list[str], rows: list[list[Any]]) -> None:
+    from lace.cli.render import render_table
     render_table(console, headers, [[_cell(c) for c in r] for r in rows])
 
 

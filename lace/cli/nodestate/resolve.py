@@ -12,7 +12,6 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
-from lace.cli.errors import UnavailableError
 from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SEGMENTS
 
 ANN_HOST_IFNAME = "lace.dev/host-ifname"  # lace.agent.model.ANN_HOST_IFNAME (an IPLease annotation)
@@ -103,6 +102,7 @@ class Resolver(NumericResolver):
             objects = {k: store.list(k).items for k in
                        ("networks", "segments", "ipleases", "pods", "services", "networkpolicies")}
         except Exception as exc:  # a store error: say so, and how to do without it
+            from lace.cli.errors import UnavailableError
             raise UnavailableError(f"cannot read the store to resolve names: {getattr(exc, 'message', exc)}",
                                    hint="pass -n/--numeric to print raw IDs without the store") from None
         finally:
@@ -241,6 +241,7 @@ def for_node(numeric: bool, store_path: Callable[[], str]) -> NumericResolver:
         try:
             return SqliteStore(path)
         except StoreError as exc:
+            from lace.cli.errors import UnavailableError
             raise UnavailableError(f"cannot open the store {path}: {exc.message}",
                                    hint="pass -n/--numeric to print raw IDs without the store") from None
     return make_resolver(numeric, open_store)
