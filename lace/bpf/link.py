@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import _libbpf as _lb
 from . import netns as _netns
+from .fd import FdObject
 from .errors import ENOTSUPP, BPFError, NotSupported, error
 from .info import LinkInfo, link_info_fd, tcx_attach_type
 
@@ -32,8 +33,10 @@ class _Prog(Protocol):
     name: str
 
 
-class Link:
+class Link(FdObject):
     """A BPF link (here: tcx); owns its fd.  Closing an unpinned link's last fd detaches it."""
+
+    _kind = "link"
 
     def __init__(self, fd: int, *, pin_path: str | None = None, netns: str | None = None) -> None:
         self._fd = fd
@@ -48,32 +51,13 @@ class Link:
     @classmethod
     def open_pinned(cls, path: str) -> Link:
         """Open the link pinned at ``path`` (e.g. to :meth:`update` it to a new program)."""
-        fd = _lb.lib.bpf_obj_get(os.fsencode(path))
-        if fd < 0:
-            raise error(f"open pinned link {path}", -fd)
-        return cls(fd, pin_path=path)
+        return cls(cls._obj_get(path, "link"), pin_path=path)
 
-    @property
-    def fd(self) -> int:
-        if self._fd < 0:
-            raise ValueError(f"link {self.id} is closed")
-        return self._fd
+    def _label(self) -> str:
+        return str(self.id)
 
     def info(self) -> LinkInfo:
         return link_info_fd(self.fd)
-
-    def pin(self, path: str) -> None:
-        _lb.check(_lb.lib.bpf_obj_pin(self.fd, os.fsencode(path)), f"pin link {self.id} at {path}")
-        self.pin_path = path
-
-    def unpin(self) -> None:
-        """Remove the pin (the link lives on while this fd is open)."""
-        if self.pin_path:
-            try:
-                os.unlink(self.pin_path)
-            except FileNotFoundError:
-                pass
-            self.pin_path = None
 
     def update(self, prog: _Prog) -> None:
         """Atomically replace the attached program with ``prog``."""
@@ -83,23 +67,6 @@ class Link:
     def detach(self) -> None:
         """Detach the program now, even if the link is pinned or shared (it becomes defunct)."""
         _lb.check(_lb.lib.bpf_link_detach(self.fd), f"detach link {self.id}")
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> Link:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Link(id={self.id}, pin_path={self.pin_path!r})"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import _libbpf as _lb
+from .fd import FdObject
 from .errors import BPFError, IncompatibleMap, LoadError, VerifierError, error
 from .info import MapInfo, ProgInfo, map_info_fd, map_type_name, prog_info_fd, prog_type_name
 from .maps import ANY, ARRAY, BATCH_TYPES, NON_ITERABLE, PERCPU_ARRAY, PERCPU_TYPES, Map
@@ -409,8 +410,10 @@ def _update_tolerant(m: Map, keys: bytes, vals: bytes, count: int) -> int:
     return copied
 
 
-class Program:
+class Program(FdObject):
     """A loaded BPF program; owns its file descriptor."""
+
+    _kind = "program"
 
     def __init__(self, fd: int, *, name: str | None = None, pin_path: str | None = None) -> None:
         self._fd = fd
@@ -426,12 +429,12 @@ class Program:
         self.tag = info.tag
         self.pin_path = pin_path
 
+    def _label(self) -> str:
+        return repr(self.name)
+
     @classmethod
     def open_pinned(cls, path: str) -> Program:
-        fd = _lb.lib.bpf_obj_get(os.fsencode(path))
-        if fd < 0:
-            raise error(f"open pinned program {path}", -fd)
-        return cls(fd, pin_path=path)
+        return cls(cls._obj_get(path, "program"), pin_path=path)
 
     @classmethod
     def from_id(cls, prog_id: int) -> Program:
@@ -440,43 +443,8 @@ class Program:
             raise error(f"open program id {prog_id}", -fd, key_op=True)
         return cls(fd)
 
-    @property
-    def fd(self) -> int:
-        if self._fd < 0:
-            raise ValueError(f"program {self.name!r} is closed")
-        return self._fd
-
     def info(self) -> ProgInfo:
         return prog_info_fd(self.fd)
-
-    def pin(self, path: str) -> None:
-        _lb.check(_lb.lib.bpf_obj_pin(self.fd, os.fsencode(path)), f"pin program {self.name!r} at {path}")
-        self.pin_path = path
-
-    def unpin(self) -> None:
-        if self.pin_path:
-            try:
-                os.unlink(self.pin_path)
-            except FileNotFoundError:
-                pass
-            self.pin_path = None
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> Program:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {self.type_name}, id={self.id}, tag={self.tag})"

@@ -7,13 +7,14 @@ import errno
 from typing import Callable
 
 from . import _libbpf as _lb
+from .fd import Owned
 from .errors import error
 from .maps import RINGBUF, Map
 
 Callback = Callable[[bytes], "int | None"]
 
 
-class RingBuffer:
+class RingBuffer(Owned):
     """Delivers each record of a ring buffer map to ``callback(data: bytes)``.
 
     A callback returning a non-zero int stops the current poll/consume (libbpf semantics); an
@@ -72,17 +73,6 @@ class RingBuffer:
             _lb.lib.ring_buffer__free(self._ptr)
             self._ptr = None
 
-    def __enter__(self) -> RingBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 __all__ = ["RingBuffer"]
