@@ -4,6 +4,7 @@
 
 #include "lib/maps.h"
 #include "lib/flow.h"
+#include "lib/parse.h"
 
 static __always_inline struct lace_delivery *delivery_lookup(__u32 network, __u8 family,
 							     const __u8 *daddr)
@@ -18,33 +19,49 @@ static __always_inline struct lace_delivery *delivery_lookup(__u32 network, __u8
 	return bpf_map_lookup_elem(&lace_delivery, &k);
 }
 
-/* Routed hop: decrement the IPv4 TTL (with checksum) or the IPv6 hop limit. */
+/* Routed hop: decrement the IPv4 TTL or the IPv6 hop limit, by direct packet writes. The IPv4
+ * header checksum is updated incrementally (RFC 1624, as the kernel's ip_decrease_ttl does): the
+ * TTL is the high byte of its 16-bit word, so that word drops by 0x0100 and the one's-complement
+ * checksum rises by as much, with the end-around carry. */
 static __always_inline int ttl_decrement(struct __sk_buff *skb, __u8 family)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
 	if (family == LACE_FAMILY_IPV4) {
-		__u8 *ttl = data + ETH_HLEN + 8;
-		__be16 old_word, new_word;
+		struct lace_iphdr *ip = data + ETH_HLEN;
+		__u32 check;
 
-		if ((void *)(ttl + 2) > data_end)
+		if ((void *)(ip + 1) > data_end)
 			return LACE_DROP_PKT_TRUNCATED;
-		if (*ttl <= 1)
+		if (ip->ttl <= 1)
 			return LACE_DROP_TTL_EXCEEDED;
-		__builtin_memcpy(&old_word, ttl, 2);
-		*ttl -= 1;
-		__builtin_memcpy(&new_word, ttl, 2);
-		bpf_l3_csum_replace(skb, ETH_HLEN + 10, old_word, new_word, 2);
+		ip->ttl -= 1;
+		check = ip->check + (__u32)bpf_htons(0x0100);
+		ip->check = (__u16)(check + (check >= 0xffff));
 		return 0;
 	}
-	__u8 *hl = data + ETH_HLEN + 7;
+	struct lace_ip6hdr *ip6 = data + ETH_HLEN;
 
-	if ((void *)(hl + 1) > data_end)
+	if ((void *)(ip6 + 1) > data_end)
 		return LACE_DROP_PKT_TRUNCATED;
-	if (*hl <= 1)
+	if (ip6->hop_limit <= 1)
 		return LACE_DROP_TTL_EXCEEDED;
-	*hl -= 1;
+	ip6->hop_limit -= 1;
+	return 0;
+}
+
+/* Write the frame's destination and source MAC in place; < 0 if the header is not linear. */
+static __always_inline int set_macs(struct __sk_buff *skb, const __u8 *dst, const __u8 *src)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 *eth = data;
+
+	if ((void *)(eth + 12) > data_end)
+		return -1;
+	__builtin_memcpy(eth, dst, 6);
+	__builtin_memcpy(eth + 6, src, 6);
 	return 0;
 }
 
@@ -52,11 +69,7 @@ static __always_inline int ttl_decrement(struct __sk_buff *skb, __u8 family)
 static __always_inline int deliver_local(struct __sk_buff *skb, struct lace_flow *f,
 					 const struct lace_delivery *d)
 {
-	__u8 macs[12];
-
-	__builtin_memcpy(macs, d->mac, 6);
-	__builtin_memcpy(macs + 6, d->host_mac, 6);
-	if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0)
+	if (set_macs(skb, d->mac, d->host_mac) < 0)
 		return -1;
 	f->delivery_ifindex = d->ifindex;
 	return bpf_redirect_peer(d->ifindex, 0);

@@ -48,14 +48,31 @@ static __always_inline int icmp6_is_nd(__u8 type)
 	return (type >= 133 && type <= 137) || (type >= 130 && type <= 132) || type == 143;
 }
 
-/* Ports (or the ICMP echo identifier) at off for proto; reads through bpf_skb_load_bytes so that
- * variable header lengths stay simple for the verifier. */
+/* Upper bound on header offsets read through direct packet access: keeps data + off in the range
+ * the verifier accepts; anything deeper goes through bpf_skb_load_bytes. */
+#define LACE_PKT_DIRECT_MAX 512
+
+/* Copy len bytes at off into buf: straight from the linear area when they are in it (a few loads),
+ * else through bpf_skb_load_bytes (non-linear skbs). Returns 0 or < 0 when the packet is shorter. */
+static __always_inline long pkt_load(struct __sk_buff *skb, __u32 off, void *buf, const __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (off <= LACE_PKT_DIRECT_MAX && data + off + len <= data_end) {
+		__builtin_memcpy(buf, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, buf, len);
+}
+
+/* Ports (or the ICMP echo identifier) at off for proto. */
 static __always_inline int parse_ports(struct __sk_buff *skb, __u32 off, __u8 proto,
 				       __be16 *sport, __be16 *dport)
 {
 	__be16 p[2];
 
-	if (bpf_skb_load_bytes(skb, off, p, sizeof(p)) < 0)
+	if (pkt_load(skb, off, p, sizeof(p)) < 0)
 		return LACE_DROP_PKT_TRUNCATED;
 	*sport = p[0];
 	*dport = p[1];
@@ -116,7 +133,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct lace_flow *f, 
 	case IPPROTO_TCP: {
 		__u8 hdr[14];
 
-		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+		if (pkt_load(skb, off, hdr, sizeof(hdr)) < 0)
 			return LACE_DROP_PKT_TRUNCATED;
 		__builtin_memcpy(&f->sport, &hdr[0], 2);
 		__builtin_memcpy(&f->dport, &hdr[2], 2);
@@ -133,7 +150,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct lace_flow *f, 
 
 		if ((f->proto == IPPROTO_ICMP) != (f->family == LACE_FAMILY_IPV4))
 			return LACE_DROP_UNSUPPORTED_L4;
-		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+		if (pkt_load(skb, off, hdr, sizeof(hdr)) < 0)
 			return LACE_DROP_PKT_TRUNCATED;
 		f->icmp_type = hdr[0];
 		__builtin_memcpy(&id, &hdr[4], 2);
@@ -219,7 +236,7 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct lace_flow 
 				return LACE_DROP_FRAGMENT;
 			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING && nh != IPPROTO_DSTOPTS)
 				break;
-			if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
+			if (pkt_load(skb, off, ext, sizeof(ext)) < 0)
 				return LACE_DROP_PKT_TRUNCATED;
 			nh = ext[0];
 			off += (ext[1] + 1) * 8;
