@@ -1,19 +1,30 @@
-"""Vectorised text for big dumps: numbers, IPv4/IPv6 addresses and enum labels rendered for a whole
-column at once with NumPy, and JSON rows assembled from fixed-width slots.
+"""Vectorised text for big dumps: JSON rows written into a fixed layout, a chunk of rows at a time.
 
 Why: ``node ct list`` prints up to a million conntrack entries; formatting each with Python
-(``ipaddress``, f-strings, dicts for orjson) costs microseconds per row.  Here every column is a
-``(n, width)`` uint8 matrix built with a handful of array operations, and a JSON row is the
-concatenation of fixed-width slots.  Padding (NUL while building) becomes spaces, which JSON
-allows between tokens, so each row stays valid JSON without a per-row compaction pass.
+(``ipaddress``, f-strings, dicts for orjson) costs microseconds per row.  Here a table's rows
+share one layout — a template row (keys, punctuation, spaces) with fixed-width slots for the
+values — and every slot is written for a whole chunk of rows with a few array operations:
 
-Text columns are :class:`Text` — ``buf`` (n, w) left-aligned, NUL-padded, and ``lens``.
+* tokens (enum labels, names, anything with few distinct values) are ``np.take`` from a table
+  of pre-rendered, space-padded strings, 8 bytes at a time;
+* numbers are right-aligned in their slot: small ones from a table, big ones four digits at a
+  time from a 10,000-entry table;
+* addresses are built as little-endian 64-bit words (pieces shifted into place), RFC 5952 for
+  IPv6 as ``ipaddress`` prints it, then closed with a quote and spaces.
+
+Padding is spaces, which JSON allows between tokens, so every row is valid JSON as written and
+nothing is compacted afterwards.  One chunk buffer (small enough to stay in cache) is reused:
+the template is written into it once, slots overwrite their bytes in every chunk, and the chunk
+goes to the output as one write.
+
+:class:`Text` (``buf`` (n, w) left-aligned NUL-padded, and ``lens``) is the column form the
+table (human) output and the tests use.
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +32,11 @@ import numpy as np
 PAD = 0
 SPACE = 0x20
 _POW10 = np.array([10 ** k for k in range(20)], dtype=np.uint64)
+_SPW = np.uint64(0x2020202020202020)
+_U = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+
+#: rows per chunk: the chunk buffer (rows x row width) should stay in the L2 cache
+CHUNK = 4096
 
 
 @dataclass
@@ -42,247 +58,542 @@ class Text:
         return [s.decode() for s in np.ascontiguousarray(self.buf).view(f"S{w}").ravel().tolist()]
 
 
-def _table(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    w = max((len(s) for s in strings), default=0) or 1
-    t = np.zeros((len(strings), w), dtype=np.uint8)
-    for i, s in enumerate(strings):
-        b = s.encode()
-        t[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-    return t, np.array([len(s) for s in strings], dtype=np.int64)
+# ---- writing into a chunk buffer -----------------------------------------------------------
+
+def _col(buf: np.ndarray, off: int, k: int) -> np.ndarray:
+    """Bytes ``off:off+k`` of every row of ``buf`` (m, W) uint8 as one k-byte unsigned integer."""
+    return buf[:, off:off + k].view(_U[k])[:, 0]
 
 
-_OCTETS = _table([str(i) for i in range(256)])
-_HEX16: tuple[np.ndarray, np.ndarray] | None = None
+def _spans(w: int) -> tuple[int, list[int]]:
+    """Cover ``w`` bytes with as few equal loads as possible (the last may overlap the one before)."""
+    k = 8 if w >= 8 else 4 if w >= 4 else 2 if w >= 2 else 1
+    starts = sorted(set(list(range(0, w - k, k)) + [w - k]))
+    return k, starts
 
 
-def _hex16() -> tuple[np.ndarray, np.ndarray]:
-    global _HEX16
-    if _HEX16 is None:
-        _HEX16 = _table([format(i, "x") for i in range(65536)])
-    return _HEX16
+class Table:
+    """Strings by code, space-padded to one width, ready to be taken 8 bytes at a time."""
+
+    def __init__(self, strings: Sequence[bytes], width: int | None = None, fill: int = SPACE) -> None:
+        w = width if width is not None else max((len(s) for s in strings), default=0)
+        self.width = w = max(w, 1)
+        arr = np.full((max(len(strings), 1), w), fill, dtype=np.uint8)
+        for i, s in enumerate(strings):
+            if s:
+                arr[i, :len(s)] = np.frombuffer(s[:w], dtype=np.uint8)
+        self._init(arr)
+
+    @classmethod
+    def from_array(cls, arr: np.ndarray) -> Table:
+        t = cls.__new__(cls)
+        t.width = arr.shape[1]
+        t._init(np.ascontiguousarray(arr, dtype=np.uint8))
+        return t
+
+    def _init(self, arr: np.ndarray) -> None:
+        self.array = arr
+        self.k, starts = _spans(self.width)
+        self.parts = [(s, np.ascontiguousarray(arr[:, s:s + self.k]).view(_U[self.k]).ravel()) for s in starts]
+
+    def put(self, buf: np.ndarray, off: int, codes: np.ndarray) -> None:
+        """Write ``strings[codes[i]]`` into row i of ``buf`` at column ``off``."""
+        for s, tab in self.parts:
+            np.take(tab, codes, out=_col(buf, off + s, self.k), mode="clip")
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_table(strings: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    return _table(list(strings))
+def _digits_matrix(v: np.ndarray, w: int, zero_pad: bool) -> np.ndarray:
+    """(n, w) ASCII digits of non-negative ints, right-aligned (spaces or zeros on the left)."""
+    v = v.astype(np.uint64)
+    out = np.empty((len(v), w), dtype=np.uint8)
+    cur = v.copy()
+    for k in range(w):
+        col = (cur % 10).astype(np.uint8) + 48
+        if k and not zero_pad:
+            col[cur == 0] = SPACE
+        out[:, w - 1 - k] = col
+        cur //= 10
+    return out
 
 
-def lookup(codes: np.ndarray, strings: list[str]) -> Text:
-    """Strings by integer code (enum labels, flag sets): ``strings[code]``."""
-    t, ln = _cached_table(tuple(strings)) if len(strings) <= 1024 else _table(strings)
-    c = np.asarray(codes, dtype=np.int64)
-    return Text(t[c], ln[c])
+#: four digits: [0, 10^4) zero-padded, [10^4, 2*10^4) right-aligned with spaces, 2*10^4 blank
+_G4 = np.concatenate([_digits_matrix(np.arange(10000), 4, True), _digits_matrix(np.arange(10000), 4, False),
+                      np.full((1, 4), SPACE, np.uint8)])
+_G4_TABLES: dict[int, Table] = {}
+_SMALL: dict[int, Table] = {}
 
 
-def _concat(parts: list[Text]) -> Text:
-    """Variable-length concatenation of a few narrow columns.
-
-    Each part is written whole (text and its NUL padding) at the running end of the row; the next
-    part overwrites the padding.  One fancy-index write per part, no per-row Python."""
-    n = len(parts[0].lens)
-    width = sum(p.width for p in parts)
-    out = np.zeros((n, width), dtype=np.uint8)
-    flat = out.reshape(-1)
-    start = np.arange(n, dtype=np.int64) * width
-    end = np.zeros(n, dtype=np.int64)
-    for p in parts:
-        idx = (start + end)[:, None] + np.arange(p.width, dtype=np.int64)[None, :]
-        flat[idx] = p.buf
-        end = end + p.lens
-    return Text(out, end)
+def _g4(r: int) -> Table:
+    """The four-digit table's last ``r`` columns (the most significant group of a number)."""
+    t = _G4_TABLES.get(r)
+    if t is None:
+        t = _G4_TABLES[r] = Table.from_array(_G4[:, 4 - r:])
+    return t
 
 
-_PAIRS: tuple[np.ndarray, np.ndarray] | None = None
+def _small(nd: int) -> Table:
+    """Every value below 10^nd (at most 65536) right-aligned in nd characters."""
+    t = _SMALL.get(nd)
+    if t is None:
+        t = _SMALL[nd] = Table.from_array(_digits_matrix(np.arange(min(10 ** nd, 65536)), nd, False))
+    return t
 
 
-def _pairs() -> tuple[np.ndarray, np.ndarray]:
-    """"a.b" for every pair of octets, indexed by (a << 8) | b."""
+def ndigits(v: int) -> int:
+    return len(str(int(v)))
+
+
+class Number:
+    """A right-aligned integer slot (optionally negative, optionally ``null`` by a mask)."""
+
+    def __init__(self, values: np.ndarray, null: np.ndarray | None = None) -> None:
+        v = np.asarray(values)
+        self.values = v
+        self.null = null if null is not None and null.any() else None
+        signed = v.dtype.kind == "i"
+        lo = int(v.min()) if signed and len(v) else 0
+        hi = int(v.max()) if len(v) else 0
+        self.neg = lo < 0
+        mag = max(hi, -lo)
+        self.nd = ndigits(mag)
+        self.width = self.nd + (1 if self.neg else 0)
+        if self.null is not None:
+            self.width = max(self.width, 4)
+        self.small = mag < 65536
+        self.dt = np.uint32 if mag < 2 ** 32 else np.uint64
+
+    def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
+        v = self.values[a:b]
+        end = off + self.width
+        if self.neg:
+            v = v.astype(np.int64)
+            negm = v < 0
+            mag = np.abs(v).astype(self.dt)
+        else:
+            mag = v.astype(self.dt, copy=False)
+        nd = self.nd
+        if self.small:
+            _small(nd).put(buf, end - nd, mag.astype(np.intp))
+        else:
+            ng = (nd + 3) // 4
+            cur = mag
+            ten4 = self.dt(10000)
+            for g in range(ng):
+                gend = end - 4 * g
+                if g < ng - 1:
+                    q = cur // ten4
+                    idx = (cur - q * ten4).astype(np.intp)
+                    idx += 10000 * (q == 0)
+                    if g:
+                        idx += 10000 * (cur == 0)
+                    _g4(4).put(buf, gend - 4, idx)
+                    cur = q
+                else:
+                    r = nd - 4 * g
+                    idx = cur.astype(np.intp) + 10000
+                    if g:
+                        idx += 10000 * (cur == 0)
+                    _g4(r).put(buf, gend - r, idx)
+        if self.width > nd:  # columns left of the digits: spaces (a '-' of the last chunk may be there)
+            buf[:, off:end - nd] = SPACE
+        if self.neg and negm.any():
+            rows = np.flatnonzero(negm)
+            dig = np.searchsorted(_POW10, mag[rows].astype(np.uint64), side="right")
+            buf.reshape(-1)[rows * buf.shape[1] + end - 1 - dig] = ord("-")
+        if self.null is not None:
+            _nullify(buf, off, self.width, self.null[a:b])
+
+
+def _nullify(buf: np.ndarray, off: int, width: int, mask: np.ndarray) -> None:
+    rows = np.flatnonzero(mask)
+    if len(rows):
+        filler = np.full(width, SPACE, np.uint8)
+        filler[:4] = np.frombuffer(b"null", np.uint8)
+        buf[rows, off:off + width] = filler
+
+
+# ---- addresses as 64-bit words ---------------------------------------------------------------
+
+def _pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every 16-bit value ab: "a.b" as a NUL-padded u64, its length, and "a.b." as a u64."""
+    d = _digits_matrix(np.arange(256), 3, False)
+    ln = np.array([len(str(i)) for i in range(256)], dtype=np.int64)
+    left = np.zeros((256, 3), np.uint8)  # left-aligned, NUL-padded
+    for i in range(256):
+        left[i, :ln[i]] = d[i, 3 - ln[i]:]
+    a = np.repeat(np.arange(256), 256)
+    b = np.tile(np.arange(256), 256)
+    buf = np.zeros((65536, 16), np.uint8)
+    buf[:, :3] = left[a]
+    pos = ln[a]
+    rows = np.arange(65536)
+    buf[rows, pos] = ord(".")
+    for j in range(3):
+        buf[rows, pos + 1 + j] = left[b, j]
+    words = np.ascontiguousarray(buf[:, :8]).view("<u8").ravel()
+    lens = ln[a] + 1 + ln[b]
+    dotted = words | (np.uint64(ord(".")) << (lens.astype(np.uint64) * np.uint64(8)))
+    return words, lens, dotted
+
+
+_PAIRS: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+_HEX: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+
+def _hex() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every 16-bit group: hex text as a NUL-padded u64, its length, and ":" + hex as a u64."""
+    global _HEX
+    if _HEX is None:
+        g = np.arange(65536)
+        ln = 1 + (g >= 0x10) + (g >= 0x100) + (g >= 0x1000)
+        chars = np.frombuffer(b"0123456789abcdef", np.uint8)
+        buf = np.zeros((65536, 8), np.uint8)
+        rows = np.arange(65536)
+        for k in range(4):  # nibble k from the top of a 4-digit group
+            nib = (g >> (12 - 4 * k)) & 0xF
+            pos = k - (4 - ln)
+            ok = pos >= 0
+            buf[rows[ok], pos[ok]] = chars[nib[ok]]
+        words = buf.view("<u8").ravel()
+        colon = (words << np.uint64(8)) | np.uint64(ord(":"))
+        _HEX = (words, ln.astype(np.int64), colon)
+    return _HEX
+
+
+def _finish(words: np.ndarray, lens: np.ndarray) -> None:
+    """Close strings held as NUL-padded u64 words with a quote, spaces after it (in place)."""
+    fin = _FIN
+    for j in range(words.shape[1]):
+        k = np.clip(lens - 8 * j, -1, 8) + 1
+        words[:, j] |= fin[k]
+
+
+def _fin_table() -> np.ndarray:
+    t = np.zeros(10, np.uint64)
+    t[0] = _SPW
+    for k in range(8):
+        b = bytes(k) + b'"' + b" " * (7 - k)
+        t[k + 1] = np.frombuffer(b, "<u8")[0]
+    return t
+
+
+_FIN = _fin_table()
+
+
+def ipv4_words(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IPv4 addresses (host-order u32 values of the big-endian address) as (m, 2) NUL-padded
+    u64 words of dotted-quad text, and their lengths."""
     global _PAIRS
     if _PAIRS is None:
-        t, ln = _OCTETS
-        a = np.repeat(np.arange(256), 256)
-        b = np.tile(np.arange(256), 256)
-        dot = Text(np.full((65536, 1), ord("."), np.uint8), np.ones(65536, np.int64))
-        pr = _concat([Text(t[a], ln[a]), dot, Text(t[b], ln[b])])
-        _PAIRS = (pr.buf, pr.lens)
-    return _PAIRS
+        _PAIRS = _pairs()
+    pw, pl, pd = _PAIRS
+    x = x.astype(np.uint32, copy=False)
+    hi = (x >> 16).astype(np.intp)
+    lo = (x & 0xFFFF).astype(np.intp)
+    la = pl[hi] + 1
+    b = pw[lo]
+    sh = (la << 3).astype(np.uint64)
+    out = np.empty((len(x), 2), np.uint64)
+    np.bitwise_or(pd[hi], b << sh, out=out[:, 0])
+    np.right_shift(b, np.uint64(64) - sh, out=out[:, 1])
+    return out, la + pl[lo]
+
+
+def ipv6_words(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IPv6 addresses from (m, 8) 16-bit groups as (m, 5) NUL-padded u64 words of RFC 5952 text
+    (as ``ipaddress`` prints it: the longest run of two or more zero groups compressed, the
+    first on a tie), and their lengths."""
+    hw, hl, hc = _hex()
+    m = len(groups)
+    g = groups.astype(np.intp, copy=False)
+    zero = g == 0
+    run = np.zeros((m, 9), np.int8)
+    for i in range(7, -1, -1):
+        np.multiply(run[:, i + 1] + np.int8(1), zero[:, i], out=run[:, i])
+    best_len = run[:, :8].max(axis=1)
+    best_start = run[:, :8].argmax(axis=1)
+    compress = best_len >= 2
+    start = np.where(compress, best_start, 9)
+    stop = np.where(compress, best_start + best_len, 9)
+    to_end = stop == 8
+    marker_v = np.where(to_end, np.uint64(0x3A3A), np.uint64(0x3A))
+    marker_l = np.where(to_end, 2, 1)
+    words = np.zeros((m, 6), np.uint64)
+    flat = words.reshape(-1)
+    base = np.arange(m, dtype=np.intp) * 6
+    off = np.zeros(m, np.intp)
+    for i in range(8):
+        col = g[:, i]
+        if i == 0:
+            v, ln = hw[col], hl[col]
+        else:
+            v, ln = hc[col], hl[col] + 1
+        is_start = start == i
+        gone = (start < i) & (stop > i)
+        if is_start.any():
+            v = np.where(is_start, marker_v, v)
+            ln = np.where(is_start, marker_l, ln)
+        if gone.any():
+            v = np.where(gone, np.uint64(0), v)
+            ln = np.where(gone, 0, ln)
+        if i == 0:
+            words[:, 0] = v
+        else:
+            sh = ((off & 7) << 3).astype(np.uint64)
+            idx = base + (off >> 3)
+            flat[idx] |= v << sh
+            flat[idx + 1] |= v >> (np.uint64(64) - sh)
+        off = off + ln
+    return words[:, :5], off
+
+
+def _words_text(words: np.ndarray, lens: np.ndarray) -> Text:
+    buf = np.ascontiguousarray(words).view(np.uint8).reshape(len(words), -1)
+    w = int(lens.max()) if len(lens) else 0
+    return Text(np.ascontiguousarray(buf[:, :max(w, 1)]), lens.astype(np.int64))
+
+
+def _as_u8(raw: np.ndarray, width: int) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), -1)[:, :width]
 
 
 def ipv4(raw: np.ndarray) -> Text:
     """IPv4 addresses from a (n, 4) uint8 (or V4) column, dotted quad."""
-    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, 4)
-    n = len(b)
-    pt, pl = _pairs()
-    hi = (b[:, 0].astype(np.int64) << 8) | b[:, 1]
-    lo = (b[:, 2].astype(np.int64) << 8) | b[:, 3]
-    dot = Text(np.full((n, 1), ord("."), np.uint8), np.ones(n, np.int64))
-    return _concat([Text(pt[hi], pl[hi]), dot, Text(pt[lo], pl[lo])])
+    b = np.ascontiguousarray(_as_u8(raw, 4))
+    words, lens = ipv4_words(b.view(">u4").ravel().astype(np.uint32))
+    return _words_text(words, lens)
 
 
 def ipv6(raw: np.ndarray) -> Text:
-    """IPv6 addresses from a (n, 16) uint8 (or V16) column, RFC 5952 text as ``ipaddress`` prints it
-    (longest run of two or more zero groups compressed, the first on a tie)."""
-    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, 16)
-    n = len(b)
-    groups = (b[:, 0::2].astype(np.int64) << 8) | b[:, 1::2]
-    zero = groups == 0
-    # run length of zeros starting at each group
-    run = np.zeros((n, 9), dtype=np.int64)
-    for g in range(7, -1, -1):
-        run[:, g] = np.where(zero[:, g], run[:, g + 1] + 1, 0)
-    run = run[:, :8]
-    best_len = run.max(axis=1)
-    best_start = run.argmax(axis=1)  # first maximum: the leftmost run on a tie
-    compress = best_len >= 2
-    ht, hl = _hex16()
-    # pieces in order: group 0 = hex, group g>0 = ":" + hex; the run's first group becomes the
-    # marker (":" then the next piece's own ":"; "::" when the run reaches the end), the rest vanish
-    colon = np.full((n, 1), ord(":"), np.uint8)
-    parts: list[Text] = []
-    g_idx = np.arange(8)[None, :]
-    in_run = compress[:, None] & (g_idx >= best_start[:, None]) & (g_idx < (best_start + best_len)[:, None])
-    at_start = compress[:, None] & (g_idx == best_start[:, None])
-    to_end = (best_start + best_len) == 8
-    for g in range(8):
-        hx = ht[groups[:, g]]
-        ln = hl[groups[:, g]].copy()
-        if g:
-            buf = np.concatenate([colon, hx], axis=1)
-            ln = ln + 1
-        else:
-            buf = np.concatenate([hx, np.zeros((n, 1), np.uint8)], axis=1)
-        marker = at_start[:, g]
-        if marker.any():
-            buf = buf.copy()
-            buf[marker, 0] = ord(":")
-            buf[marker, 1] = ord(":")
-            mlen = np.where(to_end | (g == 0), 2, 1)
-            if g == 0:  # "::" + rest, the rest's piece brings its own ":" -> one here unless at end
-                mlen = np.where(to_end, 2, 1)
-            ln = np.where(marker, mlen, ln)
-        gone = in_run[:, g] & ~marker
-        if gone.any():
-            if not marker.any():
-                buf = buf.copy()
-            buf[gone] = 0  # written whole by _concat: its text must not survive as padding
-            ln = np.where(gone, 0, ln)
-        parts.append(Text(buf, ln))
-    return _concat(parts)
+    """IPv6 addresses from a (n, 16) uint8 (or V16) column, RFC 5952 text as ``ipaddress`` prints it."""
+    b = np.ascontiguousarray(_as_u8(raw, 16))
+    words, lens = ipv6_words(b.view(">u2").reshape(len(b), 8))
+    return _words_text(words, lens)
 
 
 def ip(raw: np.ndarray, family: int) -> Text:
-    return ipv4(np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), -1)[:, :4]) if family == 4 else ipv6(raw)
+    return ipv4(raw) if family == 4 else ipv6(raw)
 
 
-def digits(values: np.ndarray, width: int | None = None) -> np.ndarray:
-    """Non-negative integers as right-aligned decimal text in a (n, width) uint8 matrix, NUL-padded
-    on the left (JSON whitespace once NULs become spaces).  ``width`` defaults to the widest value."""
+class Address:
+    """A quoted address slot: ``"10.0.0.1"`` / ``"fd00::1"`` (or ``null`` by a mask), padded.
+
+    ``source`` is a strided view of the addresses: host-order u32 values for IPv4, (n, 8) 16-bit
+    groups for IPv6 (see :func:`field_view`)."""
+
+    def __init__(self, source: np.ndarray, family: int, null: np.ndarray | None = None) -> None:
+        self.source, self.family = source, family
+        self.null = null if null is not None and null.any() else None
+        self.lead = 1 if self.null is not None else 0  # the opening quote is in the slot
+        self.nwords = 2 if family == 4 else 5
+        self.width = self.lead + (16 if family == 4 else 40)
+
+    def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
+        src = self.source[a:b]
+        null = self.null[a:b] if self.null is not None else None
+        m = b - a
+        if null is not None:
+            keep = np.flatnonzero(~null)
+            words = np.empty((m, self.nwords), np.uint64)
+            words[:] = _SPW
+            words[:, 0] = np.frombuffer(b"ull     ", "<u8")[0]
+            if len(keep):
+                w, ln = ipv4_words(src[keep]) if self.family == 4 else ipv6_words(src[keep])
+                w = np.ascontiguousarray(w)
+                _finish(w, ln)
+                words[keep] = w
+            _col(buf, off, 1)[:] = np.where(null, np.uint8(ord("n")), np.uint8(ord('"')))
+        else:
+            words, ln = ipv4_words(src) if self.family == 4 else ipv6_words(src)
+            words = np.ascontiguousarray(words)
+            _finish(words, ln)
+        o = off + self.lead
+        for j in range(self.nwords):
+            _col(buf, o + 8 * j, 8)[:] = words[:, j]
+
+
+def field_view(arr: np.ndarray, name: str, dtype: str, count: int = 1, skip: int = 0) -> np.ndarray:
+    """A structured array's field reinterpreted without a copy: ``count`` items of ``dtype``
+    starting ``skip`` bytes into the field (e.g. an address's 16-bit groups as ``'>u2'``, 8)."""
+    off = arr.dtype.fields[name][1] + skip
+    dt = np.dtype(dtype)
+    base = arr.view(np.uint8).reshape(len(arr), arr.dtype.itemsize) if len(arr) else np.zeros((0, arr.dtype.itemsize), np.uint8)
+    sub = base[:, off:off + dt.itemsize * count]
+    v = sub.view(dt)
+    return v[:, 0] if count == 1 else v
+
+
+class TextSlot:
+    """A quoted string column from :class:`Text` (general, slower; text must need no escaping)."""
+
+    def __init__(self, t: Text, null: np.ndarray | None = None) -> None:
+        self.t = t
+        self.null = null if null is not None and null.any() else None
+        self.width = max(t.width + 2, 4 if self.null is not None else 0)
+
+    def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
+        tb, tl = self.t.buf[a:b], self.t.lens[a:b]
+        w = self.t.width
+        buf[:, off] = ord('"')
+        buf[:, off + 1:off + 1 + w] = np.where(tb == 0, np.uint8(SPACE), tb)
+        buf[:, off + 1 + w:off + self.width] = SPACE
+        buf[np.arange(b - a), off + 1 + tl] = ord('"')
+        if self.null is not None:
+            _nullify(buf, off, self.width, self.null[a:b])
+
+
+class Tokens:
+    """A slot of pre-rendered JSON by code (``'"established"'``, ``'["dnat"]'``, ``'true'``)."""
+
+    def __init__(self, codes: np.ndarray | Callable[[int, int], np.ndarray], tokens: Sequence[str | bytes],
+                 used: np.ndarray | None = None) -> None:
+        enc = [t.encode() if isinstance(t, str) else bytes(t) for t in tokens]
+        if used is not None:  # only the codes that occur decide the width
+            width = max((len(enc[i]) for i in np.flatnonzero(used)), default=1)
+            enc = [t if used[i] else b"" for i, t in enumerate(enc)]
+        else:
+            width = None
+        self.table = Table(enc, width)
+        self.width = self.table.width
+        self.codes = codes
+
+    def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
+        c = self.codes(a, b) if callable(self.codes) else self.codes[a:b]
+        self.table.put(buf, off, c.astype(np.intp, copy=False))
+
+
+def used_codes(values: np.ndarray, size: int = 256) -> np.ndarray:
+    """Which of ``size`` small codes occur (a bool mask)."""
+    return np.bincount(np.asarray(values).astype(np.intp, copy=False), minlength=size)[:size] > 0
+
+
+def categorize(values: np.ndarray, limit: int = 4096) -> tuple[np.ndarray, np.ndarray] | None:
+    """(code per row, distinct values) when there are at most ``limit`` distinct values."""
     v = np.asarray(values)
-    n = len(v)
-    top = int(v.max()) if n else 0
-    w = width or max(1, len(str(top)))
-    # 32-bit division vectorises, 64-bit does not: use it whenever the values fit
-    dt = np.uint32 if top < 2**32 else np.uint64
-    cur = v.astype(dt, copy=True)
-    out = np.zeros((n, w), dtype=np.uint8)
-    ten = dt(10)
-    for k in range(w):
-        q = cur // ten
-        col = (cur - q * ten).astype(np.uint8) + np.uint8(48)
-        if k:
-            col[cur == 0] = PAD  # past the number's first digit
-        out[:, w - 1 - k] = col
-        cur = q
-    return out
+    if len(v) == 0:
+        return np.zeros(0, np.intp), np.zeros(0, v.dtype)
+    if v.dtype.kind in "ui" and int(v.min()) >= 0 and int(v.max()) < (1 << 22):
+        vi = v.astype(np.intp, copy=False)
+        present = np.zeros(int(vi.max()) + 1, bool)
+        present[vi] = True
+        uniq = np.flatnonzero(present)
+        if len(uniq) > limit:
+            return None
+        lut = np.zeros(len(present), np.intp)
+        lut[uniq] = np.arange(len(uniq))
+        return lut[vi], uniq.astype(v.dtype)
+    uniq, inv = np.unique(v, return_inverse=True)
+    if len(uniq) > limit:
+        return None
+    return inv.astype(np.intp), uniq
 
 
-def signed_digits(values: np.ndarray) -> np.ndarray:
-    """Integers (possibly negative) right-aligned, with a '-' before the first digit."""
-    v = np.asarray(values, dtype=np.int64)
-    mag = np.abs(v).astype(np.uint64)
-    body = digits(mag)
-    n, w = body.shape
-    out = np.zeros((n, w + 1), dtype=np.uint8)
-    out[:, 1:] = body
-    neg = v < 0
-    if neg.any():
-        ndig = np.ones(n, dtype=np.int64)
-        for k in range(1, 20):
-            ndig += (mag >= _POW10[k]).astype(np.int64) if k < 20 else 0
-        pos = w - ndig  # column of the '-' in out
-        out[np.nonzero(neg)[0], pos[neg]] = ord("-")
-    return out
-
-
-class JsonRows:
-    """Assemble one JSON object per row from fixed-width slots (see the module docstring)."""
+class Rows:
+    """One JSON object per row: literals and slots in order, written a chunk of rows at a time."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.parts: list[np.ndarray | bytes] = []
+        self._items: list[bytes | object] = []
 
     def lit(self, text: str | bytes) -> None:
         b = text.encode() if isinstance(text, str) else text
-        if self.parts and isinstance(self.parts[-1], bytes):
-            self.parts[-1] += b
+        if self._items and isinstance(self._items[-1], bytes):
+            self._items[-1] += b
         else:
-            self.parts.append(b)
+            self._items.append(b)
 
     def key(self, name: str, first: bool = False) -> None:
         self.lit(("" if first else ",") + f'"{name}":')
 
-    def raw(self, buf: np.ndarray) -> None:
-        """Pre-rendered JSON tokens (numbers, literals), NUL-padded."""
-        self.parts.append(buf)
-
-    def string(self, t: Text, null: np.ndarray | None = None) -> None:
-        """A quoted string per row (``null`` where the mask is set); text must need no escaping."""
-        n, w = t.buf.shape
-        out = np.zeros((n, w + 2), dtype=np.uint8)
-        out[:, 0] = ord('"')
-        out[:, 1:w + 1] = t.buf
-        out[np.arange(n), t.lens + 1] = ord('"')
-        if null is not None and null.any():
-            out[null] = 0
-            out[null, :4] = np.frombuffer(b"null", np.uint8)
-        self.parts.append(out)
+    def slot(self, s: object) -> None:
+        """Anything with ``width`` and ``fill(buf, off, a, b)`` (rows a:b into buf[:b-a])."""
+        self._items.append(s)
 
     def number(self, values: np.ndarray, null: np.ndarray | None = None) -> None:
-        v = np.asarray(values)
-        buf = signed_digits(v) if v.dtype.kind == "i" and (v < 0).any() else digits(v)
-        if null is not None and null.any():
-            if buf.shape[1] < 4:
-                buf = np.concatenate([np.zeros((len(buf), 4 - buf.shape[1]), np.uint8), buf], axis=1)
-            buf[null] = 0
-            buf[null, :4] = np.frombuffer(b"null", np.uint8)
-        self.parts.append(buf)
+        self.slot(Number(values, null))
 
-    def tokens(self, codes: np.ndarray, tokens: list[str]) -> None:
-        """A JSON token (already encoded, e.g. '"established"', '["dnat"]', 'true') per code."""
-        t = lookup(codes, tokens)
-        self.parts.append(t.buf)
+    def tokens(self, codes: np.ndarray | Callable[[int, int], np.ndarray], tokens: Sequence[str | bytes],
+               used: np.ndarray | None = None) -> None:
+        self.slot(Tokens(codes, tokens, used))
 
-    def build(self, sep: bytes = b",\n") -> memoryview:
-        """Rows joined by ``sep`` (no trailing separator), padding rendered as spaces; a view of
-        the one buffer (write it out without a copy)."""
+    def address(self, source: np.ndarray, family: int, null: np.ndarray | None = None) -> None:
+        if null is None or not null.any():
+            self.lit('"')
+        self.slot(Address(source, family, null))
+
+    def string(self, t: Text, null: np.ndarray | None = None) -> None:
+        self.slot(TextSlot(t, null))
+
+    def _layout(self, sep: bytes) -> tuple[np.ndarray, list[tuple[int, object]]]:
+        tmpl = bytearray()
+        slots = []
+        for it in self._items:
+            if isinstance(it, bytes):
+                tmpl += it
+            else:
+                slots.append((len(tmpl), it))
+                tmpl += b" " * it.width  # type: ignore[attr-defined]
+        tmpl += sep
+        return np.frombuffer(bytes(tmpl), np.uint8), slots
+
+    def chunks(self, sep: bytes = b",\n", chunk: int = CHUNK) -> object:
+        """Yield memoryviews of consecutive chunks of rows, each row followed by ``sep`` except
+        the last row of all; a yielded view is valid until the next one is asked for."""
         n = self.n
         if n == 0:
-            return memoryview(b"")
-        widths = [len(p) if isinstance(p, bytes) else p.shape[1] for p in self.parts]
-        total = sum(widths) + len(sep)
-        out = np.zeros((n, total), dtype=np.uint8)
-        off = 0
-        for p, w in zip(self.parts, widths):
-            if isinstance(p, bytes):
-                out[:, off:off + w] = np.frombuffer(p, dtype=np.uint8)
-            else:
-                out[:, off:off + w] = p
-            off += w
-        # every character a row holds is printable (>= space): one SIMD pass turns NUL padding
-        # into spaces; the separator (a newline) goes in after it
-        np.maximum(out, SPACE, out=out)
-        out[:, off:] = np.frombuffer(sep, dtype=np.uint8)
-        return memoryview(out.reshape(-1))[: n * total - len(sep)]
+            return
+        tmpl, slots = self._layout(sep)
+        W = len(tmpl)
+        rows = min(chunk, n)
+        buf = np.empty((rows, W), np.uint8)
+        buf[:] = tmpl
+        flat = buf.reshape(-1)
+        for a in range(0, n, rows):
+            b = min(a + rows, n)
+            m = b - a
+            view = buf[:m]
+            for off, s in slots:
+                s.fill(view, off, a, b)  # type: ignore[attr-defined]
+            size = m * W - (len(sep) if b == n else 0)
+            yield memoryview(flat)[:size]
+
+    def build(self, sep: bytes = b",\n") -> memoryview:
+        """All rows in one buffer (small outputs, tests)."""
+        return memoryview(b"".join(bytes(c) for c in self.chunks(sep)))  # type: ignore[attr-defined]
+
+
+#: the previous name of :class:`Rows`
+JsonRows = Rows
+
+
+def digits(values: np.ndarray, width: int | None = None) -> np.ndarray:
+    """Non-negative integers as right-aligned decimal text in a (n, width) uint8 matrix, NUL-padded
+    on the left.  ``width`` defaults to the widest value."""
+    v = np.asarray(values)
+    top = int(v.max()) if len(v) else 0
+    w = width or max(1, len(str(top)))
+    out = _digits_matrix(v, w, False)
+    out[out == SPACE] = PAD
+    return out
+
+
+def signed_digits(values: np.ndarray) -> np.ndarray:
+    """Integers (possibly negative) right-aligned, with a '-' before the first digit (NUL-padded)."""
+    v = np.asarray(values, dtype=np.int64)
+    n = Number(v)
+    buf = np.zeros((len(v), n.width), np.uint8)
+    if len(v):
+        n.fill(buf, 0, 0, len(v))
+    buf[buf == SPACE] = PAD
+    return buf
+
+
+def lookup(codes: np.ndarray, strings: list[str]) -> Text:
+    """Strings by integer code (enum labels, flag sets): ``strings[code]``."""
+    t = Table([s.encode() for s in strings], fill=PAD)
+    ln = np.array([len(s.encode()) for s in strings], dtype=np.int64)
+    c = np.asarray(codes, dtype=np.intp)
+    return Text(t.array[c], ln[c])
 
 
 def check_ipv6(raw: bytes) -> str:

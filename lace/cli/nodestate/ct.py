@@ -167,79 +167,119 @@ def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, 
     return codes, tokens
 
 
-def json_rows(t: Table, now: int, res: NumericResolver) -> C.JsonRows:
-    """One JSON object per entry of a table (see the module docstring)."""
+def json_rows(t: Table, now: int, res: NumericResolver) -> C.Rows:
+    """One JSON object per entry of a table (see the module docstring): a fixed layout whose
+    slots :mod:`~lace.cli.nodestate.columns` writes a chunk of rows at a time."""
     k, v, n = t.keys, t.vals, t.count
-    rows = C.JsonRows(n)
+    fam = t.family
+    rows = C.Rows(n)
     rows.lit('{"table":"' + t.name + '"')
     rows.key("network")
-    rows.number(k["network"])
-    if not res.numeric:
-        codes, toks = _named_codes(k["network"], res.network)
-        rows.key("network_name")
-        rows.tokens(codes, toks)
+    _id_and_name(rows, k["network"], None if res.numeric else ("network_name", res.network))
     rows.key("proto")
-    rows.tokens(k["proto"], _proto_tokens())
+    rows.tokens(k["proto"], _proto_tokens(), used=C.used_codes(k["proto"]))
     for addr, port in (("saddr", "sport"), ("daddr", "dport")):
         rows.key(addr)
-        rows.string(C.ip(k[addr], t.family))
+        rows.address(_addr_source(k, addr, fam), fam)
         rows.key(port)
-        rows.number(k[port])
+        rows.number(C.field_view(k, port, ">u2"))
     if not res.numeric:
         for addr, label in (("saddr", "src_pod"), ("daddr", "dst_pod")):
             codes, toks = _pod_codes(t, addr, res)
             rows.key(label)
             rows.tokens(codes, toks)
+    flags = v["flags"]
     rows.key("state")
-    rows.tokens(v["state"], _enum_tokens(CtState))
+    rows.tokens(v["state"], _enum_tokens(CtState), used=C.used_codes(v["state"]))
     rows.key("flags")
-    rows.tokens(v["flags"], _flags_tokens())
+    rows.tokens(flags, _flags_tokens(), used=C.used_codes(flags))
     rows.key("delivery")
-    rows.tokens(v["delivery"], _enum_tokens(DeliveryKind))
-    nat = (v["flags"] & (CtFlag.DNAT | CtFlag.SNAT)) == 0
+    rows.tokens(v["delivery"], _enum_tokens(DeliveryKind), used=C.used_codes(v["delivery"]))
+    nat = (flags & np.uint8(CtFlag.DNAT | CtFlag.SNAT)) == 0
     rows.key("nat_addr")
-    rows.string(C.ip(v["nat_addr"], t.family), null=nat)
+    rows.address(_addr_source(v, "nat_addr", fam), fam, null=nat)
     rows.key("nat_port")
-    rows.number(v["nat_port"], null=nat)
+    rows.number(C.field_view(v, "nat_port", ">u2"), null=nat)
     for f in ("packets_fwd", "bytes_fwd", "packets_rev", "bytes_rev"):
         rows.key(f)
         rows.number(v[f])
     for f in ("src_segment", "dst_segment"):
         rows.key(f)
-        rows.number(v[f])
-        if not res.numeric:
-            codes, toks = _named_codes(v[f], res.segment)
-            rows.key(f + "_name")
-            rows.tokens(codes, toks)
+        _id_and_name(rows, v[f], None if res.numeric else (f + "_name", res.segment))
     rows.key("dst_network")
     rows.number(v["dst_network"])
     rows.key("rev_nat_id")
-    rows.number(v["rev_nat_id"])
-    if not res.numeric:
-        codes, toks = _named_codes(v["rev_nat_id"], lambda i: res.service(i) if i else None)
-        rows.key("service")
-        rows.tokens(codes, toks)
+    _id_and_name(rows, v["rev_nat_id"], None if res.numeric else
+                 ("service", lambda i: res.service(i) if i else None))
     nowv = np.int64(now)
+    ns = np.int64(10**9)
     rows.key("age_s")
-    rows.number(np.maximum((nowv - v["created_ns"].astype(np.int64)) // 10**9, 0))
+    rows.slot(_Derived(v["created_ns"], lambda c: np.maximum((nowv - c.astype(np.int64)) // ns, 0)))
     rows.key("idle_s")
-    rows.number(np.maximum((nowv - v["last_seen_ns"].astype(np.int64)) // 10**9, 0))
-    left = v["expires_ns"].astype(np.int64) - nowv
+    rows.slot(_Derived(v["last_seen_ns"], lambda c: np.maximum((nowv - c.astype(np.int64)) // ns, 0)))
     rows.key("expires_in_s")
-    rows.number(np.where(left >= 0, left // 10**9, -((-left) // 10**9)))
+    rows.slot(_Derived(v["expires_ns"], lambda c: _toward_zero(c.astype(np.int64) - nowv, ns), signed=True))
+    exp = v["expires_ns"]
     rows.key("expired")
-    rows.tokens((left <= 0).astype(np.int64), ["false", "true"])
+    rows.tokens(lambda a, b: (exp[a:b].astype(np.int64) <= nowv).view(np.uint8), ["false", "true"])
     rows.lit("}")
     return rows
 
 
+def _toward_zero(left: np.ndarray, ns: np.int64) -> np.ndarray:
+    """Whole seconds, truncated toward zero (-1.5 s is -1)."""
+    q = left // ns
+    q += (left < 0) & (q * ns != left)
+    return q
+
+
+class _Derived(C.Number):
+    """A number slot computed per chunk from a column (ages from timestamps): the width comes from
+    the extremes of the column, the text from each chunk."""
+
+    def __init__(self, column: np.ndarray, fn: Callable[[np.ndarray], np.ndarray], signed: bool = False) -> None:
+        ext = fn(np.array([column.min(), column.max()], dtype=column.dtype)) if len(column) else np.zeros(2, np.int64)
+        super().__init__(np.asarray(ext, dtype=np.int64))
+        if not signed:  # monotone in the column: min/max bound every value
+            self.neg = False
+        self.column, self.fn = column, fn
+
+    def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
+        vals = self.fn(self.column[a:b])
+        saved = self.values
+        self.values = vals
+        try:
+            super().fill(buf, off, 0, b - a)
+        finally:
+            self.values = saved
+
+
+def _addr_source(arr: np.ndarray, field: str, family: int) -> np.ndarray:
+    return C.field_view(arr, field, ">u4") if family == 4 else C.field_view(arr, field, ">u2", 8)
+
+
+def _id_and_name(rows: C.Rows, ids: np.ndarray, named: tuple[str, Callable[[int], str | None]] | None) -> None:
+    """An ID column and, unless numeric, the name after it (``"network":2,"network_name":"blue"``):
+    one token per distinct ID when there are few, else the number and names by code."""
+    cat = C.categorize(ids)
+    if cat is None:
+        rows.number(ids)
+        if named is not None:
+            key, name_of = named
+            codes, toks = _named_codes(ids, name_of)
+            rows.key(key)
+            rows.tokens(codes, toks)
+        return
+    codes, uniq = cat
+    if named is None:
+        rows.tokens(codes, [str(int(u)) for u in uniq.tolist()])
+        return
+    key, name_of = named
+    rows.tokens(codes, [f'{int(u)},"{key}":' + orjson.dumps(name_of(int(u))).decode() for u in uniq.tolist()])
+
+
 def _take(t: Table, count: int, start: int = 0) -> Table:
     return Table(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], None, t.capacity)
-
-
-#: rows formatted at once: small enough that the buffers stay hot (page faults, not arithmetic,
-#: dominate a single pass over a million rows), big enough to amortise NumPy's per-call cost
-CHUNK = 16384
 
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
@@ -270,26 +310,29 @@ def _write_json(inv: Invocation, ctx: NodeContext, tables: list[Table], shown: l
     head = {"node": ctx.node, "numeric": bool(res.numeric), "now_ns": now, "clock": "CLOCK_MONOTONIC_COARSE",
             "tables": [{"table": t.name, "count": t.count, "capacity": t.capacity} for t in tables],
             "count": total, "shown": n_shown, "truncated": n_shown < total}
-    text = orjson.dumps(head)
     out = inv.stdout
-    out.write(text[:-1].decode() + ',"entries":[\n')
     buf = getattr(out, "buffer", None)
+    if buf is not None:  # bytes straight to the binary stream, no decode/encode
+        out.flush()
+        write = buf.write
+    else:
+        def write(b: Any) -> None:
+            out.write(bytes(b).decode())
+    write(orjson.dumps(head)[:-1] + b',"entries":[\n')
     first = True
     for t in shown:
         if not t.count:
             continue
-        for start in range(0, t.count, CHUNK):
-            body = json_rows(_take(t, CHUNK, start), now, res).build()
-            if not first:
-                out.write(",\n")
-            first = False
-            if buf is not None:
-                out.flush()
-                buf.write(body)
-            else:
-                out.write(bytes(body).decode())
-    out.write("\n]}\n")
-    out.flush()
+        if not first:
+            write(b",\n")
+        first = False
+        for body in json_rows(t, now, res).chunks():
+            write(body)
+    write(b"\n]}\n")
+    if buf is not None:
+        buf.flush()
+    else:
+        out.flush()
 
 
 # ---- text --------------------------------------------------------------------------------------
