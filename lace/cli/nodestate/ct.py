@@ -99,16 +99,43 @@ class Table:
 
 
 def dump_table(ctx: NodeContext, name: str) -> Table:
-    mdef = registry.get(name)
+    return _dump_open(name, ctx.open_map(registry.get(name).pin_name, name))
+
+
+def _dump_open(name: str, m: Any) -> Table:
     family = 6 if name.endswith("v6") else 4
     layout = CT6_KEY if family == 6 else CT4_KEY
-    with ctx.open_map(mdef.pin_name, name) as m:
+    with m:
         kb, vb, n = m.dump()
         cap = m.max_entries
     # the dump's buffers are a fresh mapping per dump that lives as long as these views: no copy
     keys = layout.decode_many(kb, n)
     vals = CT_ENTRY.decode_many(vb, n)
     return Table(name, family, keys, vals, None, cap)
+
+
+#: tables dumped (or collected) at once: a batch lookup runs in the kernel without the GIL, so
+#: two threads use both cores of a small node
+WORKERS = 2
+
+
+def _parallel(ctx: NodeContext, names: tuple[str, ...], work: Callable[[str, Any], Any],
+              meanwhile: Callable[[], None] | None = None) -> list[Any]:
+    """``work(name, map)`` for every table on WORKERS threads, largest capacity first, results in
+    ``names`` order.  Maps are opened here first, so a missing one fails as it always did; and
+    ``meanwhile`` (loading the store) runs on this thread while the kernel works."""
+    maps = [ctx.open_map(registry.get(name).pin_name, name) for name in names]
+    if len(names) == 1:
+        if meanwhile is not None:
+            meanwhile()
+        return [work(names[0], maps[0])]
+    from concurrent.futures import ThreadPoolExecutor
+    order = sorted(range(len(names)), key=lambda i: -maps[i].max_entries)
+    with ThreadPoolExecutor(WORKERS) as ex:
+        futs = {i: ex.submit(work, names[i], maps[i]) for i in order}
+        if meanwhile is not None:
+            meanwhile()
+        return [futs[i].result() for i in range(len(names))]
 
 
 # ---- tokens for enum columns ------------------------------------------------------------------
@@ -285,9 +312,9 @@ def _take(t: Table, count: int, start: int = 0) -> Table:
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
     ctx = NodeContext.from_env(inv.env)
-    tables = [dump_table(ctx, name) for name in names]
-    now = now_coarse()
     res = for_node(args.numeric, ctx.require_store)
+    tables = _parallel(ctx, names, _dump_open, meanwhile=res.preload)
+    now = now_coarse()
     total = sum(t.count for t in tables)
     shown = tables
     if args.limit is not None:
@@ -425,8 +452,11 @@ def _write_lines(inv: Invocation, tables: list[Table], shown: list[Table], total
 
 def gc_table(ctx: NodeContext, name: str, now: int | None = None) -> dict[str, int]:
     """Delete the expired entries of one table; returns counts before, expired and removed."""
-    mdef = registry.get(name)
-    with ctx.open_map(mdef.pin_name, name) as m:
+    return _gc_open(name, ctx.open_map(registry.get(name).pin_name, name), now)
+
+
+def _gc_open(name: str, m: Any, now: int | None = None) -> dict[str, int]:
+    with m:
         kb, vb, n = m.dump()
         now = now_coarse() if now is None else now
         vals = CT_ENTRY.decode_many(vb, n)
@@ -435,7 +465,7 @@ def gc_table(ctx: NodeContext, name: str, now: int | None = None) -> dict[str, i
         if len(expired):
             ks = m.key_size
             keys = np.frombuffer(kb, dtype=np.uint8, count=n * ks).reshape(n, ks)
-            removed = m.delete_batch(np.ascontiguousarray(keys[expired]).tobytes(), len(expired))
+            removed = m.delete_batch(np.ascontiguousarray(keys[expired]), len(expired))  # one gather, no copy
         cap = m.max_entries
     return {"entries": n, "expired": int(len(expired)), "removed": removed, "remaining": n - removed,
             "capacity": cap}
@@ -445,7 +475,8 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
     ctx = NodeContext.from_env(inv.env)
     now = now_coarse()
-    results = [{"table": name, **gc_table(ctx, name, now)} for name in names]
+    results = [{"table": name, **r} for name, r in
+               zip(names, _parallel(ctx, names, lambda name, m: _gc_open(name, m, now)))]
     shown = results if args.limit is None else results[: args.limit]
     total = sum(r["removed"] for r in results)
     if args.output == "json":

@@ -70,6 +70,9 @@ class NumericResolver:
     def ips_to_pods(self, net_id: int) -> dict[str, str]:
         return {}
 
+    def preload(self) -> None:
+        """Read the store now (while something else waits, e.g. a map dump); never with -n."""
+
 
 class Resolver(NumericResolver):
     """Names from the store (read once, lazily); see the module docstring."""
@@ -110,6 +113,14 @@ class Resolver(NumericResolver):
             if close:
                 close()
         self._index(objects)
+
+    def preload(self) -> None:
+        """Read the store now rather than at the first name.  A failure is not raised here: the
+        first lookup that needs the store tries again and raises it, as it would have anyway."""
+        try:
+            self._load()
+        except Exception:  # noqa: BLE001 - re-raised by the lookup that needs it
+            pass
 
     def _index(self, objects: dict[str, list[dict]]) -> None:
         self._loaded = True
