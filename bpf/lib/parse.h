@@ -48,34 +48,59 @@ static __always_inline int icmp6_is_nd(__u8 type)
 	return (type >= 133 && type <= 137) || (type >= 130 && type <= 132) || type == 143;
 }
 
+/* The leading bytes of the L4 headers the datapath reads (2-byte aligned, no padding). */
+struct lace_l4_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
+struct lace_tcp_head {
+	__be16 sport;
+	__be16 dport;
+	__be16 seq[2];
+	__be16 ack_seq[2];
+	__u8   doff;
+	__u8   flags;
+};
+
+struct lace_icmp_head {
+	__u8   type;
+	__u8   code;
+	__be16 checksum;
+	__be16 id;
+	__be16 seq;
+};
+
 /* Upper bound on header offsets read through direct packet access: keeps data + off in the range
  * the verifier accepts; anything deeper goes through bpf_skb_load_bytes. */
 #define LACE_PKT_DIRECT_MAX 512
 
-/* Copy len bytes at off into buf: straight from the linear area when they are in it (a few loads),
- * else through bpf_skb_load_bytes (non-linear skbs). Returns 0 or < 0 when the packet is shorter. */
-static __always_inline long pkt_load(struct __sk_buff *skb, __u32 off, void *buf, const __u32 len)
+/* len bytes at off: a pointer into the linear area when they are in it (the caller reads the
+ * fields it needs, nothing is copied), else copied into buf through bpf_skb_load_bytes
+ * (non-linear skbs). NULL when the packet is shorter. */
+static __always_inline const void *pkt_ptr(struct __sk_buff *skb, __u32 off, void *buf, const __u32 len)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
-	if (off <= LACE_PKT_DIRECT_MAX && data + off + len <= data_end) {
-		__builtin_memcpy(buf, data + off, len);
+	if (off <= LACE_PKT_DIRECT_MAX && data + off + len <= data_end)
+		return data + off;
+	if (bpf_skb_load_bytes(skb, off, buf, len) < 0)
 		return 0;
-	}
-	return bpf_skb_load_bytes(skb, off, buf, len);
+	return buf;
 }
 
 /* Ports (or the ICMP echo identifier) at off for proto. */
 static __always_inline int parse_ports(struct __sk_buff *skb, __u32 off, __u8 proto,
 				       __be16 *sport, __be16 *dport)
 {
-	__be16 p[2];
+	struct lace_l4_ports buf;
+	const struct lace_l4_ports *p = pkt_ptr(skb, off, &buf, sizeof(buf));
 
-	if (pkt_load(skb, off, p, sizeof(p)) < 0)
+	if (!p)
 		return LACE_DROP_PKT_TRUNCATED;
-	*sport = p[0];
-	*dport = p[1];
+	*sport = p->sport;
+	*dport = p->dport;
 	return 0;
 }
 
@@ -131,13 +156,14 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct lace_flow *f, 
 {
 	switch (f->proto) {
 	case IPPROTO_TCP: {
-		__u8 hdr[14];
+		struct lace_tcp_head buf;
+		const struct lace_tcp_head *th = pkt_ptr(skb, off, &buf, sizeof(buf));
 
-		if (pkt_load(skb, off, hdr, sizeof(hdr)) < 0)
+		if (!th)
 			return LACE_DROP_PKT_TRUNCATED;
-		__builtin_memcpy(&f->sport, &hdr[0], 2);
-		__builtin_memcpy(&f->dport, &hdr[2], 2);
-		f->tcp_flags = hdr[13];
+		f->sport = th->sport;
+		f->dport = th->dport;
+		f->tcp_flags = th->flags;
 		return 0;
 	}
 	case IPPROTO_UDP:
@@ -145,28 +171,31 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct lace_flow *f, 
 		return parse_ports(skb, off, f->proto, &f->sport, &f->dport);
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6: {
-		__u8 hdr[8];
+		struct lace_icmp_head buf;
+		const struct lace_icmp_head *ih;
+		__u8 type;
 		__be16 id;
 
 		if ((f->proto == IPPROTO_ICMP) != (f->family == LACE_FAMILY_IPV4))
 			return LACE_DROP_UNSUPPORTED_L4;
-		if (pkt_load(skb, off, hdr, sizeof(hdr)) < 0)
+		ih = pkt_ptr(skb, off, &buf, sizeof(buf));
+		if (!ih)
 			return LACE_DROP_PKT_TRUNCATED;
-		f->icmp_type = hdr[0];
-		__builtin_memcpy(&id, &hdr[4], 2);
+		f->icmp_type = type = ih->type;
+		id = ih->id;
 		if (f->proto == IPPROTO_ICMP) {
-			if (icmp4_is_error(hdr[0]))
+			if (icmp4_is_error(type))
 				return parse_icmp_inner(skb, f, off + 8);
-			if (hdr[0] == 8 || hdr[0] == 0) {  /* echo request / reply */
+			if (type == 8 || type == 0) {  /* echo request / reply */
 				f->sport = id;
 				f->dport = id;
 			}
 		} else {
-			if (icmp6_is_nd(hdr[0]))
+			if (icmp6_is_nd(type))
 				return LACE_PARSE_PASS;
-			if (icmp6_is_error(hdr[0]))
+			if (icmp6_is_error(type))
 				return parse_icmp_inner(skb, f, off + 8);
-			if (hdr[0] == 128 || hdr[0] == 129) {
+			if (type == 128 || type == 129) {
 				f->sport = id;
 				f->dport = id;
 			}
@@ -230,13 +259,15 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct lace_flow 
 		off += sizeof(*ip6);
 #pragma unroll
 		for (i = 0; i < 4; i++) {
-			__u8 ext[2];
+			__u8 buf[2];
+			const __u8 *ext;
 
 			if (nh == IPPROTO_FRAGMENT)
 				return LACE_DROP_FRAGMENT;
 			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING && nh != IPPROTO_DSTOPTS)
 				break;
-			if (pkt_load(skb, off, ext, sizeof(ext)) < 0)
+			ext = pkt_ptr(skb, off, buf, sizeof(buf));
+			if (!ext)
 				return LACE_DROP_PKT_TRUNCATED;
 			nh = ext[0];
 			off += (ext[1] + 1) * 8;
