@@ -272,13 +272,7 @@ class _Derived(C.Number):
         self.column, self.fn = column, fn
 
     def fill(self, buf: np.ndarray, off: int, a: int, b: int) -> None:
-        vals = self.fn(self.column[a:b])
-        saved = self.values
-        self.values = vals
-        try:
-            super().fill(buf, off, 0, b - a)
-        finally:
-            self.values = saved
+        self.put(buf, off, self.fn(self.column[a:b]))
 
 
 def _addr_source(arr: np.ndarray, field: str, family: int) -> np.ndarray:
