@@ -477,12 +477,16 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         from lace.cli.nodestate.render import write_json
         write_json(inv.stdout, {"node": ctx.node, "removed": total, "tables": shown})
         return ExitStatus.OK
-    from lace.cli.nodestate.render import table
-    con = inv.console()
-    table(con, ["TABLE", "REMOVED", "REMAINING", "CAPACITY"],
-          [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown])
-    con.file.write(f"removed {total} expired entr{'y' if total == 1 else 'ies'} from "
-                   f"{len(results)} table{'s' if len(results) != 1 else ''}\n")
+    from lace.cli.nodestate.render import plain_table, table
+    headers = ["TABLE", "REMOVED", "REMAINING", "CAPACITY"]
+    cells = [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown]
+    out = inv.stdout
+    if not plain_table(out, inv.env, headers, cells):
+        con = inv.console()
+        table(con, headers, cells)
+        out = con.file
+    out.write(f"removed {total} expired entr{'y' if total == 1 else 'ies'} from "
+              f"{len(results)} table{'s' if len(results) != 1 else ''}\n")
     return ExitStatus.OK
 
 

@@ -60,6 +60,31 @@ def table(console: Console, headers: list[str], rows: list[list[Any]]) -> None:
     render_table(console, headers, [[_cell(c) for c in r] for r in rows])
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def plain_table(stream: TextIO, env: Any, headers: list[str], rows: list[list[Any]]) -> bool:
+    """What :func:`table` prints when the output is not a terminal — left-aligned columns three
+    spaces apart, trailing blanks trimmed — without importing rich (a small table should not cost
+    a command like ``ct gc`` a tenth of a second).  False, and nothing written, when the output
+    is a terminal, ``COLUMNS`` is set or a cell is not plain ASCII: then use :func:`table`."""
+    if _isatty(stream) or env.get("COLUMNS"):
+        return False
+    cells = [list(headers)] + [[_cell(c) for c in r] for r in rows]
+    if not all(c.isascii() and c.isprintable() for r in cells for c in r):
+        return False
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    if sum(widths) + 3 * len(widths) > 4096:  # the console width rich would wrap at
+        return False
+    stream.write("".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in cells))
+    stream.flush()
+    return True
+
+
 def plural(n: int, noun: str) -> str:
     if n == 1 and noun.endswith("ies"):
         return f"1 {noun[:-3]}y"
