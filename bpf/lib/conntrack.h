@@ -184,6 +184,15 @@ static __always_inline int ct_usable(const struct lace_ct_entry *e, const struct
 	return 1;
 }
 
+/* A TCP segment with SYN and without ACK opens a connection: it is never a reply. A SYN that
+ * reuses a tracked tuple reversed therefore meets policy as a new flow (as a SYN reopening a closed
+ * tuple does), and new connections skip the reply lookup, a cold hash bucket in a large table.
+ * A simultaneous open (both ends send a bare SYN) needs policy to allow both directions. */
+static __always_inline int ct_may_be_reply(const struct lace_flow *f)
+{
+	return f->proto != IPPROTO_TCP || (f->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) != TCP_F_SYN;
+}
+
 /* A reply of a flow whose original direction started in network: the reversed tuple. */
 static __always_inline struct lace_ct_entry *
 ct_reply(struct lace_flow *f, __u32 network, __u64 now)
@@ -191,6 +200,8 @@ ct_reply(struct lace_flow *f, __u32 network, __u64 now)
 	union lace_ct_key k;
 	struct lace_ct_entry *e;
 
+	if (!ct_may_be_reply(f))
+		return 0;
 	ct_key(&k, f->family, network, f->proto, f->daddr, f->saddr, f->dport, f->sport);
 	e = ct_lookup(f->family, f->proto, &k);
 	if (e && !ct_usable(e, f, 1, now))

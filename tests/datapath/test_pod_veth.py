@@ -498,6 +498,22 @@ def test_syn_reusing_a_closed_tuple_meets_policy_again(dp, family):
     assert_dropped(res, DropReason.POLICY_INGRESS)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bare_syn_on_a_reversed_tracked_tuple_is_a_new_flow(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    A, B = a.ip(family), b.ip(family)
+    dp.select(a.segment, ING)          # nothing may connect to a
+    assert dp.from_pod(a, dp.l3(a, B, family) / TCP(sport=46000, dport=80, flags="S")).retval == TC_ACT_REDIRECT
+    # b opening a connection on a's tuple reversed is not a reply of a's flow: it meets a's policy
+    res = dp.from_pod(b, dp.l3(b, A, family) / TCP(sport=80, dport=46000, flags="S"))
+    assert_dropped(res, DropReason.POLICY_INGRESS)
+    assert res.events[-1]["ct_status"] == CtStatus.NEW
+    # while the real reply still passes as one
+    res = dp.from_pod(b, dp.l3(b, A, family) / TCP(sport=80, dport=46000, flags="SA"))
+    assert_local(res, dp, "a", family)
+    assert res.events == [] or res.events[-1]["ct_status"] == CtStatus.REPLY
+
+
 def test_expired_entry_is_a_new_flow(dp):
     a, b = dp.pods["a"], dp.pods["b"]
     dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6000, dport=53))
