@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import _libbpf as _lb
+from .fd import FdObject
 from .errors import ENOTSUPP, BPFError, NotSupported, error
 from .info import MapInfo, map_info_fd, map_type_name
 from .layout import Layout
@@ -42,8 +43,10 @@ def _round8(n: int) -> int:
     return (n + 7) & ~7
 
 
-class Map:
+class Map(FdObject):
     """A BPF map; owns its file descriptor (closed by :meth:`close` or the context manager)."""
+
+    _kind = "map"
 
     def __init__(self, fd: int, *, name: str | None = None, pin_path: str | None = None) -> None:
         self._fd = fd
@@ -73,10 +76,7 @@ class Map:
     @classmethod
     def open_pinned(cls, path: str) -> Map:
         """Open the map pinned at ``path`` on bpffs."""
-        fd = _lb.lib.bpf_obj_get(os.fsencode(path))
-        if fd < 0:
-            raise error(f"open pinned map {path}", -fd)
-        return cls(fd, pin_path=path)
+        return cls(cls._obj_get(path, "map"), pin_path=path)
 
     @classmethod
     def from_id(cls, map_id: int) -> Map:
@@ -86,46 +86,12 @@ class Map:
             raise error(f"open map id {map_id}", -fd, key_op=True)
         return cls(fd)
 
-    @property
-    def fd(self) -> int:
-        if self._fd < 0:
-            raise ValueError(f"map {self.name!r} is closed")
-        return self._fd
+    def _label(self) -> str:
+        return repr(self.name)
 
     @property
     def closed(self) -> bool:
         return self._fd < 0
-
-    def pin(self, path: str) -> None:
-        """Pin the map at ``path`` (bpffs) so it outlives this process."""
-        _lb.check(_lb.lib.bpf_obj_pin(self.fd, os.fsencode(path)), f"pin map {self.name!r} at {path}")
-        self.pin_path = path
-
-    def unpin(self) -> None:
-        """Remove the pin this map was pinned at or opened from (the map lives while fds remain)."""
-        if self.pin_path:
-            try:
-                os.unlink(self.pin_path)
-            except FileNotFoundError:
-                pass
-            self.pin_path = None
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> Map:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (
