@@ -7,6 +7,7 @@
 #include "lib/maps.h"
 #include "lib/flow.h"
 #include "lib/parse.h"
+#include "lib/delivery.h"
 
 #define LACE_OUTER_HLEN 40
 #define LACE_HOP_LIMIT  64
@@ -70,9 +71,15 @@ static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f
 	if (bpf_skb_adjust_room(skb, LACE_OUTER_HLEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6) < 0)
 		return LACE_DROP_ENCAP_FAILED;
-	if (bpf_skb_store_bytes(skb, 12, &eth_proto, sizeof(eth_proto), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) < 0)
+	/* the room adjust_room made is in the linear area: write the headers in place */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if (data + ETH_HLEN + sizeof(outer) > data_end)
 		return LACE_DROP_ENCAP_FAILED;
+	eth->h_proto = eth_proto;
+	__builtin_memcpy(data + ETH_HLEN, &outer, sizeof(outer));
 	return 0;
 }
 
@@ -91,11 +98,7 @@ static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow 
 
 	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		__u8 macs[12];
-
-		__builtin_memcpy(macs, p.dmac, 6);
-		__builtin_memcpy(macs + 6, p.smac, 6);
-		if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0) < 0) {
+		if (set_macs(skb, p.dmac, p.smac) < 0) {
 			*reason = LACE_DROP_ENCAP_FAILED;
 			return -1;
 		}
@@ -122,8 +125,14 @@ static __always_inline int srv6_decap(struct __sk_buff *skb, __u8 inner_nexthdr)
 	}
 	if (bpf_skb_adjust_room(skb, -LACE_OUTER_HLEN, BPF_ADJ_ROOM_MAC, flags) < 0)
 		return LACE_DROP_DECAP_FAILED;
-	if (bpf_skb_store_bytes(skb, 12, &eth_proto, sizeof(eth_proto), 0) < 0)
+
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
 		return LACE_DROP_DECAP_FAILED;
+	eth->h_proto = eth_proto;
 	return 0;
 }
 
