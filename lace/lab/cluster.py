@@ -3,8 +3,6 @@ the kubelet), report status, run commands in pods, restart agents, and tear ever
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import signal
 import sys

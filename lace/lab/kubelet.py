@@ -32,6 +32,7 @@ from lace.store.kinds import pod_network
 from lace.store.sqlite import SqliteStore
 
 from . import procs
+from .files import write_json
 
 log = logging.getLogger("lace.lab.kubelet")
 
@@ -69,9 +70,7 @@ class Sandboxes:
             return None
 
     def put(self, rec: dict) -> None:
-        tmp = self.dir / f".{rec['uid']}.tmp"
-        tmp.write_text(json.dumps(rec))
-        os.replace(tmp, self.dir / f"{rec['uid']}.json")
+        write_json(self.dir / f"{rec['uid']}.json", rec)
 
     def remove(self, uid: str) -> None:
         try:

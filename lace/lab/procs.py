@@ -21,8 +21,8 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
+from .files import write_json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -101,19 +101,6 @@ def _read(path: str) -> dict[str, dict[str, Any]]:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: str, data: Mapping[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".procs.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _entry(state_dir: str | os.PathLike[str], name: str) -> dict[str, Any] | None:
     with _locked(state_dir) as path:
         return _read(path).get(name)
@@ -124,7 +111,7 @@ def _forget(state_dir: str | os.PathLike[str], name: str, pid: int) -> None:
         data = _read(path)
         if data.get(name, {}).get("pid") == pid:
             del data[name]
-            _write(path, data)
+            write_json(path, data)
 
 
 # ---- start ----------------------------------------------------------------------------------
@@ -181,7 +168,7 @@ def spawn(
     with _locked(state_dir) as path:
         data = _read(path)
         data[name] = record
-        _write(path, data)
+        write_json(path, data)
     return proc.pid
 
 

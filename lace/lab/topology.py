@@ -32,13 +32,13 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lace import netlink as nl
 from lace.lab import procs
+from .files import write_json
 
 BPFFS = "/sys/fs/bpf"
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")  # cgroup2 is at .../unified on these machines
@@ -269,19 +269,6 @@ def _route_node(node: LabNode, n: int) -> None:
     nl.add_route(INTERNET4_NET, netns=node.netns, via=OUTSIDE_UNDERLAY4, dev=UPLINK)
 
 
-def _write_json(path: str, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".lab.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def build(spec: LabSpec, progress: Progress | None = None, *, state_dir: str | os.PathLike[str] | None = None) -> Lab:
     """Build the lab ``spec`` describes and return its description (written to ``<state_dir>/lab.json``).
 
@@ -325,7 +312,7 @@ def build(spec: LabSpec, progress: Progress | None = None, *, state_dir: str | o
                      state_dir=os.fspath(state_dir) if state_dir is not None else None, created=time.time())
         if lab_file is not None:
             os.makedirs(os.path.dirname(lab_file), exist_ok=True)
-            _write_json(lab_file, result.to_json())
+            write_json(lab_file, result.to_json())
         say("ready")
         return result
     except BaseException as exc:
