@@ -90,3 +90,13 @@ def test_node_main_errors_without_env() -> None:
     err = io.StringIO()
     rc = main(["ct", "list", "ct-bogus"], {"LACE_PIN_ROOT": "/nonexistent"}, stdout=io.StringIO(), stderr=err)
     assert rc == 2 and "ct-tcp-v6" in err.getvalue()
+
+
+def test_policy_ids_resolve_to_the_policy_that_programmed_them():
+    from lace.cli.nodestate.resolve import Resolver
+    from lace.policy.ids import policy_ids
+    r = Resolver.from_objects({"networkpolicies": [{"metadata": {"namespace": "x", "name": "deny"}},
+                                                   {"metadata": {"namespace": "y", "name": "allow-dns"}}]})
+    ids = policy_ids(["x/deny", "y/allow-dns"])
+    assert r.policy(ids["x/deny"]) == "x/deny" and r.policy(ids["y/allow-dns"]) == "y/allow-dns"
+    assert "unresolved" in r.policy(12345)

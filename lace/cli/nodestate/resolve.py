@@ -170,6 +170,11 @@ class Resolver(NumericResolver):
                 for p in spec.get("ports") or []:
                     proto = _PROTO_NUM.get(str(p.get("protocol", "TCP")).upper(), 0)
                     self.services_by_vip[(net, ip, int(p.get("port", 0)), proto)] = name
+        # policy IDs are derived from namespace/name the way the resolver programs them
+        from lace.policy.ids import policy_ids
+        refs = [f'{(p.get("metadata") or {}).get("namespace", "default")}/{(p.get("metadata") or {}).get("name")}'
+                for p in objects.get("networkpolicies", [])]
+        self.policies.update({pid: ref for ref, pid in policy_ids(refs).items()})
         for pol in objects.get("networkpolicies", []):
             meta = pol.get("metadata") or {}
             pid = (pol.get("status") or {}).get("id") or (meta.get("annotations") or {}).get(ANN_POLICY_ID)
