@@ -137,8 +137,10 @@ def describe(ev: dict[str, Any], res: NumericResolver) -> dict[str, Any]:
         pod = res.pod_for_ip(ev.get(net, 0), ev.get(addr) or "") if not res.numeric else None
         out[f"{side}_pod"] = pod
         if not res.numeric:
-            out[f"{side}_network_name"] = res.network(ev.get(net, 0))
-            out[f"{side}_segment_name"] = res.segment(ev.get(seg, 0))
+            # 0 in an event means "not decided yet" (the packet was dropped before routing or
+            # segment resolution), which is no ID to resolve
+            out[f"{side}_network_name"] = res.network(ev[net]) if ev.get(net) else "-"
+            out[f"{side}_segment_name"] = res.segment(ev[seg]) if ev.get(seg) else "-"
     kind = ev.get("delivery")
     if kind == "local":
         target = f"local pod via ifindex {ev.get('delivery_ifindex')}"
