@@ -171,3 +171,38 @@ def test_maps_conntrack_and_devices_read_with_the_agent_down(lab, talked):
         assert rc != 0 and "worker-1" in out, "trace needs the agent, and says which one is down"
     finally:
         lab.lace("lab", "restart-agent", "worker-1")
+
+
+def test_two_followers_see_the_same_new_flow(lab, talked):
+    """`node trace flow --follow` from two readers at once: both see a flow made after they started."""
+    import subprocess
+    import sys
+    import threading
+    lace_bin = os.path.join(os.path.dirname(sys.executable), "lace")
+    env = dict(lab.env, PYTHONUNBUFFERED="1")
+    cmd = [lace_bin, "exec", "--node", "worker-1", "--", "node", "trace", "flow", "--follow", "--port", "81"]
+    readers = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for _ in range(2)]
+    seen = [threading.Event(), threading.Event()]
+    target = talked["bob4"]
+
+    def watch(i: int) -> None:
+        for line in readers[i].stdout:
+            if target in line and ":81" in line:
+                seen[i].set()
+                return
+
+    threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not all(e.is_set() for e in seen):
+            assert time.monotonic() < deadline, "a follower missed the flow"
+            lab.check(f"{talked['ns']}/alice", "tcp", target, 81, timeout=0.3)   # nothing listens on 81
+            for e in seen:
+                e.wait(0.5)
+    finally:
+        for r in readers:
+            r.terminate()
+            r.wait(timeout=10)
