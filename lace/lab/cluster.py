@@ -22,8 +22,9 @@ Progress = Callable[[str], None]
 POD_MTU = 1460
 
 
-class LabError(Exception):
-    """A lab operation failed; the message names the lab or node and what to do."""
+#: a lab operation failed; the message names the lab or node and what to do (one type for the
+#: topology and the cluster, so callers catch one)
+LabError = topology.LabError
 
 
 def agent_socket(state_dir: str, node: str) -> str:

@@ -279,3 +279,16 @@ def test_unexpected_exception_is_one_line(run, monkeypatch):
     assert "LACE_DEBUG=1" in run.err and "Traceback" not in run.err
     debug = Run({**run.env, "LACE_DEBUG": "1"})
     assert debug("get", "pods") == ExitStatus.ERROR and "Traceback" in debug.err
+
+
+def test_lab_up_refuses_bad_input_with_a_clear_error(tmp_path):
+    """No lab is built: the node count and the name are checked first, one error line each."""
+    import io
+    from lace.cli.main import main
+    env = {"LACE_STATE_DIR": str(tmp_path)}
+    for argv, words in ((["lab", "up", "--nodes", "99"], "1 to 16"),
+                        (["lab", "up", "--name", "waytoolongname"], "invalid lab name")):
+        out, err = io.StringIO(), io.StringIO()
+        rc = main(argv, env, stdout=out, stderr=err)
+        assert int(rc) == 2 and words in err.getvalue() and "Traceback" not in err.getvalue()
+        assert "bug" not in err.getvalue()

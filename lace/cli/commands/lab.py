@@ -71,14 +71,14 @@ def run_up(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     name = args.name or DEFAULT_LAB
     ctx = lab_context(name, inv.env)
     try:
-        topology.LabSpec(name=name, nodes=args.nodes)
-    except ValueError as e:
+        topology.LabSpec(name=name, nodes=args.nodes).validate()
+    except (ValueError, topology.LabError) as e:
         raise UsageError(str(e)) from None
     show = _progress(inv)
     show(f'bringing up lab "{name}" with {args.nodes} nodes')
     try:
         lab = cluster.up(name, args.nodes, str(ctx.dir), progress=show)
-    except cluster.LabError as e:
+    except (cluster.LabError, topology.LabError) as e:
         raise CliError(str(e), hint=f"`lace lab down --name {name}` removes a broken lab") from None
     set_current(name, inv.env)
     show(f'lab "{name}" is up: {", ".join(n.name for n in lab.nodes)}')
