@@ -180,14 +180,13 @@ class Endpoints:
             raise CniError(E_IO, f"could not set up the interface of pod {ref}: {e}") from None
 
     def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach"]:
-        tmp = "tmp" + host[2:]
         netlink.delete_link(host)   # a leftover of an interrupted ADD of the same container
-        netlink.veth_pair(host, tmp, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
+        # the peer is created inside the pod's namespace, so it can carry its final name at once
+        netlink.veth_pair(host, req.ifname, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
         host_info = netlink.link(host)
         # attaching waits out a kernel RCU grace period (~10-20 ms here): let it run while the pod
         # side is configured; the pod cannot send anywhere before its default routes anyway
         attaching = _Attach(self.datapath, host, host_info.ifindex)
-        netlink.rename(tmp, req.ifname, netns=req.netns)
         netlink.set_up(host)
         netlink.set_up("lo", netns=req.netns)
         has4 = has6 = False
