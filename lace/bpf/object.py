@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import _libbpf as _lb
-from .fd import FdObject
+from .fd import FdObject, Owned
 from .errors import BPFError, IncompatibleMap, LoadError, VerifierError, error
 from .info import MapInfo, ProgInfo, map_info_fd, map_type_name, prog_info_fd, prog_type_name
 from .maps import ANY, ARRAY, BATCH_TYPES, NON_ITERABLE, PERCPU_ARRAY, PERCPU_TYPES, Map
@@ -134,7 +134,7 @@ class ProgramSpec:
         _lb.check(_lb.lib.bpf_program__set_autoload(self._ptr, load), f"set autoload of {self.name!r}")
 
 
-class ObjectSpec:
+class ObjectSpec(Owned):
     """A BPF object file opened with libbpf but not loaded; see the module docstring."""
 
     def __init__(self, ptr: int, path: str, pin_root: str | None) -> None:
@@ -187,18 +187,6 @@ class ObjectSpec:
         if self._ptr is not None:
             _lb.lib.bpf_object__close(self._ptr)
             self._ptr = None
-
-    def __enter__(self) -> ObjectSpec:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # --- loading -------------------------------------------------------------------------------
 
@@ -450,7 +438,7 @@ class Program(FdObject):
         return f"Program({self.name!r}, {self.type_name}, id={self.id}, tag={self.tag})"
 
 
-class Object:
+class Object(Owned):
     """A loaded object: its maps and programs, each owning a file descriptor.
 
     libbpf's own object is released right after loading; closing the Object closes every map and
@@ -491,12 +479,6 @@ class Object:
             m.close()
         for p in self.programs.values():
             p.close()
-
-    def __enter__(self) -> Object:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __iter__(self) -> Iterator[Program]:
         return iter(self.programs.values())
