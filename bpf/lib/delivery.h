@@ -15,6 +15,7 @@
 
 #include "lib/maps.h"
 #include "lib/flow.h"
+#include "lib/drop.h"
 #include "lib/parse.h"
 
 static __always_inline struct lace_delivery *delivery_lookup(__u32 network, __u8 family,
@@ -84,6 +85,20 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct lace_flow
 		return -1;
 	f->delivery_ifindex = d->ifindex;
 	return bpf_redirect_peer(d->ifindex, 0);
+}
+
+/* The last step of every local delivery: count and trace the forward, then hand it over. */
+static __always_inline int deliver_to_pod(struct __sk_buff *skb, struct lace_flow *f,
+					  const struct lace_config *cfg, const struct lace_delivery *d)
+{
+	int rc;
+
+	f->delivery_ifindex = d->ifindex;
+	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+	rc = deliver_local(skb, f, d);
+	if (rc < 0)
+		return lace_drop(skb, f, LACE_DROP_REDIRECT_FAILED);
+	return rc;
 }
 
 #endif

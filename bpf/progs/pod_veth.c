@@ -59,12 +59,7 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
 		reason = ttl_decrement(skb, f->family);
 		if (reason)
 			return lace_drop(skb, f, reason);
-		f->delivery_ifindex = d->ifindex;
-		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-		rc = deliver_local(skb, f, d);
-		if (rc < 0)
-			return lace_drop(skb, f, LACE_DROP_REDIRECT_FAILED);
-		return rc;
+		return deliver_to_pod(skb, f, cfg, d);
 	case LACE_DELIVERY_REMOTE:
 		reason = ttl_decrement(skb, f->family);
 		if (reason)
