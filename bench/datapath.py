@@ -28,7 +28,7 @@ from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState  # noqa: E402
 from lace.datapath.registry import bpf_dir  # noqa: E402
-from tests.datapath.harness import NET1, REMOTE, Datapath  # noqa: E402
+from tests.datapath.harness import REMOTE, Datapath  # noqa: E402
 
 POLICY_FILL = 16_384
 CT_SIZES = (1_000, 100_000, 1_000_000)
@@ -120,15 +120,21 @@ def check_paths(dp: Datapath, prog, ctx: bytes, est: bytes, deny: bytes, enc: by
         f"encap: verdict {res.retval}: not encapsulated and redirected"
 
 
+def load_pass_program():
+    """The baseline: a tc program that only returns (tests/bpf/bench_pass.c), private maps.
+    Returns (object, program); close the object when done."""
+    spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_pass.o"))
+    spec.private()
+    obj = spec.load()
+    return obj, obj.programs["bench_pass"]
+
+
 def run(quick: bool) -> int:
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
     sizes = CT_SIZES[:2] if quick else CT_SIZES
     dp = Datapath(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
-    spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_pass.o"))
-    spec.private()
-    passobj = spec.load()
-    base = passobj.programs["bench_pass"]
+    passobj, base = load_pass_program()
     results: dict[int, dict[str, float]] = {}
     try:
         a, b = dp.pods["a"], dp.pods["b"]

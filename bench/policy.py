@@ -156,18 +156,13 @@ def control_plane(quick: bool) -> dict[str, float]:
 
 def datapath(quick: bool) -> dict[int, dict[str, float]]:
     from scapy.layers.inet import TCP
-    from lace.bpf import ObjectSpec
-    from lace.datapath.registry import bpf_dir
-    from bench.datapath import measure
+    from bench.datapath import load_pass_program, measure
     from tests.datapath.harness import Datapath
 
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
     dp = Datapath()
-    spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_pass.o"))
-    spec.private()
-    passobj = spec.load()
-    base = passobj.programs["bench_pass"]
+    passobj, base = load_pass_program()
     results: dict[int, dict[str, float]] = {}
     try:
         a, b = dp.pods["a"], dp.pods["b"]

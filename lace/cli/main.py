@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn, TextIO
 
@@ -13,7 +12,7 @@ from lace.cli.args import HelpShown, build_parser
 from lace.cli.commands import command_modules
 from lace.cli.errors import CliError, from_store_error
 from lace.cli.invocation import Invocation
-from lace.cli.render import print_error
+from lace.cli.render import print_error, print_unexpected
 from lace.cli.status import ExitStatus
 from lace.store.errors import StoreError
 
@@ -51,10 +50,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except BrokenPipeError:
         return ExitStatus.ERROR
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-        if env.get("LACE_DEBUG"):
-            traceback.print_exc(file=inv.stderr)
-        print_error(inv.stderr, f"unexpected {type(err).__name__}: {err}",
-                    None if env.get("LACE_DEBUG") else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
+        print_unexpected(inv.stderr, err, env)
         return ExitStatus.ERROR
     finally:
         inv.close()

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import os
 import sys
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
@@ -150,14 +149,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         help_shown, cli_error = _loaded("lace.cli.args", "HelpShown"), _loaded("lace.cli.errors", "CliError")
         if help_shown is not None and isinstance(err, help_shown):
             return ExitStatus.OK
-        from lace.cli.render import print_error
+        from lace.cli.render import print_error, print_unexpected
         if cli_error is not None and isinstance(err, cli_error):
             print_error(inv.stderr, err.message, err.hint)
             return err.status
-        if env.get("LACE_DEBUG"):
-            traceback.print_exc(file=inv.stderr)
-        print_error(inv.stderr, f"unexpected {type(err).__name__}: {err}",
-                    None if env.get("LACE_DEBUG") else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
+        print_unexpected(inv.stderr, err, env)
         return ExitStatus.ERROR
     finally:
         inv.close()

@@ -30,6 +30,17 @@ def print_error(stream: TextIO, message: str, hint: str | None = None) -> None:
     stream.flush()
 
 
+def print_unexpected(stream: TextIO, err: BaseException, env: Any) -> None:
+    """The last line of defence of ``lace`` and ``node``: one line naming the exception, and the
+    traceback only when LACE_DEBUG asks for it."""
+    debug = bool(env.get("LACE_DEBUG"))
+    if debug:
+        import traceback
+        traceback.print_exception(err, file=stream)
+    print_error(stream, f"unexpected {type(err).__name__}: {err}",
+                None if debug else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
+
+
 def dump_json(doc: Any) -> str:
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
 
