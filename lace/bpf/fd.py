@@ -38,6 +38,23 @@ class FdObject(Owned):
     def _label(self) -> str:
         return "?"
 
+    def _adopt(self, fd: int, info_of, name: str | None, pin_path: str | None):  # type: ignore[no-untyped-def]
+        """Take ownership of ``fd`` and read its kernel info (the fd is closed if that fails);
+        sets the fields every object has and returns the info for the rest."""
+        self._fd = fd
+        try:
+            info = info_of(fd)
+        except BaseException:
+            os.close(fd)
+            self._fd = -1
+            raise
+        self.id = info.id
+        self.name = name or info.name
+        self.type = info.type
+        self.type_name = info.type_name
+        self.pin_path = pin_path
+        return info
+
     @staticmethod
     def _obj_get(path: str, kind: str) -> int:
         fd = _lb.lib.bpf_obj_get(os.fsencode(path))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import struct
 import ctypes
 import errno
-import os
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -49,21 +48,11 @@ class Map(FdObject):
     _kind = "map"
 
     def __init__(self, fd: int, *, name: str | None = None, pin_path: str | None = None) -> None:
-        self._fd = fd
-        try:
-            info = map_info_fd(fd)
-        except BPFError:
-            os.close(fd)
-            raise
-        self.id = info.id
-        self.name = name or info.name
-        self.type = info.type
-        self.type_name = info.type_name
+        info = self._adopt(fd, map_info_fd, name, pin_path)
         self.key_size = info.key_size
         self.value_size = info.value_size
         self.max_entries = info.max_entries
         self.flags = info.flags
-        self.pin_path = pin_path
         self.percpu = self.type in PERCPU_TYPES
         self.ncpus = _lb.possible_cpus() if self.percpu else 1
         #: bytes between consecutive CPUs' values in a per-CPU blob (value_size otherwise)

@@ -404,18 +404,8 @@ class Program(FdObject):
     _kind = "program"
 
     def __init__(self, fd: int, *, name: str | None = None, pin_path: str | None = None) -> None:
-        self._fd = fd
-        try:
-            info = prog_info_fd(fd)
-        except BPFError:
-            os.close(fd)
-            raise
-        self.id = info.id
-        self.name = name or info.name
-        self.type = info.type
-        self.type_name = info.type_name
+        info = self._adopt(fd, prog_info_fd, name, pin_path)
         self.tag = info.tag
-        self.pin_path = pin_path
 
     def _label(self) -> str:
         return repr(self.name)
