@@ -1,7 +1,9 @@
-"""Desired map contents for one node, computed from a Snapshot: a pure function.
+"""Desired map contents for one node, computed from a Snapshot: no I/O, no store, no kernel.
 
 Returns, for every map the agent owns, the exact set of entries it should hold (packed key ->
-packed value). The diff against what the kernel holds is ``lace.agent.diff``.
+packed value); the same snapshot always gives the same entries. The policy maps come from the
+agent's PolicyProgrammer, whose caches only make a repeat cheaper. The diff against what the kernel
+holds is ``lace.agent.diff``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
-from lace.policy.program import desired_policy
+from lace.policy.program import PolicyProgrammer
 
 from .model import Snapshot
 
@@ -26,7 +28,8 @@ OWNED_MAPS = ("config", "devices", "routing", "delivery", "veth", "segment", "pr
 Entries = dict[bytes, bytes]
 
 
-def desired_maps(s: Snapshot) -> dict[str, Entries]:
+def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None) -> dict[str, Entries]:
+    """Every owned map's entries; ``policy`` is the node's programmer (a fresh one if None)."""
     out: dict[str, Entries] = {name: {} for name in OWNED_MAPS}
     me = s.config.node
     out["config"][cfg.config_key()] = cfg.config_value(
@@ -50,7 +53,8 @@ def desired_maps(s: Snapshot) -> dict[str, Entries]:
         out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
             p.segment, local=(p.network, p.ip) in local)
     if s.policy is not None:
-        out["policy"], out["prefix-segment"] = desired_policy(s.policy, me.name)
+        programmer = policy if policy is not None else PolicyProgrammer(me.name)
+        out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
     return out
 
 

@@ -5,8 +5,8 @@ uses. Pure except ``sources`` (store reads, CIDR segment allocation)."""
 from .ids import policy_ids
 from .model import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs
 from .parse import parse_policy
-from .program import desired_policy
+from .program import PolicyProgrammer
 from .resolve import Pressure, Resolution, Resolver, resolve
 
-__all__ = ["ContainerPort", "NamespaceInfo", "PodInfo", "PolicyInputs", "Pressure", "Resolution", "Resolver",
-           "desired_policy", "parse_policy", "policy_ids", "resolve"]
+__all__ = ["ContainerPort", "NamespaceInfo", "PodInfo", "PolicyInputs", "PolicyProgrammer", "Pressure", "Resolution",
+           "Resolver", "parse_policy", "policy_ids", "resolve"]

@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace.datapath import registry
-
 from .emulate import NodeMaps, read_node_maps
 from .model import PolicyInputs
-from .program import node_segments
+from .program import assemble
 from .resolve import Pressure, Resolution, resolve
 from .sources import inputs_from_store
 
@@ -37,14 +35,8 @@ class NodeDrift:
                 "pressure": self.pressure.as_dict() if self.pressure else None}
 
 
-def desired_for(res: Resolution, inputs: PolicyInputs, node: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes], Pressure]:
-    entries, pr = res.entries(node_segments(inputs, node), registry.get("policy").max_entries)
-    prefixes, pr.prefix_desired, pr.prefix_dropped = res.prefix_entries(registry.get("prefix-segment").max_entries)
-    return entries, prefixes, pr
-
-
 def drift(res: Resolution, inputs: PolicyInputs, maps: NodeMaps) -> NodeDrift:
-    want, want_pfx, pr = desired_for(res, inputs, maps.node)
+    want, want_pfx, pr = assemble(res, inputs, maps.node)
     d = NodeDrift(maps.node, pressure=pr)
     for k, v in want.items():
         cur = maps.policy.get(k)

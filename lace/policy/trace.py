@@ -16,11 +16,12 @@ from typing import Any, Callable
 
 from lace.datapath.common import NETWORK_OUTSIDE, POLICY_SEGMENTS, RESERVED_SEGMENTS, Direction
 
-from .check import desired_for, drift
+from .check import drift
 from .emulate import NodeMaps
 from .evaluate import Endpoint, Evaluator, overall
 from .ids import CIDR_LABEL, cidr_from_label
 from .model import PROTO_NAMES, PodInfo, PolicyInputs
+from .program import assemble
 from .resolve import Resolution, resolve
 
 REASONS = {"egress": "POLICY_EGRESS", "ingress": "POLICY_INGRESS"}
@@ -151,7 +152,7 @@ def trace(inputs: PolicyInputs, maps: dict[str, NodeMaps], src_ref: str, dst_ref
 
     def desired_maps(n: str) -> NodeMaps:
         if n not in desired_cache:
-            want, pfx, _ = desired_for(res, inputs, n)
+            want, pfx, _ = assemble(res, inputs, n)
             m = maps[n]
             desired_cache[n] = NodeMaps(n, want, m.segment, pfx, m.routing)
         return desired_cache[n]
