@@ -6,7 +6,14 @@ import argparse
 import logging
 import sys
 
+from lace.datapath.config import DEFAULT_POD_MTU, ENCAP_OVERHEAD
+from lace.store.errors import StoreError
+from lace.store.sqlite import SqliteStore
+
 from .daemon import Agent
+
+#: how often the agent's store watch polls for other processes' commits (pod start latency)
+STORE_POLL_SECONDS = 0.005
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,17 +23,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin-root", required=True)
     ap.add_argument("--socket", required=True)
     ap.add_argument("--uplink", default="eth0")
-    ap.add_argument("--mtu", type=int, default=1460, help="pod MTU (underlay MTU - 40)")
+    ap.add_argument("--mtu", type=int, default=DEFAULT_POD_MTU,
+                    help=f"pod MTU (the underlay MTU less the encapsulation's {ENCAP_OVERHEAD} bytes; "
+                         f"default {DEFAULT_POD_MTU})")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    agent = Agent(node=args.node, store_path=args.store, pin_root=args.pin_root,
+    log = logging.getLogger("lace.agent")
+    try:
+        store = SqliteStore(args.store, poll_interval=STORE_POLL_SECONDS)
+    except StoreError as e:
+        log.error("agent failed: cannot open the store %s: %s", args.store, e)
+        return 1
+    agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
                   socket_path=args.socket, uplink=args.uplink, mtu=args.mtu)
     try:
         agent.run_forever()
     except Exception as e:
-        logging.getLogger("lace.agent").error("agent failed: %s: %s", type(e).__name__, e)
+        log.error("agent failed: %s: %s", type(e).__name__, e)
         return 1
     return 0
 

@@ -12,8 +12,10 @@ from typing import Any
 
 from lace import netlink
 from lace.datapath import registry
+from lace.datapath.config import DEFAULT_POD_MTU
+from lace.policy.program import PolicyProgrammer
+from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
-from lace.store.sqlite import SqliteStore
 
 from .api import ApiServer
 from .conntrack import flush_addresses
@@ -33,10 +35,14 @@ RESYNC_SECONDS = 30.0
 
 
 class Agent:
-    def __init__(self, *, node: str, store_path: str, pin_root: str, socket_path: str,
-                 uplink: str = "eth0", mtu: int = 1460) -> None:
+    """One node's agent. Every collaborator is built here from the configuration; ``start`` does
+    the I/O (load and attach the datapath, open the flow reader, serve the API, start the loops)
+    and ``stop`` undoes it, whether or not ``start`` got through."""
+
+    def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
+                 uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU) -> None:
         self.node = node
-        self.store_path = store_path
+        self.store = store
         self.pin_root = pin_root
         self.socket_path = socket_path
         self.uplink = uplink
@@ -44,28 +50,19 @@ class Agent:
         self.stopping = threading.Event()
         self.dirty = threading.Event()
         self._reconcile_lock = threading.Lock()
+        self._watch: Watch | None = None
+        self._pressure_logged: tuple[int, int] | None = None
         self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
                                       "last_reconcile": None, "started": time.time()}
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self.store = SqliteStore(self.store_path, poll_interval=0.005)
-        self.datapath = NodeDatapath(self.pin_root)
-        self.datapath.load()
-        self.metrics = AgentMetrics(self.datapath, {n: registry.get(n).max_entries for n in registry.MAPS
-                                                    if registry.get(n).map_type not in ("ringbuf",)})
-        self.endpoints = Endpoints(self.store, self.node, self.mtu, self.datapath, self.reconcile,
+        self.datapath = NodeDatapath(pin_root)
+        self.policy = PolicyProgrammer(node)
+        self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
+                                                    if m.map_type != "ringbuf"})
+        self.endpoints = Endpoints(store, node, mtu, self.datapath, self.reconcile,
                                    lambda net, ips: flush_addresses(self.datapath, net, ips))
-        up = netlink.link(self.uplink)
-        if up is None:
-            raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
-        self.datapath.attach_uplink(up.ifindex)
-        self._adopt_pod_links()
         # the one reader of the events ring buffer: a bounded history any number of clients follow
-        self.flows = FlowCollector(self.datapath.map("events"), self.node)
-        self.flows.start()
-        self.api = ApiServer(self.socket_path)
+        self.flows = FlowCollector(node)
+        self.api = ApiServer(socket_path)
         for method, path, fn in self.flows.routes():
             self.api.route(method, path, fn)
         self.api.route("POST", "/v1/cni", self._cni)
@@ -73,6 +70,17 @@ class Agent:
         self.api.route("GET", "/v1/status", lambda _: (200, self.health()))
         self.api.route("GET", "/metrics", lambda _: (200, ("text/plain; version=0.0.4",
                                                            self.metrics.exposition())))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.datapath.load()
+        up = netlink.link(self.uplink)
+        if up is None:
+            raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
+        self.datapath.attach_uplink(up.ifindex)
+        self._adopt_pod_links()
+        self.flows.start(self.datapath.map("events"))
         self.reconcile()
         self.api.start()
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
@@ -92,24 +100,24 @@ class Agent:
     def stop(self) -> None:
         self.stopping.set()
         self.dirty.set()
-        w = getattr(self, "_watch", None)
-        if w is not None:
-            w.stop()
-        if getattr(self, "api", None):
-            self.api.stop()
-        if getattr(self, "flows", None):
-            self.flows.stop()
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+        self.api.stop()
+        self.flows.stop()
         # maps and links stay pinned: the datapath keeps forwarding without us
         self.datapath.close()
         self.store.close()
 
     def run_forever(self) -> None:
-        self.start()
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
-        while not self.stopping.wait(1.0):
-            pass
-        self.stop()
+        try:
+            self.start()
+            while not self.stopping.wait(1.0):
+                pass
+        finally:
+            self.stop()
 
     # -- reconcile ---------------------------------------------------------------------------
 
@@ -118,7 +126,7 @@ class Agent:
         reads every map back from the kernel instead of trusting what this agent last wrote."""
         with self._reconcile_lock, netlink.reuse():
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
-            want = desired_maps(snap)
+            want = desired_maps(snap, self.policy)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changed = {}
             for name, ch in diff_all(want, have).items():
@@ -134,7 +142,22 @@ class Agent:
             self.metrics.reconciles.inc()
             if changed:
                 log.info("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
+            self._log_policy_pressure()
             return changed
+
+    def _log_policy_pressure(self) -> None:
+        """Warn once per change of what a full policy map leaves out (MAP_FULL)."""
+        pr = self.policy.pressure
+        seen = (pr.dropped, pr.prefix_dropped) if pr is not None and pr.reason else None
+        if seen == self._pressure_logged:
+            return
+        self._pressure_logged = seen
+        if pr is not None and seen is not None:
+            log.warning("node %s: policy map full (%s): %d of %d entries programmed, %d allow entries left out "
+                        "(%s); %d prefix-segment entries left out", self.node, pr.reason, pr.programmed,
+                        pr.desired, pr.dropped,
+                        ", ".join(f"{k}: {v}" for k, v in sorted(pr.dropped_by_policy.items())),
+                        pr.prefix_dropped)
 
     def _reconcile_loop(self) -> None:
         backoff = 0.05
@@ -190,8 +213,7 @@ class Agent:
             return 400, e.result()
 
     def health(self) -> dict[str, Any]:
-        from lace.policy.program import LAST_PRESSURE
-        pressure = LAST_PRESSURE.get(self.node)
+        pressure = self.policy.pressure
         return {"node": self.node, "ok": self.stats["last_error"] is None,
                 "pinRoot": self.pin_root, **self.stats,
                 "policyPressure": pressure.as_dict() if pressure else None,

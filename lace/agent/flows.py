@@ -58,13 +58,13 @@ class _Follower:
 
 
 class FlowCollector:
-    """Reads ``events_map`` (a ring buffer ``lace.bpf.Map``) into history and followers.
+    """Reads the ``events`` ring buffer into history and followers once started.
 
     ``source`` replaces the ring buffer for tests: a callable ``poll(timeout_ms, deliver)`` that
     calls ``deliver(raw_bytes)`` per record.
     """
 
-    def __init__(self, events_map: Any, node: str, capacity: int = 10000, *,
+    def __init__(self, node: str, capacity: int = 10000, *,
                  source: Callable[[int, Callable[[bytes], Any]], Any] | None = None,
                  decode: Callable[[bytes], Event] = _decode, follower_queue: int = FOLLOWER_QUEUE) -> None:
         self.node = node
@@ -77,11 +77,7 @@ class FlowCollector:
         self._follower_queue = follower_queue
         self.received = 0
         self.errors = 0
-        self._ring = None
-        if source is None:
-            from lace.bpf import RingBuffer
-            self._ring = RingBuffer(events_map, self._deliver)
-            source = lambda ms, _deliver: self._ring.poll(ms)  # noqa: E731
+        self._ring: Any = None
         self._source = source
         self._offset_ns = 0
         self._calibrate()
@@ -127,10 +123,16 @@ class FlowCollector:
                 self._calibrate()
                 last_cal = time.monotonic()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="flows", daemon=True)
-            self._thread.start()
+    def start(self, events_map: Any = None) -> None:
+        """Start reading: ``events_map`` (a ring buffer ``lace.bpf.Map``) unless a test source was given."""
+        if self._thread is not None:
+            return
+        if self._source is None:
+            from lace.bpf import RingBuffer
+            self._ring = RingBuffer(events_map, self._deliver)
+            self._source = lambda ms, _deliver: self._ring.poll(ms)
+        self._thread = threading.Thread(target=self._run, name="flows", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()

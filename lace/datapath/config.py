@@ -14,6 +14,12 @@ from lace.bpf.layout import Layout
 from lace.datapath.common import NetworkLike, flag_labels, check_u32
 
 CONFIG_MAX = 1
+#: bytes the cross-node encapsulation adds: one outer IPv6 header (SRv6 reduced encapsulation)
+ENCAP_OVERHEAD = 40
+#: the underlay MTU lace assumes when none is given (Ethernet)
+DEFAULT_UNDERLAY_MTU = 1500
+#: pods get the underlay MTU less the encapsulation, so an encapsulated packet still fits
+DEFAULT_POD_MTU = DEFAULT_UNDERLAY_MTU - ENCAP_OVERHEAD
 #: the one array index that holds the node's configuration
 CONFIG_INDEX = 0
 

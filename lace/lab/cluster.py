@@ -19,7 +19,6 @@ from . import procs, topology
 from .kubelet import Sandboxes
 
 Progress = Callable[[str], None]
-POD_MTU = 1460
 
 
 #: a lab operation failed; the message names the lab or node and what to do (one type for the
@@ -35,7 +34,7 @@ def _agent_argv(state_dir: str, node: Any) -> list[str]:
     return [sys.executable, "-m", "lace.agent", "--node", node.name,
             "--store", os.path.join(state_dir, "store.db"), "--pin-root", node.pin_root,
             "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
-            "--mtu", str(POD_MTU)]
+            "--mtu", str(topology.POD_MTU)]
 
 
 def start_agent(state_dir: str, node: Any) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lace import netlink as nl
+from lace.datapath.config import DEFAULT_POD_MTU, DEFAULT_UNDERLAY_MTU
 from lace.lab import procs
 from .files import write_json
 
@@ -53,8 +54,8 @@ UNDERLAY4_PREFIXLEN = 24
 OUTSIDE_UNDERLAY4 = "198.18.0.254"
 LOCATOR_BLOCK = "fd5e:c000::/32"
 LOCATOR_PREFIXLEN = 48
-UNDERLAY_MTU = 1500
-POD_MTU = UNDERLAY_MTU - 40
+UNDERLAY_MTU = DEFAULT_UNDERLAY_MTU
+POD_MTU = DEFAULT_POD_MTU
 INTERNET4 = "203.0.113.1"
 INTERNET6 = "2001:db8:cafe::1"
 INTERNET4_NET = "203.0.113.0/24"

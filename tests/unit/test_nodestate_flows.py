@@ -18,7 +18,7 @@ def ev(i: int, **kw: Any) -> dict[str, Any]:
 
 
 def collector(**kw: Any) -> FlowCollector:
-    return FlowCollector(None, "n1", source=lambda ms, deliver: time.sleep(ms / 1000), decode=lambda raw: {}, **kw)
+    return FlowCollector("n1", source=lambda ms, deliver: time.sleep(ms / 1000), decode=lambda raw: {}, **kw)
 
 
 def test_history_is_bounded_and_has_wall_time() -> None:
