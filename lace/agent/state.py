@@ -1,5 +1,10 @@
-"""Build the agent's Snapshot from the store and the node's links (the only I/O before the pure
-desired-state computation)."""
+"""Build the agent's Snapshot from the store and the node's links: everything the desired-state
+computation (``lace.agent.desired``, no I/O) needs.
+
+Reads the store and this namespace's links, and writes one kind of thing: the segment IDs a pod's
+new label set or a policy's ipBlock needs, allocated in the store on first use (idempotent, so every
+node and the CLI agree on them).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Kubernetes NetworkPolicy for lace: resolution into segments and the ``policy`` /
 ``prefix-segment`` maps, the semantic evaluator, and the datapath emulation ``lace policy trace``
-uses. Pure except ``sources`` (store reads, CIDR segment allocation)."""
+uses. No I/O except in ``sources`` (store reads, CIDR segment allocation) and ``emulate``'s
+``read_node_maps`` (a node's pinned maps); ``program``'s caches never change a result."""
 
 from .ids import policy_ids
 from .model import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs

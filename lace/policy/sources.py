@@ -1,6 +1,10 @@
-"""Build PolicyInputs from the store (the only I/O of lace.policy): namespaces, pods with their
-addresses, segments and container ports, policies, and the segments of ipBlock CIDRs (allocated in
-the store on first use, so every node and the CLI agree on them)."""
+"""Build PolicyInputs from the store: namespaces, pods with their addresses, segments and container
+ports, policies, and the segments of ipBlock CIDRs.
+
+This is where lace.policy meets the store: it reads, and allocates the segment of an ipBlock CIDR
+on first use (unless ``allocate`` is off), so every node and the CLI agree on it. The pinned maps
+are read elsewhere (``emulate``, for ``lace policy trace``); resolution itself does no I/O.
+"""
 
 from __future__ import annotations
 
