@@ -181,6 +181,18 @@ class Map(FdObject):
             if v is not None:
                 yield k, v
 
+    def entries(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) pair as bytes, from one :meth:`dump` taken now (batch lookup where
+        the map type has it, get_next_key iteration otherwise, e.g. LPM tries).
+
+        The snapshot is read when this is called, so the iterator stays valid after the map is
+        closed; ``dict(m.entries())`` is the map as ``{key: value}``.  Values are
+        ``value_blob_size`` bytes (the per-CPU blob for per-CPU maps).  For NumPy work on many
+        entries use :meth:`dump`'s contiguous buffers instead.
+        """
+        keys, values, n = self.dump()
+        return _pairs(bytes(keys), bytes(values), n, self.key_size, self.value_blob_size)
+
     def __len__(self) -> int:
         return self.dump()[2]
 
@@ -317,6 +329,11 @@ class Map(FdObject):
             return self.update_batch(keys, bytes(self.value_blob_size * n), n)
         keys, _, count = self.dump()
         return self.delete_batch(keys, count)
+
+
+def _pairs(kb: bytes, vb: bytes, n: int, ks: int, vs: int) -> Iterator[tuple[bytes, bytes]]:
+    for i in range(n):
+        yield kb[i * ks : (i + 1) * ks], vb[i * vs : (i + 1) * vs]
 
 
 class TypedMap:

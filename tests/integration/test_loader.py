@@ -241,6 +241,40 @@ def test_single_element_api(private_obj):
     assert n == 4 and np.frombuffer(vals, "<u8").tolist() == [0, 0, 0, 9]
 
 
+def test_entries_are_key_value_pairs_of_one_snapshot(bpf_objects):
+    """Map.entries(): every entry as (key bytes, value bytes), through the batch dump (hash), the
+    iteration fallback (LPM trie) and per-CPU blobs; the snapshot outlives the map's fd."""
+    spec = ObjectSpec.open(bpf_objects["base"]).private()
+    with spec.load() as obj:
+        h = obj.maps["lt_hash"]
+        assert list(h.entries()) == []
+        want = {key(i): value(i) for i in range(1, 301)}
+        for k, v in want.items():
+            h.update(k, v)
+        pairs = list(h.entries())
+        assert len(pairs) == 300 and all(type(k) is bytes and type(v) is bytes for k, v in pairs)
+        assert dict(pairs) == want == dict(h.items())  # items(): one lookup per key, an independent path
+
+        lpm = obj.maps["lt_lpm"]
+        lpm_want = {LT_LPM_KEY.pack(prefixlen=p, addr=a): U32.pack(v=v)
+                    for p, a, v in ((8, b"\x0a\x00\x00\x00", 1), (24, b"\x0a\x01\x02\x00", 3))}
+        for k, v in lpm_want.items():
+            lpm.update(k, v)
+        assert dict(lpm.entries()) == lpm_want
+
+        ph = obj.maps["lt_percpu_hash"]
+        ncpus = possible_cpus()
+        ph.update(7, [(c + 1).to_bytes(4, "little") for c in range(ncpus)])
+        ((k, blob),) = ph.entries()
+        assert k == (7).to_bytes(4, "little") and len(blob) == 8 * ncpus
+        assert [int.from_bytes(blob[c * 8:c * 8 + 4], "little") for c in range(ncpus)] == list(range(1, ncpus + 1))
+
+        snapshot = h.entries()   # read now, iterated after the fd is gone and the map changed
+        h.delete(key(1))
+        h.close()
+    assert dict(snapshot) == want
+
+
 def test_batch_update_dump_delete_100k(bpf_objects):
     n = 100_000
     spec = ObjectSpec.open(bpf_objects["base"]).private()
