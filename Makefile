@@ -15,6 +15,7 @@ PROG_OBJS  := $(patsubst bpf/progs/%.c,$(BUILD)/bpf/%.o,$(PROG_SRCS))
 TEST_OBJS  := $(patsubst tests/bpf/%.c,$(BUILD)/bpf/test/%.o,$(TEST_SRCS))
 BPF_HDRS   := $(shell find bpf -name '*.h' -o -name '*.def')
 GEN_PY     := lace/datapath/reasons.py
+CNI_BIN    := $(VENV)/bin/lace-cni
 
 
 .PHONY: install system-packages venv bpf gen cni-plugin test test-unit test-schema test-datapath \
@@ -41,9 +42,8 @@ venv: .stamp-venv
 
 # The CNI plugin a runtime executes for every pod: started with -S (no site-packages scan) and
 # the repo on its path, it imports only the stdlib and lace.cni — a few ms instead of ~90.
-CNI_BIN := $(VENV)/bin/lace-cni
 cni-plugin: $(CNI_BIN)
-$(CNI_BIN): lace/cni/plugin.py
+$(CNI_BIN): $(wildcard lace/cni/*.py)
 	@printf '#!%s -S\nimport sys\nsys.path.insert(0, %s)\nfrom lace.cni.plugin import main\nsys.exit(main())\n' \
 	  "$(abspath $(PY))" "'$(CURDIR)'" > $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from lace import netlink
+from lace.cni.spec import (CNI_VERSION, E_INVALID_CONFIG, E_INVALID_ENV, E_IO, E_IPAM_EXHAUSTED, E_POD_UNKNOWN,
+                           E_UNKNOWN_CONTAINER, error_result)
 from lace.store.errors import NotFound
 from lace.store.kinds import pod_network
 
@@ -26,28 +28,16 @@ from .model import ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6
 
 log = logging.getLogger("lace.agent.endpoints")
 
-CNI_VERSION = "1.1.0"
-
 
 class CniError(Exception):
-    """A CNI error result: code (spec: 1-99 reserved, 100+ plugin specific), msg, details."""
+    """A CNI error result: code (lace.cni.spec), msg, details."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:
         super().__init__(msg)
         self.code, self.msg, self.details = code, msg, details
 
     def result(self) -> dict[str, Any]:
-        return {"cniVersion": CNI_VERSION, "code": self.code, "msg": self.msg, "details": self.details}
-
-
-# CNI spec error codes, and lace's own
-E_UNKNOWN_CONTAINER = 3
-E_INVALID_ENV = 4
-E_IO = 5
-E_INVALID_CONFIG = 7
-E_TRY_AGAIN = 11
-E_IPAM_EXHAUSTED = 100
-E_POD_UNKNOWN = 101
+        return error_result(self.code, self.msg, self.details)
 
 
 def host_ifname(container_id: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lace import netlink
-from lace.agent.client import AgentUnavailable, call
+from lace.cni.client import AgentUnavailable, call
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
 from lace.store.sqlite import SqliteStore
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 
 from lace import netlink
+from lace.cni.spec import CNI_VERSION
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
 from lace.store.kinds import pod_network
 from lace.store.sqlite import SqliteStore
@@ -36,7 +37,6 @@ from .files import write_json
 
 log = logging.getLogger("lace.lab.kubelet")
 
-CNI_VERSION = "1.1.0"
 
 
 def _now() -> str:

@@ -120,7 +120,7 @@ def test_overlapping_networks_stay_apart(lab, ns):
 
 
 def _metric(lab: LabHandle, node: str, reason: str) -> float:
-    from lace.agent.client import call
+    from lace.cni.client import call
     _, text = call(os.path.join(lab.dir, "agents", f"{node}.sock"), "GET", "/metrics")
     total = 0.0
     for line in text.decode().splitlines():

@@ -1,5 +1,6 @@
-"""A small client for the agent's unix-socket API: one HTTP/1.1 request per connection, stdlib
-``socket`` and ``json`` only, so the CNI plugin that uses it starts in a few milliseconds."""
+"""The CNI plugin's transport to the node agent: one HTTP/1.1 request per connection on the agent's
+unix socket (served by ``lace.agent.api``), stdlib ``socket`` and ``json`` only, so the plugin
+starts in a few milliseconds. The lab uses it too, to wait for an agent's health."""
 
 from __future__ import annotations
 
