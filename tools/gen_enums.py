@@ -27,10 +27,11 @@ OUTPUT = Path("lace/datapath/reasons.py")
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _STRING = r'"((?:[^"\\\n]|\\.)*)"'
-_DROP = re.compile(r"LACE_DROP\(\s*([A-Z][A-Z0-9_]*)\s*,\s*(\d+)\s*,\s*" + _STRING + r"\s*\)")
+# LACE_X(...) is a live entry, LACE_X_RESERVED(...) one whose code is taken but nothing emits yet
+_DROP = re.compile(r"LACE_DROP(_RESERVED)?\(\s*([A-Z][A-Z0-9_]*)\s*,\s*(\d+)\s*,\s*" + _STRING + r"\s*\)")
 _TRACE = re.compile(
-    r"LACE_TRACE_POINT\(\s*([A-Z][A-Z0-9_]*)\s*,\s*(\d+)\s*,\s*" + _STRING + r"\s*,\s*" + _STRING
-    + r"\s*\)"
+    r"LACE_TRACE_POINT(_RESERVED)?\(\s*([A-Z][A-Z0-9_]*)\s*,\s*(\d+)\s*,\s*" + _STRING + r"\s*,\s*"
+    + _STRING + r"\s*\)"
 )
 _LABEL = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
@@ -45,6 +46,7 @@ class Entry:
     code: int
     label: str
     text: str
+    reserved: bool = False
 
 
 def _unescape(s: str) -> str:
@@ -56,12 +58,12 @@ def _parse(path: Path, pattern: re.Pattern[str], macro: str, has_label: bool) ->
     text = _COMMENT.sub(" ", (ROOT / path).read_text(encoding="utf-8"))
     entries: list[Entry] = []
     for m in pattern.finditer(text):
-        name, code = m.group(1), int(m.group(2))
+        reserved, name, code = bool(m.group(1)), m.group(2), int(m.group(3))
         if has_label:
-            label, desc = _unescape(m.group(3)), _unescape(m.group(4))
+            label, desc = _unescape(m.group(4)), _unescape(m.group(5))
         else:
-            label, desc = name.lower().replace("_", "-"), _unescape(m.group(3))
-        entries.append(Entry(name, code, label, desc))
+            label, desc = name.lower().replace("_", "-"), _unescape(m.group(4))
+        entries.append(Entry(name, code, label, desc, reserved))
     # Anything that is neither a comment nor a well-formed entry is an error, not silently dropped.
     leftover = pattern.sub(" ", text).strip()
     if leftover:
@@ -96,6 +98,11 @@ def _enum(cls: str, doc: str, entries: list[Entry], what: str, noun: str) -> lis
         '        """A one-line description for humans."""',
         f"        return _{what}_TEXT[self.value]",
         "",
+        "    @property",
+        "    def reserved(self) -> bool:",
+        '        """True for a code taken for a feature that does not exist yet: nothing emits it."""',
+        f"        return self.value in _{what}_RESERVED",
+        "",
         "    @classmethod",
         f'    def from_label(cls, label: str) -> "{cls}":',
         '        """The member named ``label`` (its label or NAME, any case); ValueError if none."""',
@@ -112,6 +119,9 @@ def _enum(cls: str, doc: str, entries: list[Entry], what: str, noun: str) -> lis
     lines += ["}", "", f"_{what}_TEXT: dict[int, str] = {{"]
     lines += [f"    {e.code}: {e.text!r}," for e in entries]
     lines += ["}", ""]
+    reserved = ", ".join(str(e.code) for e in entries if e.reserved)
+    lines += [f"_{what}_RESERVED: frozenset[int] = frozenset({{{reserved}}})" if reserved
+              else f"_{what}_RESERVED: frozenset[int] = frozenset()", ""]
     return lines
 
 

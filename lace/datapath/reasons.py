@@ -53,6 +53,11 @@ class DropReason(enum.IntEnum):
         """A one-line description for humans."""
         return _DROP_TEXT[self.value]
 
+    @property
+    def reserved(self) -> bool:
+        """True for a code taken for a feature that does not exist yet: nothing emits it."""
+        return self.value in _DROP_RESERVED
+
     @classmethod
     def from_label(cls, label: str) -> "DropReason":
         """The member named ``label`` (its label or NAME, any case); ValueError if none."""
@@ -127,6 +132,8 @@ _DROP_TEXT: dict[int, str] = {
     28: 'a datapath map is full',
 }
 
+_DROP_RESERVED: frozenset[int] = frozenset({23, 24, 25, 26, 27, 28})
+
 
 class TracePoint(enum.IntEnum):
     """Where a trace event was observed (C: enum lace_trace_point, LACE_POINT_*)."""
@@ -146,6 +153,11 @@ class TracePoint(enum.IntEnum):
     def text(self) -> str:
         """A one-line description for humans."""
         return _POINT_TEXT[self.value]
+
+    @property
+    def reserved(self) -> bool:
+        """True for a code taken for a feature that does not exist yet: nothing emits it."""
+        return self.value in _POINT_RESERVED
 
     @classmethod
     def from_label(cls, label: str) -> "TracePoint":
@@ -172,6 +184,8 @@ _POINT_TEXT: dict[int, str] = {
     3: "host device, traffic from the node's stack",
     4: 'cgroup socket hook',
 }
+
+_POINT_RESERVED: frozenset[int] = frozenset({3, 4})
 
 
 #: C macro -> Python value (reasons.h defines none); tests/schema checks the mirrors.
