@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lace.cli.errors import NotFoundError, UnavailableError, UsageError
+from lace.lab.names import name_problem
 
 DEFAULT_STATE_DIR = "/var/lib/lace"
 STORE_FILE = "store.db"
-_LAB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +37,10 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def check_lab_name(name: str) -> str:
-    """Reject lab names that could not name namespaces and directories (1-32 of [a-z0-9-])."""
-    if not _LAB_NAME.match(name):
-        raise UsageError(f'"{name}" is not a valid lab name',
-                         hint="use 1 to 32 lowercase letters, digits and '-'")
+    """Reject names that cannot name a lab (lace.lab.names) before they name a directory."""
+    problem = name_problem(name)
+    if problem:
+        raise UsageError(problem)
     return name
 
 

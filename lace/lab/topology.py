@@ -40,12 +40,12 @@ from lace import netlink as nl
 from lace.datapath.config import DEFAULT_POD_MTU, DEFAULT_UNDERLAY_MTU
 from lace.lab import procs
 from .files import write_json
+from .names import name_problem
 
 BPFFS = "/sys/fs/bpf"
 CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")  # cgroup2 is at .../unified on these machines
 LAB_FILE = "lab.json"
 MAX_NODES = 16
-MAX_NAME = 10
 
 UNDERLAY_PREFIX = "fd5e:ff::/64"
 UNDERLAY_PREFIXLEN = 64
@@ -64,7 +64,6 @@ FABRIC_BRIDGE = "br0"
 UPLINK = "eth0"
 OUTSIDE_PORT = "upout"
 
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 Progress = Callable[[str], None]
 
 
@@ -75,10 +74,10 @@ class LabError(Exception):
 # ---- names and addresses --------------------------------------------------------------------
 
 def check_name(name: str) -> str:
-    """A lab name: a lowercase DNS-1123 label of at most 10 characters (so derived names fit)."""
-    if not isinstance(name, str) or not _LABEL.match(name) or len(name) > MAX_NAME:
-        raise LabError(f"invalid lab name {name!r}: use 1-{MAX_NAME} lowercase letters, digits and '-', "
-                       "starting and ending with a letter or digit")
+    """A lab name (lace.lab.names: a lowercase DNS-1123 label short enough for every derived name)."""
+    problem = name_problem(name)
+    if problem:
+        raise LabError(problem)
     return name
 
 
