@@ -1,0 +1,142 @@
+"""Allocation every backend shares: network and segment IDs, segments, per-node IP blocks.
+
+Each allocator runs inside one backend transaction: it reads what is taken and writes the object
+that records its choice through the registry's ``Writer`` (so the kinds' rules check it), and the
+choice and its record commit together. IDs come from the backend's named counters and are never
+reused. Service ClusterIPs and NodePorts belong here too, next to blocks, when Services get them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from lace.store import kinds as K
+from lace.store.errors import Exhausted, NotFound, StoreError, ValidationError
+
+if TYPE_CHECKING:
+    from lace.store.registry import Writer
+
+# Counter names, as store files have always spelled them.
+NETWORK_IDS = "next_network_id"
+SEGMENT_IDS = "next_segment_id"
+
+
+class Counters(Protocol):
+    """The named counters of a backend transaction (``backend.Transaction.next_value``)."""
+
+    def next_value(self, counter: str, first: int) -> int: ...
+
+
+# ---- IDs ------------------------------------------------------------------------------------
+
+
+def _next_id(counters: Counters, counter: str, first: int, limit: int, what: str) -> int:
+    value = counters.next_value(counter, first)
+    if value > limit:
+        # the transaction rolls back, so the counter stays where it was
+        raise Exhausted(f"no {what} IDs are left (the last one was {limit})",
+                        hint=f"delete unused {what}s; IDs are never reused")
+    return value
+
+
+def network_id(counters: Counters, name: str) -> int:
+    """A new Network's ID: fixed for ``default``, the next unused one (from 2) for any other."""
+    if name == K.DEFAULT_NETWORK:
+        return K.DEFAULT_NETWORK_ID
+    return _next_id(counters, NETWORK_IDS, K.FIRST_NETWORK_ID, K.MAX_NETWORK_ID, "network")
+
+
+def segment_id(counters: Counters) -> int:
+    """A new Segment's ID: the next unused one (from 256; lower IDs are reserved segments)."""
+    return _next_id(counters, SEGMENT_IDS, K.FIRST_SEGMENT_ID, K.MAX_SEGMENT_ID, "segment")
+
+
+# ---- segments -------------------------------------------------------------------------------
+
+
+def allocate_segment(w: Writer, network: str, namespace: str, labels: Mapping[str, str]) -> int:
+    """The segment ID of (network, namespace, labels): the existing Segment's, or a new one's."""
+    spec = {"network": network, "namespace": namespace, "labels": dict(labels)}
+    base = K.segment_name(network, namespace, spec["labels"])
+    for attempt in range(16):
+        name = base if attempt == 0 else f"{base}-{attempt}"
+        existing = w.get("Segment", name)
+        if existing is None:
+            obj = w.create({"apiVersion": K.LACE_API_VERSION, "kind": "Segment",
+                            "metadata": {"name": name}, "spec": spec})
+            return int(obj["status"]["id"])
+        if existing["spec"] == spec:
+            return int(existing["status"]["id"])
+    raise StoreError(f"segment name collision for {base}")
+
+
+# ---- per-node IP blocks ---------------------------------------------------------------------
+
+
+def allocate_block(w: Writer, network: str, node: str, family: int | str, prefixlen: int,
+                   *, additional: bool = False) -> str:
+    """A /prefixlen of the network's CIDR of that family for ``node``, overlapping no other block:
+    the node's existing block unless ``additional``, else the lowest free one."""
+    version = _family(family)
+    net = w.get("Network", network)
+    if net is None:
+        raise NotFound(f'Network "{network}" not found',
+                       hint="create it first (lace get networks lists what exists)")
+    blocks = [b for b in w.list("IPBlock") if b["spec"]["network"] == network]
+    taken = sorted((ipaddress.ip_network(b["spec"]["cidr"]) for b in blocks
+                    if ipaddress.ip_network(b["spec"]["cidr"]).version == version),
+                   key=lambda n: int(n.network_address))
+    if not additional:
+        for b in blocks:
+            cidr = ipaddress.ip_network(b["spec"]["cidr"])
+            if b["spec"]["node"] == node and cidr.version == version and cidr.prefixlen == prefixlen:
+                return str(cidr)
+    ranges = [c for c in (ipaddress.ip_network(x) for x in net["spec"]["cidrs"])
+              if c.version == version]
+    if not ranges:
+        raise Exhausted(f'Network "{network}" has no IPv{version} CIDR',
+                        hint=f"add an IPv{version} range to its spec.cidrs")
+    for rng in ranges:
+        if prefixlen < rng.prefixlen or prefixlen > rng.max_prefixlen:
+            raise ValidationError(f'IPBlock for node "{node}"', "prefixlen",
+                                  f"/{prefixlen} does not fit in {rng}",
+                                  f"use a prefix length from {rng.prefixlen} to {rng.max_prefixlen}")
+        start = _first_free(rng, prefixlen, taken)
+        if start is not None:
+            cidr = ipaddress.ip_network(f"{start}/{prefixlen}")
+            w.create({
+                "apiVersion": K.LACE_API_VERSION, "kind": "IPBlock",
+                "metadata": {"name": K.block_name(network, str(cidr)),
+                             "labels": {"lace.dev/node": node, "lace.dev/network": network}},
+                "spec": {"network": network, "node": node, "cidr": str(cidr)}})
+            return str(cidr)
+    raise Exhausted(f'Network "{network}" has no free IPv{version} /{prefixlen} block left',
+                    hint="add a range to the network's spec.cidrs or use smaller blocks")
+
+
+def _family(family: int | str) -> int:
+    text = str(family).lower().removeprefix("ipv").removeprefix("inet")
+    if text in ("4", ""):
+        return 4
+    if text == "6":
+        return 6
+    raise ValidationError("IPBlock request", "family", f"unknown address family {family!r}", "use 4 or 6")
+
+
+def _first_free(rng: Any, prefixlen: int, taken: list[Any]) -> Any:
+    """Lowest aligned /prefixlen inside rng overlapping none of ``taken`` (sorted), or None."""
+    size = 1 << (rng.max_prefixlen - prefixlen)
+    cand = int(rng.network_address)
+    end = int(rng.broadcast_address)
+    for block in taken:
+        b_start, b_end = int(block.network_address), int(block.broadcast_address)
+        if b_end < cand:
+            continue
+        if cand + size - 1 < b_start:
+            break
+        cand = ((b_end + 1 + size - 1) // size) * size
+    if cand + size - 1 > end:
+        return None
+    return ipaddress.IPv4Address(cand) if rng.version == 4 else ipaddress.IPv6Address(cand)

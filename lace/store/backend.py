@@ -1,0 +1,89 @@
+"""The generic storage interface each backend implements: objects, one revision, watch, transactions.
+
+Shaped like kube-apiserver's ``storage.Interface``: a backend stores objects by (kind, namespace,
+name), stamps every write with the next cluster revision (``metadata.resourceVersion``), records it
+as an event that ``watch`` replays until compaction, and runs several reads and writes as one
+transaction. Named counters let the layers above hand out IDs without a table of their own.
+
+A backend knows nothing about what a kind means: validation, guards, cascades and allocation live
+above it (``rules.py``, ``allocate.py``, composed by ``registry.py``) so every backend shares them.
+"""
+
+from __future__ import annotations
+
+import abc
+from contextlib import AbstractContextManager
+
+from lace.store.api import Watch
+
+
+class Transaction(abc.ABC):
+    """Reads and writes that commit together, in revision order, or not at all.
+
+    ``kind`` is always the exact kind (``Pod``); ``namespace`` is ``""`` for cluster-scoped kinds.
+    Writes do not check what is stored: the caller read first, inside the same transaction.
+    """
+
+    @abc.abstractmethod
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The stored object, or None."""
+
+    @abc.abstractmethod
+    def list(self, kind: str, namespace: str | None = None) -> list[dict]:
+        """Objects of one kind, in one namespace or (None) all, sorted by namespace and name."""
+
+    @abc.abstractmethod
+    def create(self, obj: dict) -> dict:
+        """Store a new object as an ADDED event at the next revision; returns it with its
+        ``metadata.resourceVersion`` set."""
+
+    @abc.abstractmethod
+    def update(self, obj: dict) -> dict:
+        """Replace a stored object as a MODIFIED event at the next revision; returns it with its
+        ``metadata.resourceVersion`` set."""
+
+    @abc.abstractmethod
+    def delete(self, obj: dict) -> dict:
+        """Remove a stored object as a DELETED event at the next revision; returns a copy stamped
+        with that revision."""
+
+    @abc.abstractmethod
+    def revision(self) -> int:
+        """The cluster revision as this transaction sees it."""
+
+    @abc.abstractmethod
+    def next_value(self, counter: str, first: int) -> int:
+        """The named counter's next value (``first`` the first time), advancing it by one; the
+        counter rolls back with the transaction."""
+
+
+class Backend(abc.ABC):
+    """Persistence and watch for Kubernetes-shaped objects, with no rule about any kind."""
+
+    @abc.abstractmethod
+    def transaction(self, *, write: bool = True,
+                    dry_run: bool = False) -> AbstractContextManager[Transaction]:
+        """A transaction that commits on a clean exit and rolls back on an exception.
+
+        ``write=False`` is a read-only snapshot; ``dry_run`` rolls back even on a clean exit.
+        """
+
+    @abc.abstractmethod
+    def watch(self, kinds: list[str] | None, since: int | None, timeout: float | None) -> Watch:
+        """Events of those exact kinds (None: all) after revision ``since`` (None: from now).
+
+        Raises Gone if ``since`` was compacted away; ``timeout`` as in ``Store.watch``.
+        """
+
+    @abc.abstractmethod
+    def revision(self) -> int:
+        """The current cluster revision."""
+
+    @abc.abstractmethod
+    def compact(self, keep: int | None = None) -> int:
+        """Drop all but the newest ``keep`` events (a backend default if None); returns the
+        revision up to which events are gone."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the backend's resources."""

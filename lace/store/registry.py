@@ -1,0 +1,283 @@
+"""RegistryStore: the Store callers use, composed of any backend, the kinds' rules and the allocators.
+
+Like kube-apiserver's generic registry: this layer owns the API semantics all kinds share (kind
+names, namespace defaulting, status as a subresource, generation, optimistic concurrency, apply and
+dry run) and runs every call as one backend transaction, inside which the per-kind rules
+(``rules.py``) and the allocators (``allocate.py``) read and write. A backend (``backend.py``)
+therefore holds no domain code, and a new one gets every rule by being passed in here.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lace.store import allocate, rules
+from lace.store import kinds as K
+from lace.store.api import ApplyResult, ListResult, Selector, Store, Watch
+from lace.store.backend import Backend, Transaction
+from lace.store.errors import AlreadyExists, Conflict, NotFound, StoreError, ValidationError
+from lace.store.selectors import InvalidSelector, matches, parse_selector_string, validate_selector
+from lace.store.validation import normalize, object_ref
+
+_META_KEPT = ("uid", "creationTimestamp", "generation", "resourceVersion")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _content(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+
+def _merge(existing: dict, new: dict) -> dict:
+    """existing with new's content (every field but status) and new's labels/annotations."""
+    merged = {k: copy.deepcopy(v) for k, v in new.items() if k != "status"}
+    meta = merged["metadata"]
+    for key in _META_KEPT:
+        if key in existing["metadata"]:
+            meta[key] = existing["metadata"][key]
+    for key in ("labels", "annotations"):
+        if not meta.get(key):
+            meta.pop(key, None)
+    if "status" in existing:
+        merged["status"] = copy.deepcopy(existing["status"])
+    if _content(merged) != _content(existing):
+        meta["generation"] = int(existing["metadata"].get("generation", 1)) + 1
+    return merged
+
+
+def _check_rv(existing: dict, wanted: Any) -> None:
+    have = existing["metadata"]["resourceVersion"]
+    if wanted is not None and str(wanted) != have:
+        raise Conflict(f"{object_ref(existing)} was modified since you read it "
+                       f"(resourceVersion {have}, you had {wanted})",
+                       hint="read it again, reapply your change and retry")
+
+
+def _ns(info: K.KindInfo, namespace: str | None) -> str:
+    if not info.namespaced:
+        return ""
+    return namespace or "default"
+
+
+def _not_found(info: K.KindInfo, name: str, ns: str) -> NotFound:
+    where = f' in namespace "{ns}"' if info.namespaced else ""
+    return NotFound(f'{info.kind} "{name}" not found{where}',
+                    hint=f"list what exists with `lace get {info.plural}"
+                         + (f" -n {ns}`" if info.namespaced else "`"))
+
+
+class Writer:
+    """One backend transaction seen through the rules: what the API and the allocators write with."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+
+    def get(self, kind: str, name: str, namespace: str = "") -> dict | None:
+        """The stored object of an exact kind, or None."""
+        return self.txn.get(kind, namespace, name)
+
+    def list(self, kind: str, namespace: str | None = None) -> list[dict]:
+        """Stored objects of an exact kind, sorted by namespace and name."""
+        return self.txn.list(kind, namespace)
+
+    def next_value(self, counter: str, first: int) -> int:
+        """The backend's named counter (for the allocators' IDs)."""
+        return self.txn.next_value(counter, first)
+
+    def create(self, obj: Mapping[str, Any]) -> dict:
+        """Validate, refuse a taken name, set the store-owned status and metadata, and store it."""
+        new = rules.validate(self.txn, obj)
+        meta = new["metadata"]
+        if self.txn.get(new["kind"], meta.get("namespace", ""), meta["name"]) is not None:
+            raise AlreadyExists(f"{object_ref(new)} already exists",
+                                hint="use `lace apply` to update it, or delete it first")
+        rules.prepare_for_create(self.txn, new)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _now()
+        meta["generation"] = 1
+        meta.pop("resourceVersion", None)
+        return self.txn.create(new)
+
+    def apply(self, obj: dict) -> ApplyResult:
+        """Create, or update by name keeping status; an unchanged object is not written."""
+        meta = obj["metadata"]
+        existing = self.txn.get(obj["kind"], meta.get("namespace", ""), meta["name"])
+        if existing is None:
+            return ApplyResult(self.create(obj), "created")
+        merged = _merge(existing, rules.validate(self.txn, obj))
+        if merged == existing:
+            return ApplyResult(existing, "unchanged")
+        return ApplyResult(self.replace(existing, merged), "configured")
+
+    def replace(self, existing: dict, new: dict) -> dict:
+        """Store ``new`` over ``existing`` unless a rule refuses the change."""
+        rules.guard_update(self.txn, existing, new)
+        return self.txn.update(new)
+
+    def delete(self, obj: dict) -> dict:
+        """Delete ``obj`` and what goes with it, unless a rule refuses; returns it as deleted."""
+        rules.guard_delete(self.txn, obj)
+        for dependent in rules.dependents(self.txn, obj):
+            self.delete(dependent)
+        return self.txn.delete(obj)
+
+
+class RegistryStore(Store):
+    """The Store on any Backend: the kinds' rules and the allocators applied in its transactions."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        try:
+            with backend.transaction() as txn:
+                w = Writer(txn)
+                for obj in rules.builtin_objects():
+                    if w.get(obj["kind"], obj["metadata"]["name"]) is None:
+                        w.create(obj)
+        except BaseException:
+            backend.close()
+            raise
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def compact(self, keep: int | None = None) -> int:
+        """Drop all but the newest ``keep`` events (default: the backend's); returns the compaction mark."""
+        return self.backend.compact(keep)
+
+    def revision(self) -> int:
+        return self.backend.revision()
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        info = K.resolve_kind(kind)
+        ns = _ns(info, namespace)
+        with self.backend.transaction(write=False) as txn:
+            obj = txn.get(info.kind, ns, name)
+        if obj is None:
+            raise _not_found(info, name, ns)
+        return obj
+
+    def list(self, kind: str, namespace: str | None = None,
+             label_selector: Selector = None) -> ListResult:
+        info = K.resolve_kind(kind)
+        selector: Mapping[str, Any] | None = None
+        if isinstance(label_selector, str):
+            try:
+                selector = parse_selector_string(label_selector)
+            except InvalidSelector as err:
+                raise ValidationError("label selector", None, err.problem) from None
+        elif label_selector is not None:
+            try:
+                validate_selector(label_selector, "labelSelector")
+            except InvalidSelector as err:
+                raise ValidationError("label selector", err.field, err.problem) from None
+            selector = label_selector
+        with self.backend.transaction(write=False) as txn:
+            items = txn.list(info.kind, namespace if info.namespaced else None)
+            rv = txn.revision()
+        if selector is not None:
+            items = [o for o in items if matches(selector, o["metadata"].get("labels") or {})]
+        return ListResult(items, str(rv))
+
+    def create(self, obj: Mapping[str, Any]) -> dict:
+        with self.backend.transaction() as txn:
+            return Writer(txn).create(dict(obj))
+
+    def apply_all(self, objs: Iterable[Mapping[str, Any]], *, dry_run: bool = False) -> list[ApplyResult]:
+        normalized: list[dict] = []
+        seen: dict[tuple[str, str, str], int] = {}
+        for i, obj in enumerate(objs):
+            try:
+                norm = normalize(obj)
+            except ValidationError as err:
+                err.index = i
+                raise
+            meta = norm["metadata"]
+            key = (norm["kind"], meta.get("namespace", ""), meta["name"])
+            if key in seen:
+                err = ValidationError(object_ref(norm), "metadata.name",
+                                      f"appears twice in one apply (objects {seen[key] + 1} and {i + 1})",
+                                      "keep one of them")
+                err.index = i
+                raise err
+            seen[key] = i
+            normalized.append(norm)
+        order = sorted(range(len(normalized)), key=lambda i: K.APPLY_ORDER[normalized[i]["kind"]])
+        results: list[ApplyResult | None] = [None] * len(normalized)
+        with self.backend.transaction(dry_run=dry_run) as txn:
+            w = Writer(txn)
+            for i in order:
+                try:
+                    results[i] = w.apply(normalized[i])
+                except StoreError as err:
+                    if isinstance(err, ValidationError):
+                        err.index = i
+                    raise
+        return [r for r in results if r is not None]
+
+    def update(self, obj: Mapping[str, Any]) -> dict:
+        new_meta = (obj.get("metadata") or {}) if isinstance(obj, Mapping) else {}
+        wanted_rv = new_meta.get("resourceVersion")
+        with self.backend.transaction() as txn:
+            new = rules.validate(txn, obj)
+            meta = new["metadata"]
+            info = K.kind_info(new["kind"])
+            existing = txn.get(new["kind"], meta.get("namespace", ""), meta["name"])
+            if existing is None:
+                raise _not_found(info, meta["name"], meta.get("namespace", ""))
+            _check_rv(existing, wanted_rv)
+            merged = _merge(existing, new)
+            if merged == existing:
+                return existing
+            return Writer(txn).replace(existing, merged)
+
+    def update_status(self, kind: str, name: str, namespace: str | None, status: Mapping[str, Any],
+                      resource_version: str | None = None) -> dict:
+        info = K.resolve_kind(kind)
+        ns = _ns(info, namespace)
+        with self.backend.transaction() as txn:
+            existing = txn.get(info.kind, ns, name)
+            if existing is None:
+                raise _not_found(info, name, ns)
+            _check_rv(existing, resource_version)
+            new_status = copy.deepcopy(dict(status))
+            for key in rules.OWNED_STATUS.get(info.kind, ()):
+                if key in (existing.get("status") or {}):
+                    new_status[key] = existing["status"][key]
+            candidate = copy.deepcopy(existing)
+            candidate["status"] = new_status
+            rules.validate(txn, candidate)
+            if candidate == existing:
+                return existing
+            return txn.update(candidate)
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        info = K.resolve_kind(kind)
+        ns = _ns(info, namespace)
+        with self.backend.transaction() as txn:
+            existing = txn.get(info.kind, ns, name)
+            if existing is None:
+                raise _not_found(info, name, ns)
+            return Writer(txn).delete(existing)
+
+    def watch(self, kinds: list[str] | None = None, since: int | str | None = None,
+              timeout: float | None = None) -> Watch:
+        names = None if kinds is None else sorted({K.resolve_kind(k).kind for k in kinds})
+        return self.backend.watch(names, None if since is None else int(since), timeout)
+
+    # ---- allocators (allocate.py), each one transaction ---------------------------------------
+
+    def allocate_segment(self, network: str, namespace: str, labels: Mapping[str, str]) -> int:
+        with self.backend.transaction() as txn:
+            return allocate.allocate_segment(Writer(txn), network, namespace, labels)
+
+    def allocate_block(self, network: str, node: str, family: int | str, prefixlen: int,
+                       *, additional: bool = False) -> str:
+        with self.backend.transaction() as txn:
+            return allocate.allocate_block(Writer(txn), network, node, family, prefixlen,
+                                           additional=additional)
