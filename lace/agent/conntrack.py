@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lace.datapath import registry
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY
+from lace.datapath.node import LoadedDatapath
+
+if TYPE_CHECKING:
+    from .datapath import NodeDatapath
 
 
-def flush_addresses(datapath, network: int, ips: list) -> int:
-    """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``."""
+def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: list) -> int:
+    """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``.
+
+    ``datapath`` hands out the loaded maps by CLI name: a :class:`~lace.datapath.node.LoadedDatapath`
+    or the agent's ``NodeDatapath`` (which holds one).  The tables are read as raw arrays
+    (``Map.dump``) and matched with NumPy: a table holds up to a million entries.
+    """
     removed = 0
     for name in registry.CT_TABLES:
         v6 = name.endswith("v6")

@@ -14,8 +14,8 @@ import os
 import threading
 from pathlib import Path
 
-from lace.bpf import BPFError, Link, Object, ObjectSpec, attach, ensure_bpffs
-from lace.datapath import registry
+from lace.bpf import BPFError, Link, Map, Migration, Program, attach
+from lace.datapath.node import LoadedDatapath, load_objects
 
 from .desired import OWNED_MAPS, Entries
 from .diff import MapChanges
@@ -24,8 +24,8 @@ log = logging.getLogger("lace.agent.datapath")
 
 LINKS_DIR = "links"
 UPLINK_LINK = "uplink"
-POD_PROGRAM = ("pod_veth", "lace_from_pod")
-UPLINK_PROGRAM = ("uplink", "lace_from_uplink")
+POD_PROGRAM = "lace_from_pod"
+UPLINK_PROGRAM = "lace_from_uplink"
 
 
 def pod_link_name(host_ifname: str) -> str:
@@ -33,14 +33,14 @@ def pod_link_name(host_ifname: str) -> str:
 
 
 class NodeDatapath:
-    """Loaded objects, their maps by CLI name, and the attach points; see the module docstring."""
+    """Loaded objects (a :class:`~lace.datapath.node.LoadedDatapath`), their maps by CLI name, and
+    the attach points; see the module docstring."""
 
     def __init__(self, pin_root: str, *, max_entries: dict[str, int] | None = None) -> None:
         self.pin_root = pin_root
         self.links_dir = os.path.join(pin_root, LINKS_DIR)
         self.max_entries = dict(max_entries or {})
-        self.objects: dict[str, Object] = {}
-        self.migrations: list = []
+        self.loaded: LoadedDatapath | None = None
         self._lock = threading.Lock()
         #: what the agent last wrote to each owned map: the agent is their only writer, so a
         #: reconcile diffs against this instead of reading an LPM trie back entry by entry; the
@@ -50,33 +50,36 @@ class NodeDatapath:
     # -- loading -----------------------------------------------------------------------------
 
     def load(self) -> None:
-        ensure_bpffs()
+        loaded = load_objects(self.pin_root, self.max_entries)
         os.makedirs(self.links_dir, exist_ok=True)
-        for name, filename in registry.OBJECTS.items():
-            spec = ObjectSpec.open(str(registry.bpf_object_path(name)), pin_root=self.pin_root)
-            for cli, n in self.max_entries.items():
-                spec.maps[registry.get(cli).pin_name].set_max_entries(n)
-            obj = spec.load()
-            self.migrations.extend(obj.migrations)
-            for m in obj.migrations:
-                log.warning("map %s migrated (%s): %d entries copied, %d dropped",
-                            m.map, m.reason, m.copied, m.dropped)
-            self.objects[name] = obj
+        for m in loaded.migrations:
+            log.warning("map %s migrated (%s): %d entries copied, %d dropped",
+                        m.map, m.reason, m.copied, m.dropped)
+        old, self.loaded = self.loaded, loaded
+        if old is not None:
+            old.close()
+
+    @property
+    def migrations(self) -> list[Migration]:
+        """The pinned maps the load migrated (none before :meth:`load`)."""
+        return list(self.loaded.migrations) if self.loaded is not None else []
 
     def close(self) -> None:
-        for obj in self.objects.values():
-            obj.close()
-        self.objects.clear()
+        if self.loaded is not None:
+            self.loaded.close()
+            self.loaded = None
 
-    def map(self, cli_name: str):
-        pin = registry.get(cli_name).pin_name
-        for obj in self.objects.values():
-            if pin in obj.maps:
-                return obj.maps[pin]
-        raise KeyError(cli_name)
+    def _objects(self, what: str) -> LoadedDatapath:
+        if self.loaded is None:   # a KeyError, as for a map or program the objects lack
+            raise KeyError(f"{what}: the datapath under {self.pin_root} is not loaded")
+        return self.loaded
 
-    def program(self, which: tuple[str, str]):
-        return self.objects[which[0]].programs[which[1]]
+    def map(self, cli_name: str) -> Map:
+        """Map ``cli_name`` of the loaded objects (owned by them: do not close it)."""
+        return self._objects(cli_name).map(cli_name)
+
+    def program(self, name: str) -> Program:
+        return self._objects(name).program(name)
 
     # -- attach points -----------------------------------------------------------------------
 
@@ -137,11 +140,7 @@ class NodeDatapath:
         return entries
 
     def _read_kernel(self, cli_name: str) -> Entries:
-        m = self.map(cli_name)
-        keys, values, n = m.dump()
-        ks, vs = m.key_size, m.value_blob_size
-        kb, vb = bytes(keys), bytes(values)
-        return {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}
+        return self._objects(cli_name).entries(cli_name)
 
     def read_owned(self, *, fresh: bool = True) -> dict[str, Entries]:
         return {name: self.read(name, fresh=fresh) for name in OWNED_MAPS}

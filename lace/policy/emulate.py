@@ -114,19 +114,11 @@ def _flags(raw: bytes) -> int:
 
 
 def read_node_maps(node: str, pin_root: str) -> NodeMaps:
-    """Dump a node's pinned policy, segment, prefix-segment and routing maps."""
-    from lace.bpf import Map
-    from lace.datapath import registry
+    """Dump a node's pinned policy, segment, prefix-segment and routing maps.
 
-    def dump(cli: str) -> tuple[Entries, int]:
-        m = Map.open_pinned(f"{pin_root}/{registry.get(cli).pin_name}")
-        try:
-            keys, values, n = m.dump()
-            ks, vs = m.key_size, m.value_blob_size
-            kb, vb = bytes(keys), bytes(values)
-            return {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}, m.info().max_entries
-        finally:
-            m.close()
+    Raises a :class:`lace.datapath.node.DatapathError` when the node's pins are missing."""
+    from lace.datapath.node import PinnedMaps
 
-    pol, cap = dump("policy")
-    return NodeMaps(node, pol, dump("segment")[0], dump("prefix-segment")[0], dump("routing")[0], capacity=cap)
+    maps = PinnedMaps(pin_root, node)
+    return NodeMaps(node, maps.entries("policy"), maps.entries("segment"), maps.entries("prefix-segment"),
+                    maps.entries("routing"), capacity=maps.capacity("policy"))
