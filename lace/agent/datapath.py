@@ -17,7 +17,7 @@ from pathlib import Path
 from lace.bpf import BPFError, Link, Map, Migration, Program, attach
 from lace.datapath.node import LoadedDatapath, load_objects
 
-from .desired import OWNED_MAPS, Entries
+from .desired import Entries
 from .diff import MapChanges
 
 log = logging.getLogger("lace.agent.datapath")
@@ -41,6 +41,7 @@ class NodeDatapath:
         self.links_dir = os.path.join(pin_root, LINKS_DIR)
         self.max_entries = dict(max_entries or {})
         self.loaded: LoadedDatapath | None = None
+        #: serialises the one writer and the readers that refresh the shadow from the kernel
         self._lock = threading.Lock()
         #: what the agent last wrote to each owned map: the agent is their only writer, so a
         #: reconcile diffs against this instead of reading an LPM trie back entry by entry; the
@@ -132,18 +133,18 @@ class NodeDatapath:
     # -- the one writer ----------------------------------------------------------------------
 
     def read(self, cli_name: str, *, fresh: bool = True) -> Entries:
-        """The map's entries: from the kernel, or (``fresh=False``) as this agent last left them."""
-        if not fresh and cli_name in self._shadow:
-            return dict(self._shadow[cli_name])
-        entries = self._read_kernel(cli_name)
-        self._shadow[cli_name] = dict(entries)
-        return entries
+        """The map's entries: from the kernel, or (``fresh=False``) as this agent last left them.
+
+        Takes the writer's lock, so a read never sees (nor caches) a write half done."""
+        with self._lock:
+            if not fresh and cli_name in self._shadow:
+                return dict(self._shadow[cli_name])
+            entries = self._read_kernel(cli_name)
+            self._shadow[cli_name] = dict(entries)
+            return entries
 
     def _read_kernel(self, cli_name: str) -> Entries:
         return self._objects(cli_name).entries(cli_name)
-
-    def read_owned(self, *, fresh: bool = True) -> dict[str, Entries]:
-        return {name: self.read(name, fresh=fresh) for name in OWNED_MAPS}
 
     def write(self, cli_name: str, changes: MapChanges) -> None:
         m = self.map(cli_name)
