@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .emulate import NodeMaps, read_node_maps
+from .emulate import PolicyMaps, read_node_maps
 from .model import PolicyInputs
 from .program import assemble
 from .resolve import Pressure, Resolution, resolve
@@ -35,7 +35,7 @@ class NodeDrift:
                 "pressure": self.pressure.as_dict() if self.pressure else None}
 
 
-def drift(res: Resolution, inputs: PolicyInputs, maps: NodeMaps) -> NodeDrift:
+def drift(res: Resolution, inputs: PolicyInputs, maps: PolicyMaps) -> NodeDrift:
     want, want_pfx, pr = assemble(res, inputs, maps.node)
     d = NodeDrift(maps.node, pressure=pr)
     for k, v in want.items():

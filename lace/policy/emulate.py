@@ -50,8 +50,10 @@ class LpmTable:
 
 
 @dataclass
-class NodeMaps:
-    """The maps of one node that policy decisions read."""
+class PolicyMaps:
+    """The entries of one node's maps that a policy decision reads (``policy trace``, the drift
+    check), with the datapath's lookups over them; :func:`read_node_maps` fills it from the node's
+    pins through :class:`lace.datapath.node.PinnedMaps`."""
 
     node: str
     policy: Entries
@@ -113,12 +115,12 @@ def _flags(raw: bytes) -> int:
     return struct.unpack_from("<H", raw, 6)[0]
 
 
-def read_node_maps(node: str, pin_root: str) -> NodeMaps:
+def read_node_maps(node: str, pin_root: str) -> PolicyMaps:
     """Dump a node's pinned policy, segment, prefix-segment and routing maps.
 
     Raises a :class:`lace.datapath.node.DatapathError` when the node's pins are missing."""
     from lace.datapath.node import PinnedMaps
 
     maps = PinnedMaps(pin_root, node)
-    return NodeMaps(node, maps.entries("policy"), maps.entries("segment"), maps.entries("prefix-segment"),
+    return PolicyMaps(node, maps.entries("policy"), maps.entries("segment"), maps.entries("prefix-segment"),
                     maps.entries("routing"), capacity=maps.capacity("policy"))

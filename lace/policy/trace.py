@@ -17,7 +17,7 @@ from typing import Any, Callable
 from lace.datapath.common import NETWORK_OUTSIDE, POLICY_SEGMENTS, RESERVED_SEGMENTS, Direction
 
 from .check import drift
-from .emulate import NodeMaps
+from .emulate import PolicyMaps
 from .evaluate import Endpoint, Evaluator, overall
 from .ids import CIDR_LABEL, cidr_from_label
 from .model import PROTO_NAMES, PodInfo, PolicyInputs
@@ -90,7 +90,7 @@ def _pick_ip(pod: PodInfo, family: int | None) -> Any:
     raise TraceError(f"pod {pod.key} has no IPv{family} address", "drop --family or pick the other one")
 
 
-def trace(inputs: PolicyInputs, maps: dict[str, NodeMaps], src_ref: str, dst_ref: str, port_text: str,
+def trace(inputs: PolicyInputs, maps: dict[str, PolicyMaps], src_ref: str, dst_ref: str, port_text: str,
           family: int | None = None, res: Resolution | None = None,
           policy_names: dict[int, str] | None = None) -> dict[str, Any]:
     """The trace as one JSON-able document; ``maps`` are the involved nodes' programmed maps."""
@@ -130,7 +130,7 @@ def trace(inputs: PolicyInputs, maps: dict[str, NodeMaps], src_ref: str, dst_ref
     eg_s, ing_s = ev.decide(Endpoint(src_ip, src_pod), Endpoint(dst_ip, dst_pod), proto, port)
 
     # what the programmed maps decide (and what the store-implied maps would decide)
-    def walk(node_maps: Callable[[str], NodeMaps]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def walk(node_maps: Callable[[str], PolicyMaps]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         sm = node_maps(src_pod.node)
         dst_net = sm.route(src_pod.network_id, dst_ip)
         if dst_net is None:
@@ -148,13 +148,13 @@ def trace(inputs: PolicyInputs, maps: dict[str, NodeMaps], src_ref: str, dst_ref
         return eg, ing
 
     eg, ing = walk(lambda n: maps[n])
-    desired_cache: dict[str, NodeMaps] = {}
+    desired_cache: dict[str, PolicyMaps] = {}
 
-    def desired_maps(n: str) -> NodeMaps:
+    def desired_maps(n: str) -> PolicyMaps:
         if n not in desired_cache:
             want, pfx, _ = assemble(res, inputs, n)
             m = maps[n]
-            desired_cache[n] = NodeMaps(n, want, m.segment, pfx, m.routing)
+            desired_cache[n] = PolicyMaps(n, want, m.segment, pfx, m.routing)
         return desired_cache[n]
 
     eg_d, ing_d = walk(desired_maps)

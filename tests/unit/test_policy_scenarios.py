@@ -224,7 +224,7 @@ from lace.datapath.common import NETWORK_OUTSIDE, Direction  # noqa: E402
 from lace.datapath.routing import route_value, routing_key  # noqa: E402
 from lace.datapath.segment import segment_key, segment_value  # noqa: E402
 from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, Resolver  # noqa: E402
-from lace.policy.emulate import NodeMaps  # noqa: E402
+from lace.policy.emulate import PolicyMaps  # noqa: E402
 from lace.policy.evaluate import Endpoint, Evaluator, overall  # noqa: E402
 from lace.policy.ids import cidr_identity, normalise_cidr  # noqa: E402
 from lace.policy.resolve import cidrs_of  # noqa: E402
@@ -261,7 +261,7 @@ def model_inputs(step: Step, policies: list[dict]) -> PolicyInputs:
     return inputs
 
 
-def node_maps(inputs: PolicyInputs, resolver: Resolver) -> dict[str, NodeMaps]:
+def node_maps(inputs: PolicyInputs, resolver: Resolver) -> dict[str, PolicyMaps]:
     res = resolver.resolve(inputs)
     prefixes, _, _ = res.prefix_entries()
     out = {}
@@ -272,11 +272,11 @@ def node_maps(inputs: PolicyInputs, resolver: Resolver) -> dict[str, NodeMaps]:
         assert not pr.dropped
         seg = {segment_key(p.network_id, ip): segment_value(p.segment, local=p.node == node)
                for p in inputs.pods for ip in p.ips}
-        out[node] = NodeMaps(node, entries, seg, prefixes, routing)
+        out[node] = PolicyMaps(node, entries, seg, prefixes, routing)
     return out
 
 
-def emulate(maps: dict[str, NodeMaps], src: PodInfo, dst_ip, dst: PodInfo | None, proto: int, port: int) -> str:
+def emulate(maps: dict[str, PolicyMaps], src: PodInfo, dst_ip, dst: PodInfo | None, proto: int, port: int) -> str:
     """The datapath's verdict for a new connection, replayed on the nodes' maps."""
     sm = maps[src.node]
     src_ip = next(ip for ip in src.ips if ip.version == dst_ip.version)
