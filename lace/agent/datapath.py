@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from lace.bpf import BPFError, Link, Map, Migration, Program, attach
+from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects
 
 from .desired import Entries
@@ -30,6 +30,10 @@ UPLINK_PROGRAM = "lace_from_uplink"
 
 def pod_link_name(host_ifname: str) -> str:
     return f"pod-{host_ifname}"
+
+
+class TcxMissing(Exception):
+    """The kernel cannot attach tcx links; the agent cannot start (lace needs Linux 6.6 or later)."""
 
 
 class NodeDatapath:
@@ -98,9 +102,13 @@ class NodeDatapath:
                 link.detach()
             finally:
                 link.close()
-        att = attach(prog, ifindex, "ingress", pin_path=path)
-        if isinstance(att, Link):
-            att.close()   # pinned: the link outlives this fd (and this process)
+        try:
+            link = attach_tcx(prog, ifindex, "ingress", pin_path=path)
+        except NotSupported as e:
+            raise TcxMissing(
+                f"this kernel has no tcx ({e}): lace attaches its programs through pinned tcx links, "
+                "which Linux 6.6 and later provide; run the agent on a newer kernel") from None
+        link.close()   # pinned: the link outlives this fd (and this process)
 
     def attach_uplink(self, ifindex: int) -> None:
         self._attach(self.program(UPLINK_PROGRAM), ifindex, UPLINK_LINK)

@@ -27,7 +27,7 @@ from .info import (
     query_tcx_full,
 )
 from .layout import Layout
-from .link import Link, TcFilter, attach, attach_tc, attach_tcx
+from .link import Link, TcFilter, attach_tcx
 from .maps import ANY, EXIST, NOEXIST, Map, TypedMap
 from .netns import enter as enter_netns
 from .object import MapSpec, Migration, Object, ObjectSpec, Program, ProgramSpec
@@ -39,7 +39,7 @@ __all__ = [
     "BPFError", "IncompatibleMap", "KeyNotFound", "LoadError", "NotSupported", "VerifierError",
     "Layout", "Map", "TypedMap", "RingBuffer",
     "ObjectSpec", "MapSpec", "ProgramSpec", "Object", "Program", "Migration",
-    "Link", "TcFilter", "attach", "attach_tc", "attach_tcx",
+    "Link", "TcFilter", "attach_tcx",
     "LinkInfo", "MapInfo", "ProgInfo", "TcxQuery",
     "link_info", "link_info_all", "map_info", "prog_info", "query_tcx", "query_tcx_full",
     "TestRunResult", "test_run", "enter_netns", "BPFFS", "ensure_bpffs", "is_bpffs",

@@ -448,7 +448,7 @@ def test_tcx_counts_real_traffic_and_is_queryable(private_obj, veth):
 def test_link_pin_update_detach(private_obj, veth, pin_root):
     p1, p2 = private_obj.programs["lt_count"], private_obj.programs["lt_count_v2"]
     pin = os.path.join(pin_root, "a0_ingress")
-    link = bpf.attach(p1, veth.a_ifindex, "ingress", netns=veth.a, pin_path=pin)
+    link = bpf.attach_tcx(p1, veth.a_ifindex, "ingress", netns=veth.a, pin_path=pin)
     assert isinstance(link, bpf.Link) and link.pin_path == pin and os.path.exists(pin)
     link.close()  # pinned: stays attached without any fd
     assert bpf.query_tcx(veth.a_ifindex, "ingress", netns=veth.a) == [p1.id]
@@ -472,23 +472,21 @@ def test_link_pin_update_detach(private_obj, veth, pin_root):
     assert links_of({p1.id, p2.id}) == []
 
 
-def test_tc_fallback_attach_and_detach(private_obj, veth):
-    prog = private_obj.programs["lt_count"]
-    filt = bpf.attach(prog, veth.a_ifindex, "ingress", netns=veth.a, prefer="tc")
-    try:
-        assert isinstance(filt, bpf.TcFilter)
-        assert filt.prog_id == prog.id and filt.query() == prog.id
-        shown = run("tc", "-n", veth.a, "filter", "show", "dev", "a0", "ingress").stdout
-        assert "lt_count" in shown and "direct-action" in shown  # tc agrees
-        send_udp(veth, 10)
-        assert wait_for(lambda: counter(private_obj, 0) >= 10)
-        filt.update(private_obj.programs["lt_count_v2"])
-        assert filt.query() == private_obj.programs["lt_count_v2"].id
-    finally:
-        filt.detach()
+def test_tc_filter_query_finds_a_filter_tc_attached(veth):
+    """lace attaches through tcx only; a classic filter another tool attached is still found."""
+    filt = bpf.TcFilter(veth.a_ifindex, "ingress", handle=1, priority=1, netns=veth.a)
     assert filt.query() is None
-    assert "lt_count" not in run("tc", "-n", veth.a, "filter", "show", "dev", "a0", "ingress").stdout
-    filt.detach()  # idempotent
+    run("tc", "-n", veth.a, "qdisc", "add", "dev", "a0", "clsact")
+    try:
+        run("tc", "-n", veth.a, "filter", "add", "dev", "a0", "ingress", "pref", "1", "handle", "1",
+            "bpf", "direct-action", "obj", os.path.join(REPO, "build/bpf/test/bench_pass.o"), "sec", "tc")
+        shown = run("tc", "-n", veth.a, "filter", "show", "dev", "a0", "ingress").stdout
+        prog_id = int(shown.split(" id ")[1].split()[0])  # tc is the oracle
+        assert filt.query() == prog_id
+        assert bpf.TcFilter(veth.a_ifindex, "egress", 1, 1, netns=veth.a).query() is None
+    finally:
+        run("tc", "-n", veth.a, "qdisc", "del", "dev", "a0", "clsact")
+    assert filt.query() is None
 
 
 def test_attach_in_namespace_does_not_move_the_caller(private_obj, veth):

@@ -11,10 +11,10 @@ from typing import Any
 from lace.bpf import BPFError, TcFilter, link_info_all, prog_info, query_tcx_full
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.nodestate import render
-from lace.cli.nodestate.bpf_show import dump_entries
-from lace.cli.nodestate.context import NodeContext
-from lace.cli.nodestate.resolve import for_node
+from lace.cli.node import render
+from lace.cli.node.bpf import dump_entries
+from lace.cli.node.env import NodeEnv
+from lace.cli.node.resolve import for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
 
@@ -39,15 +39,16 @@ def _prog(pid: int) -> dict[str, Any]:
 
 
 def tc_filters(ifindex: int, direction: str) -> list[dict[str, Any]]:
-    """BPF programs in the clsact hook (classic tc filters), through ``TcFilter.query``.
+    """BPF programs in the clsact hook (classic tc filters other tools attached; lace uses tcx),
+    through ``TcFilter.query``.
 
-    A tc query needs a handle and priority; lace's fallback attaches at handle 1 priority 1
-    (``lace.bpf.attach_tc``) and the common tools use low numbers, so the usual slots are probed."""
+    A tc query needs a handle and priority; the common tools use low numbers (and tc's automatic
+    priority 49152), so the usual slots are probed."""
     found = []
     for prio in (1, 2, 3, 49152):
         for handle in (1, 2):
             try:
-                pid = TcFilter(ifindex, direction, handle, prio, 0).query()
+                pid = TcFilter(ifindex, direction, handle, prio).query()
             except BPFError:
                 pid = None
             if pid:
@@ -73,7 +74,7 @@ def hooks_of(ifindex: int, links_by_prog: dict[tuple[int, int, str], int]) -> li
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     from lace import netlink  # pyroute2: imported only by the commands that list interfaces
-    ctx = NodeContext.from_env(inv.env)
+    node_env = NodeEnv.from_env(inv.env)
     try:
         links = netlink.links()
     except netlink.NetlinkError as exc:
@@ -81,11 +82,11 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     roles: dict[int, dict[str, Any]] = {}
     devices_error = None
     try:
-        entries, _ = dump_entries(ctx, registry.get("devices"))
+        entries, _ = dump_entries(node_env, registry.get("devices"))
         roles = {e.key["ifindex"]: e.value for e in entries}
     except Exception as exc:  # no datapath here: still list interfaces and hooks
         devices_error = getattr(exc, "message", str(exc))
-    res = for_node(args.numeric, ctx.require_store)
+    res = for_node(args.numeric, node_env.require_store)
     try:
         tcx_links = {(li.ifindex, li.prog_id, li.direction or ""): li.id
                      for li in link_info_all() if li.ifindex is not None}
@@ -112,7 +113,7 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     total = len(docs)
     shown = docs if args.limit is None else docs[: args.limit]
     if args.output == "json":
-        render.write_json(inv.stdout, {"node": ctx.node, "count": total, "shown": len(shown),
+        render.write_json(inv.stdout, {"node": node_env.node, "count": total, "shown": len(shown),
                                        "devices_map_error": devices_error, "devices": shown})
         return ExitStatus.OK
     con = inv.console()
