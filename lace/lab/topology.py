@@ -17,7 +17,7 @@ next hop the outside can answer; routing IPv4 through an IPv6 next hop would wor
 hands ``bpf_fib_lookup`` an AF_INET6 neighbor for an IPv4 packet.
 
 Nothing is added to the machine's own namespace, and nothing is bridged to a real interface: the
-lab's traffic never leaves its namespaces (DESIGN.md, "Lab topology and the network rule").
+lab's traffic never leaves its namespaces.
 ``build`` leaves either a whole lab or nothing; ``destroy`` removes namespaces, processes in
 them, pinned BPF objects, the lab's cgroup and its state dir, and is safe to repeat.
 """

@@ -1,5 +1,6 @@
-"""The node-state commands of ../shared/spec/node-state.md against the shared lab, through
-``lace exec --node NODE -- node …``, asserting what an operator would look for."""
+"""The node-state commands (``node bpf show``, ``node ct``, ``node trace flow``, ``node device
+list``; the README's "Inspecting a node") against the shared lab, through ``lace exec --node NODE --
+node …``, asserting what an operator would look for."""
 
 from __future__ import annotations
 
