@@ -144,7 +144,7 @@ def main() -> None:
     os.makedirs(pin_root)
     node = [str(ROOT / ".venv" / "bin" / "node")]
     if not os.path.exists(node[0]):
-        node = [sys.executable, "-c", "from lace.cli.node import entry; entry()"]
+        node = [sys.executable, "-c", "from lace.cli.node.main import entry; entry()"]
     store = os.path.join(tmp, "store.db")
     make_store(store)
     env = dict(os.environ, LACE_PIN_ROOT=pin_root, LACE_STORE=store, LACE_NODE="bench")

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from lace.bpf import ObjectSpec, attach_tcx, ensure_bpffs, enter_netns
-from lace.cli.node import main
+from lace.cli.node.main import main
 from lace.datapath import config as cfg
 from lace.datapath import conntrack as C
 from lace.datapath import probes as P

@@ -1,4 +1,4 @@
-"""Vectorised formatting (lace.cli.nodestate.columns) against the reference renderers."""
+"""Vectorised formatting (lace.cli.node.columns) against the reference renderers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from lace.cli.nodestate import columns as C
+from lace.cli.node import columns as C
 
 
 def test_ipv4_matches_ipaddress() -> None:

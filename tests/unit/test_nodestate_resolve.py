@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lace.cli.nodestate.render import human_duration
-from lace.cli.nodestate.resolve import NumericResolver, Resolver, for_node
+from lace.cli.node.render import human_duration
+from lace.cli.node.resolve import NumericResolver, Resolver, for_node
 from lace.store import SqliteStore
 
 OBJECTS = {
@@ -80,7 +80,7 @@ def test_human_duration(secs: float, text: str) -> None:
 
 
 def test_node_main_errors_without_env() -> None:
-    from lace.cli.node import main
+    from lace.cli.node.main import main
     err = io.StringIO()
     rc = main(["bpf", "show", "routing"], {}, stdout=io.StringIO(), stderr=err)
     assert rc == 2 and "LACE_PIN_ROOT is not set" in err.getvalue()
@@ -93,7 +93,7 @@ def test_node_main_errors_without_env() -> None:
 
 
 def test_policy_ids_resolve_to_the_policy_that_programmed_them():
-    from lace.cli.nodestate.resolve import Resolver
+    from lace.cli.node.resolve import Resolver
     from lace.policy.ids import policy_ids
     r = Resolver.from_objects({"networkpolicies": [{"metadata": {"namespace": "x", "name": "deny"}},
                                                    {"metadata": {"namespace": "y", "name": "allow-dns"}}]})

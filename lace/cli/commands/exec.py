@@ -84,7 +84,7 @@ def _node_executable() -> list[str]:
     found = shutil.which("node")
     if found and os.path.dirname(found) == os.path.dirname(sys.executable):
         return [found]
-    return [sys.executable, "-c", "from lace.cli.node import entry; entry()"]
+    return [sys.executable, "-c", "from lace.cli.node.main import entry; entry()"]
 
 
 def lab_env(env: Mapping[str, str], state_dir: str, node: Any) -> dict[str, str]:

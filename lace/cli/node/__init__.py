@@ -1,6 +1,17 @@
-"""The ``node`` command's internals: one module per command group (bpf show, ct, trace, device),
-the node context (pin root, store, agent socket), ID -> name resolution and rendering.
+"""The ``node`` command (console script ``node``, entry :func:`lace.cli.node.main.entry`): what one
+node's data plane holds and decides.
 
-``lace.cli.node`` is the thin entry point; everything here reads pinned maps directly, so the
-commands work with the agent down, and opens the store only to resolve names (never with -n).
+    main.py     the parser, ``main(argv, env) -> ExitStatus`` and the console script's ``entry``
+    bpf.py      node bpf show MAP
+    ct.py       node ct list|gc TABLE
+    trace.py    node trace flow
+    device.py   node device list
+    env.py      NodeEnv: where the node's state lives (pin root, store, node name, agent socket)
+    resolve.py  ID -> name resolution through the store (never with -n)
+    render.py   tables, count lines, ``-o json``
+    columns.py  NumPy fixed-width text for big dumps (ct list)
+
+Every command reads the pinned maps directly, so it works with the agent down, and opens the
+store only to resolve names.  This package imports nothing itself: ``main`` imports only the
+command group named on the command line.
 """

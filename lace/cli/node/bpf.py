@@ -14,9 +14,9 @@ from typing import Any
 
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.nodestate import render
-from lace.cli.nodestate.context import NodeContext
-from lace.cli.nodestate.resolve import NumericResolver, for_node
+from lace.cli.node import render
+from lace.cli.node.env import NodeEnv
+from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
 from lace.datapath.registry import MapDef
@@ -79,9 +79,9 @@ class Names:
         return self.res.pod_for_ifname(name) if name else None
 
 
-def dump_entries(ctx: NodeContext, mdef: MapDef) -> tuple[list[Entry], int]:
+def dump_entries(node_env: NodeEnv, mdef: MapDef) -> tuple[list[Entry], int]:
     """Every entry of a map (decoded), and its capacity."""
-    with ctx.open_map(mdef.pin_name, mdef.cli_name) as m:
+    with node_env.open_map(mdef.pin_name, mdef.cli_name) as m:
         keys, values, n = m.dump()
         ks, vs = m.key_size, m.value_blob_size
         kb, vb = bytes(keys), bytes(values)
@@ -362,15 +362,15 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         raise UsageError("--egress/--ingress apply to `node bpf show policy` only")
     if args.endpoints and name != "services":
         raise UsageError("--endpoints applies to `node bpf show services` only")
-    ctx = NodeContext.from_env(inv.env)
+    node_env = NodeEnv.from_env(inv.env)
     mdef = registry.get(name)
-    entries, cap = dump_entries(ctx, mdef)
-    res = for_node(args.numeric, ctx.require_store)
+    entries, cap = dump_entries(node_env, mdef)
+    res = for_node(args.numeric, node_env.require_store)
     names = Names(res)
     if name == "services":
         backends: dict[int, dict[str, Any]] = {}
         if args.endpoints:
-            bes, _ = dump_entries(ctx, registry.get("backends"))
+            bes, _ = dump_entries(node_env, registry.get("backends"))
             backends = {b.key["backend_id"]: b.value for b in bes}
         view = view_services(entries, res, names, args, backends)
     else:
@@ -380,7 +380,7 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     shown_docs = view.docs if limit is None else view.docs[:limit]
     if args.output == "json":
         render.write_json(inv.stdout, {
-            "node": ctx.node, "map": name, "pin": ctx.map_path(mdef.pin_name), "capacity": cap,
+            "node": node_env.node, "map": name, "pin": node_env.map_path(mdef.pin_name), "capacity": cap,
             "count": total, "entries_in_map": len(entries), "shown": len(shown_docs),
             "truncated": len(shown_docs) < total, "numeric": bool(args.numeric), "entries": shown_docs})
         return ExitStatus.OK

@@ -5,7 +5,7 @@ nanoseconds (``bpf_ktime_get_coarse_ns``), compared with the same clock here.
 
 A node can hold a million entries, so both commands work on whole columns: the dump is one batch
 syscall sequence, decoding is ``Layout.decode_many`` (NumPy), ``-o json`` is assembled by
-:mod:`~lace.cli.nodestate.columns` without a Python object per entry, and gc deletes in batches.
+:mod:`~lace.cli.node.columns` without a Python object per entry, and gc deletes in batches.
 Names (networks, segments, pods, services) are resolved once per distinct value, not per entry.
 
 gc removes only entries whose expiry is in the past at the moment of the dump; an entry refreshed
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from lace.cli.nodestate import columns as C
-from lace.cli.nodestate.context import NodeContext
-from lace.cli.nodestate.resolve import NumericResolver, for_node
+from lace.cli.node import columns as C
+from lace.cli.node.env import NodeEnv
+from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
 from lace.datapath.common import Proto, Verdict
@@ -98,8 +98,8 @@ class Table:
         return len(self.keys)
 
 
-def dump_table(ctx: NodeContext, name: str) -> Table:
-    return _dump_open(name, ctx.open_map(registry.get(name).pin_name, name))
+def dump_table(node_env: NodeEnv, name: str) -> Table:
+    return _dump_open(name, node_env.open_map(registry.get(name).pin_name, name))
 
 
 def _dump_open(name: str, m: Any) -> Table:
@@ -119,12 +119,12 @@ def _dump_open(name: str, m: Any) -> Table:
 WORKERS = 2
 
 
-def _parallel(ctx: NodeContext, names: tuple[str, ...], work: Callable[[str, Any], Any],
+def _parallel(node_env: NodeEnv, names: tuple[str, ...], work: Callable[[str, Any], Any],
               meanwhile: Callable[[], None] | None = None) -> list[Any]:
     """``work(name, map)`` for every table on WORKERS threads, largest capacity first, results in
     ``names`` order.  Maps are opened here first, so a missing one fails as it always did; and
     ``meanwhile`` (loading the store) runs on this thread while the kernel works."""
-    maps = [ctx.open_map(registry.get(name).pin_name, name) for name in names]
+    maps = [node_env.open_map(registry.get(name).pin_name, name) for name in names]
     if len(names) == 1:
         if meanwhile is not None:
             meanwhile()
@@ -196,7 +196,7 @@ def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, 
 
 def json_rows(t: Table, now: int, res: NumericResolver) -> C.Rows:
     """One JSON object per entry of a table (see the module docstring): a fixed layout whose
-    slots :mod:`~lace.cli.nodestate.columns` writes a chunk of rows at a time."""
+    slots :mod:`~lace.cli.node.columns` writes a chunk of rows at a time."""
     k, v, n = t.keys, t.vals, t.count
     fam = t.family
     rows = C.Rows(n)
@@ -305,9 +305,9 @@ def _take(t: Table, count: int, start: int = 0) -> Table:
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
-    ctx = NodeContext.from_env(inv.env)
-    res = for_node(args.numeric, ctx.require_store)
-    tables = _parallel(ctx, names, _dump_open, meanwhile=res.preload)
+    node_env = NodeEnv.from_env(inv.env)
+    res = for_node(args.numeric, node_env.require_store)
+    tables = _parallel(node_env, names, _dump_open, meanwhile=res.preload)
     now = now_coarse()
     total = sum(t.count for t in tables)
     shown = tables
@@ -320,15 +320,15 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
             left -= take
     n_shown = sum(t.count for t in shown)
     if args.output == "json":
-        _write_json(inv, ctx, tables, shown, total, n_shown, now, res)
+        _write_json(inv, node_env, tables, shown, total, n_shown, now, res)
         return ExitStatus.OK
     _write_lines(inv, tables, shown, total, n_shown, now, res)
     return ExitStatus.OK
 
 
-def _write_json(inv: Invocation, ctx: NodeContext, tables: list[Table], shown: list[Table], total: int,
+def _write_json(inv: Invocation, node_env: NodeEnv, tables: list[Table], shown: list[Table], total: int,
                 n_shown: int, now: int, res: NumericResolver) -> None:
-    head = {"node": ctx.node, "numeric": bool(res.numeric), "now_ns": now, "clock": "CLOCK_MONOTONIC_COARSE",
+    head = {"node": node_env.node, "numeric": bool(res.numeric), "now_ns": now, "clock": "CLOCK_MONOTONIC_COARSE",
             "tables": [{"table": t.name, "count": t.count, "capacity": t.capacity} for t in tables],
             "count": total, "shown": n_shown, "truncated": n_shown < total}
     out = inv.stdout
@@ -374,7 +374,7 @@ def _bytes(n: int) -> str:
 def entry_lines(t: Table, now: int, res: NumericResolver) -> list[str]:
     """One compact line per entry: proto, client -> [VIP ->] backend, network, state, direction,
     counters both ways, age and time left, flags."""
-    from lace.cli.nodestate.render import human_duration
+    from lace.cli.node.render import human_duration
     k, v = t.keys, t.vals
     if t.count == 0:
         return []
@@ -422,7 +422,7 @@ def entry_lines(t: Table, now: int, res: NumericResolver) -> list[str]:
 
 def _write_lines(inv: Invocation, tables: list[Table], shown: list[Table], total: int, n_shown: int,
                  now: int, res: NumericResolver) -> None:
-    from lace.cli.nodestate.render import pressure
+    from lace.cli.node.render import pressure
     out = inv.stdout
     for full, t in zip(tables, shown):
         if full.count == 0:
@@ -444,9 +444,9 @@ def _write_lines(inv: Invocation, tables: list[Table], shown: list[Table], total
 
 # ---- gc ----------------------------------------------------------------------------------------
 
-def gc_table(ctx: NodeContext, name: str, now: int | None = None) -> dict[str, int]:
+def gc_table(node_env: NodeEnv, name: str, now: int | None = None) -> dict[str, int]:
     """Delete the expired entries of one table; returns counts before, expired and removed."""
-    return _gc_open(name, ctx.open_map(registry.get(name).pin_name, name), now)
+    return _gc_open(name, node_env.open_map(registry.get(name).pin_name, name), now)
 
 
 def _gc_open(name: str, m: Any, now: int | None = None) -> dict[str, int]:
@@ -467,17 +467,17 @@ def _gc_open(name: str, m: Any, now: int | None = None) -> dict[str, int]:
 
 def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
-    ctx = NodeContext.from_env(inv.env)
+    node_env = NodeEnv.from_env(inv.env)
     now = now_coarse()
     results = [{"table": name, **r} for name, r in
-               zip(names, _parallel(ctx, names, lambda name, m: _gc_open(name, m, now)))]
+               zip(names, _parallel(node_env, names, lambda name, m: _gc_open(name, m, now)))]
     shown = results if args.limit is None else results[: args.limit]
     total = sum(r["removed"] for r in results)
     if args.output == "json":
-        from lace.cli.nodestate.render import write_json
-        write_json(inv.stdout, {"node": ctx.node, "removed": total, "tables": shown})
+        from lace.cli.node.render import write_json
+        write_json(inv.stdout, {"node": node_env.node, "removed": total, "tables": shown})
         return ExitStatus.OK
-    from lace.cli.nodestate.render import plain_table, table
+    from lace.cli.node.render import plain_table, table
     headers = ["TABLE", "REMOVED", "REMAINING", "CAPACITY"]
     cells = [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown]
     out = inv.stdout

@@ -23,7 +23,7 @@ _HINT_EXEC = "run it as `lace exec --node NODE -- node ...`, which sets it"
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeContext:
+class NodeEnv:
     """The node a ``node`` command inspects (any field may be None until a command needs it)."""
 
     pin_root: str | None
@@ -32,7 +32,7 @@ class NodeContext:
     agent_socket: str | None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> NodeContext:
+    def from_env(cls, env: Mapping[str, str]) -> NodeEnv:
         return cls(env.get(ENV_PIN_ROOT) or None, env.get(ENV_STORE) or None,
                    env.get(ENV_NODE) or None, env.get(ENV_AGENT_SOCKET) or None)
 

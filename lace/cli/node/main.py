@@ -25,8 +25,8 @@ from typing import Any, NoReturn, TextIO
 
 from lace.cli.status import ExitStatus
 
-#: command group -> module of lace.cli.nodestate that registers it
-GROUPS = {"bpf": "bpf_show", "ct": "ct", "trace": "trace", "device": "device"}
+#: command group -> module of this package that registers it
+GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device"}
 
 
 def _positive(text: str) -> int:
@@ -90,7 +90,7 @@ def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
     add_common(parser, top=True)
     sub = parser.add_subparsers(dest="group", metavar="COMMAND", parser_class=ArgumentParser)
     for name in names:  # device imports pyroute2 lazily too
-        importlib.import_module(f"lace.cli.nodestate.{name}").register(sub, add_common)
+        importlib.import_module(f"lace.cli.node.{name}").register(sub, add_common)
     return parser
 
 

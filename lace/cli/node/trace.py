@@ -19,9 +19,9 @@ from urllib.parse import quote
 
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.nodestate import render
-from lace.cli.nodestate.context import NodeContext
-from lace.cli.nodestate.resolve import NumericResolver, for_node
+from lace.cli.node import render
+from lace.cli.node.env import NodeEnv
+from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 
 
@@ -80,23 +80,23 @@ def query_string(args: argparse.Namespace, pod_ips: list[str] | None) -> str:
     return "&".join(f"{k}={quote(v, safe='')}" for k, v in q.items())
 
 
-def _agent_down(ctx: NodeContext, sock: str, exc: BaseException) -> UnavailableError:
+def _agent_down(node_env: NodeEnv, sock: str, exc: BaseException) -> UnavailableError:
     return UnavailableError(
-        f"the agent of {ctx.node_name} is not answering on {sock}: {exc}",
+        f"the agent of {node_env.node_name} is not answering on {sock}: {exc}",
         hint="flow traces come from the agent; maps are still readable (node bpf show, node ct list). "
-             + (f"Restart it: lace lab restart-agent {ctx.node}" if ctx.node else "Restart the node's agent"))
+             + (f"Restart it: lace lab restart-agent {node_env.node}" if node_env.node else "Restart the node's agent"))
 
 
-def fetch(ctx: NodeContext, url: str, follow: bool) -> Iterator[dict[str, Any]]:
+def fetch(node_env: NodeEnv, url: str, follow: bool) -> Iterator[dict[str, Any]]:
     """Flow documents from the agent (a finite list, or the followed stream)."""
-    sock = ctx.require_agent_socket()
+    sock = node_env.require_agent_socket()
     conn = _UnixHTTPConnection(sock, None if follow else 30.0)
     try:
         try:
             conn.request("GET", url)
             resp = conn.getresponse()
         except OSError as exc:
-            raise _agent_down(ctx, sock, exc) from None
+            raise _agent_down(node_env, sock, exc) from None
         if resp.status != 200:
             body = resp.read()
             try:
@@ -104,7 +104,7 @@ def fetch(ctx: NodeContext, url: str, follow: bool) -> Iterator[dict[str, Any]]:
             except ValueError:
                 msg = body.decode(errors="replace")
             if resp.status == 404:
-                raise UnavailableError(f"the agent of {ctx.node_name} does not serve flows ({msg})",
+                raise UnavailableError(f"the agent of {node_env.node_name} does not serve flows ({msg})",
                                        hint="it predates the flow stream: restart it with this version")
             raise UsageError(f"the agent refused the request: {msg}")
         if not follow:
@@ -181,12 +181,12 @@ def line(d: dict[str, Any], res: NumericResolver) -> str:
             f"{verdict}{why}  nat {d['nat_text']}  delivery {d['delivery_text']}  at {d.get('point')}")
 
 
-def pod_ips(ctx: NodeContext, pod: str) -> list[str]:
+def pod_ips(node_env: NodeEnv, pod: str) -> list[str]:
     ns, sep, name = pod.partition("/")
     if not sep or not ns or not name:
         raise UsageError(f'--pod "{pod}" is not NAMESPACE/NAME')
     from lace.store import SqliteStore, StoreError
-    path = ctx.require_store()
+    path = node_env.require_store()
     try:
         st = SqliteStore(path)
     except StoreError as exc:
@@ -207,25 +207,25 @@ def pod_ips(ctx: NodeContext, pod: str) -> list[str]:
 
 
 def run_flow(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
-    ctx = NodeContext.from_env(inv.env)
+    node_env = NodeEnv.from_env(inv.env)
     if args.pod and args.numeric:
         raise UsageError("--pod needs the store, which -n never opens", hint="use --ip with -n")
-    ips = pod_ips(ctx, args.pod) if args.pod else None
+    ips = pod_ips(node_env, args.pod) if args.pod else None
     url = "/v1/flows" + ("?" + query_string(args, ips) if query_string(args, ips) else "")
-    res = for_node(args.numeric, ctx.require_store)
+    res = for_node(args.numeric, node_env.require_store)
     limit = args.limit
     out = inv.stdout
     shown = 0
     if args.output == "json" and not args.follow:
-        flows = [describe(e, res) for e in fetch(ctx, url, False)]
+        flows = [describe(e, res) for e in fetch(node_env, url, False)]
         total = len(flows)
         flows = flows if limit is None else flows[-limit:] if limit else []
-        render.write_json(out, {"node": ctx.node, "count": total, "shown": len(flows), "flows": flows})
+        render.write_json(out, {"node": node_env.node, "count": total, "shown": len(flows), "flows": flows})
         return ExitStatus.OK
     if args.output == "json":
         out.write("[\n")
     try:
-        for ev in fetch(ctx, url, args.follow):
+        for ev in fetch(node_env, url, args.follow):
             if "keepalive" in ev:
                 continue
             if "lost" in ev:
@@ -248,5 +248,5 @@ def run_flow(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
             out.write("\n]\n")
             out.flush()
     if args.output != "json" and not args.follow:
-        out.write(f"{render.plural(shown, 'flows')} from {ctx.node_name}\n")
+        out.write(f"{render.plural(shown, 'flows')} from {node_env.node_name}\n")
     return ExitStatus.OK
