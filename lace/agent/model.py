@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
+from lace.store import kinds as K
 
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -20,12 +21,12 @@ GATEWAY4 = ipaddress.IPv4Address("169.254.1.1")
 GATEWAY6 = ipaddress.IPv6Address("fe80::1")
 
 #: annotations on Node objects (the lab and a real cluster's node agent set them)
-ANN_LOCATOR = "lace.dev/locator"
-ANN_UNDERLAY = "lace.dev/underlay"
-ANN_NODE_ID = "lace.dev/node-id"
+ANN_LOCATOR = K.LOCATOR_ANNOTATION
+ANN_UNDERLAY = K.UNDERLAY_ANNOTATION
+ANN_NODE_ID = K.NODE_ID_ANNOTATION
 #: annotations on IPLease objects recording the endpoint an agent made
-ANN_HOST_IFNAME = "lace.dev/host-ifname"
-ANN_POD_MAC = "lace.dev/mac"
+ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
+ANN_POD_MAC = K.POD_MAC_ANNOTATION
 
 
 @dataclass(frozen=True)

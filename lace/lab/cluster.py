@@ -13,6 +13,7 @@ from typing import Any, Callable
 from lace import netlink
 from lace.cni.client import AgentUnavailable, call
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
+from lace.store import kinds as K
 from lace.store.sqlite import SqliteStore
 
 from . import procs, topology
@@ -67,7 +68,7 @@ def register_nodes(store: SqliteStore, lab: Any) -> None:
     objs = []
     for n in lab.nodes:
         objs.append({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": n.name, "labels": {"kubernetes.io/hostname": n.name, "lace.dev/lab": lab.name},
+            "name": n.name, "labels": {"kubernetes.io/hostname": n.name, K.LAB_LABEL: lab.name},
             "annotations": {ANN_LOCATOR: n.locator, ANN_UNDERLAY: n.underlay_addr, ANN_NODE_ID: str(n.node_id)}}})
     store.apply_all(objs)
 

@@ -17,7 +17,9 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable
 
-CIDR_LABEL = "lace.dev/cidr"
+from lace.store import kinds as K
+
+CIDR_LABEL = K.CIDR_LABEL
 CIDR_NETWORK = "default"
 CIDR_NAMESPACE = ""
 

@@ -10,12 +10,14 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from lace.store import kinds as K
+
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 Labels = tuple[tuple[str, str], ...]
 
 #: annotation on a NetworkPolicy or a Namespace: report would-be drops as AUDIT, let traffic pass
-ANN_AUDIT = "lace.dev/audit"
+ANN_AUDIT = K.AUDIT_ANNOTATION
 
 PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 PROTO_NAMES = {v: k for k, v in PROTO_NUMBERS.items()}

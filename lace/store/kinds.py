@@ -14,7 +14,30 @@ import ipaddress
 from lace.store.errors import UnknownKind
 
 LACE_API_VERSION = "lace.dev/v1alpha1"
+
+# -- the label and annotation keys lace reads and writes, in one place --------------------------
+#: on a Pod or Service: the network it belongs to (absent: ``default``)
 NETWORK_ANNOTATION = "lace.dev/network"
+#: on a NetworkPolicy or a Namespace: report would-be drops as AUDIT and let the traffic pass
+AUDIT_ANNOTATION = "lace.dev/audit"
+#: on a Node (set by the lab, or a real cluster's node agent): its locator, underlay address, ID
+LOCATOR_ANNOTATION = "lace.dev/locator"
+UNDERLAY_ANNOTATION = "lace.dev/underlay"
+NODE_ID_ANNOTATION = "lace.dev/node-id"
+#: on an IPLease: the endpoint the agent made for it (host-side interface, pod MAC)
+HOST_IFNAME_ANNOTATION = "lace.dev/host-ifname"
+POD_MAC_ANNOTATION = "lace.dev/mac"
+#: on a Service or a NetworkPolicy: an ID given by hand (else the store's status.id)
+SERVICE_ID_ANNOTATION = "lace.dev/service-id"
+POLICY_ID_ANNOTATION = "lace.dev/policy-id"
+#: labels on IPBlock (and IPLease) objects: the node and network they belong to
+NODE_LABEL = "lace.dev/node"
+NETWORK_LABEL = "lace.dev/network"
+#: label on the Node objects a lab registers: the lab's name
+LAB_LABEL = "lace.dev/lab"
+#: label of the segment identity of an ipBlock CIDR (lace.policy.ids)
+CIDR_LABEL = "lace.dev/cidr"
+
 DEFAULT_NETWORK = "default"
 DEFAULT_NETWORK_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
 DEFAULT_NETWORK_ID = 1
