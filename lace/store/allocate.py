@@ -1,4 +1,4 @@
-"""Allocation every backend shares: network and segment IDs, segments, per-node IP blocks.
+"""Allocation every backend shares: network and segment IDs, segments, per-node IP blocks, leases.
 
 Each allocator runs inside one backend transaction: it reads what is taken and writes the object
 that records its choice through the registry's ``Writer`` (so the kinds' rules check it), and the
@@ -9,14 +9,18 @@ reused. Service ClusterIPs and NodePorts belong here too, next to blocks, when S
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lace.store import kinds as K
-from lace.store.errors import Exhausted, NotFound, StoreError, ValidationError
+from lace.store.api import Lease
+from lace.store.errors import AlreadyExists, Exhausted, IpamExhausted, NotFound, StoreError, ValidationError
 
 if TYPE_CHECKING:
     from lace.store.registry import Writer
+
+IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # Counter names, as store files have always spelled them.
 NETWORK_IDS = "next_network_id"
@@ -116,6 +120,14 @@ def allocate_block(w: Writer, network: str, node: str, family: int | str, prefix
                     hint="add a range to the network's spec.cidrs or use smaller blocks")
 
 
+def block_prefixlen(cidr: IPNet) -> int:
+    """The size of the blocks a node takes from ``cidr``: /24 (IPv4) or /112 (IPv6) out of large
+    ranges, a quarter of smaller ones, never less than 16 addresses."""
+    if cidr.version == 4:
+        return max(min(max(24, cidr.prefixlen + 2), 28), cidr.prefixlen)
+    return max(min(max(112, cidr.prefixlen + 2), 124), cidr.prefixlen)
+
+
 def _family(family: int | str) -> int:
     text = str(family).lower().removeprefix("ipv").removeprefix("inet")
     if text in ("4", ""):
@@ -140,3 +152,80 @@ def _first_free(rng: Any, prefixlen: int, taken: list[Any]) -> Any:
     if cand + size - 1 > end:
         return None
     return ipaddress.IPv4Address(cand) if rng.version == 4 else ipaddress.IPv6Address(cand)
+
+
+# ---- leases: one address per pod interface, from its node's blocks -----------------------------
+
+
+def _usable(block: IPNet) -> Iterator[IPAddr]:
+    # pods get host addresses (/32, /128); the block's first address stays unused so that no pod
+    # holds an address that reads as a network address
+    it = iter(block)
+    next(it)
+    for ip in it:
+        if block.version == 4 and ip == block.broadcast_address:
+            return
+        yield ip
+
+
+def _node_blocks(w: Writer, network: str, node: str, version: int) -> list[IPNet]:
+    out = []
+    for o in w.list("IPBlock"):
+        s = o["spec"]
+        if s["network"] == network and s["node"] == node:
+            cidr = ipaddress.ip_network(s["cidr"])
+            if cidr.version == version:
+                out.append(cidr)
+    return sorted(out, key=lambda c: int(c.network_address))
+
+
+def leases_for(w: Writer, node: str, container_id: str) -> list[dict]:
+    """The IPLease objects a container holds on ``node``."""
+    return [o for o in w.list("IPLease")
+            if o["spec"].get("containerID") == container_id and o["spec"]["node"] == node]
+
+
+def lease_of(obj: dict) -> Lease:
+    """The Lease an IPLease object records."""
+    return Lease(obj["spec"]["network"], ipaddress.ip_address(obj["spec"]["ip"]),
+                 obj["spec"].get("block", ""), obj["metadata"]["name"])
+
+
+def allocate_lease(w: Writer, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
+                   container_id: str, ifname: str) -> Lease:
+    """One address for a container on ``node`` from the network's ``cidrs`` of one family: the
+    lowest free one in the node's blocks, taking another block when they are full."""
+    version = cidrs[0].version
+    plen = block_prefixlen(cidrs[0])
+    used = {ipaddress.ip_address(o["spec"]["ip"]) for o in w.list("IPLease")
+            if o["spec"]["network"] == network}
+    for _attempt in range(64):   # a block too small to hold a pod address sends us round again
+        blocks = _node_blocks(w, network, node, version)
+        for blk in blocks:
+            for ip in _usable(blk):
+                if ip in used:
+                    continue
+                name = K.lease_name(network, str(ip))
+                try:
+                    w.create({
+                        "apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+                        "metadata": {"name": name, "labels": {"lace.dev/node": node,
+                                                               "lace.dev/network": network}},
+                        "spec": {"network": network, "node": node, "block": K.block_name(network, str(blk)),
+                                 "ip": str(ip), "pod": pod, "containerID": container_id,
+                                 "ifname": ifname}})
+                except AlreadyExists:
+                    used.add(ip)      # a lease written by hand holds this address's name
+                    continue
+                return Lease(network, ip, K.block_name(network, str(blk)), name)
+        try:
+            allocate_block(w, network, node, version, plen, additional=bool(blocks))
+        except Exhausted as e:
+            total = sum(sum(1 for _ in _usable(b)) for b in blocks)
+            inuse = sum(1 for b in blocks for ip in used if ip in b)
+            raise IpamExhausted(
+                f'network "{network}" has no free IPv{version} address for node "{node}": '
+                f"{inuse} of {total} addresses in use in its blocks "
+                f"({', '.join(map(str, blocks)) or 'none'}), and {e.message.lower()}"
+                f" — add a range to the network's spec.cidrs or delete unused pods") from None
+    raise IpamExhausted(f'network "{network}": could not allocate an IPv{version} address on "{node}"')

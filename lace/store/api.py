@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import ipaddress
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 ApplyOutcome = Literal["created", "configured", "unchanged"]
@@ -45,6 +48,16 @@ class ApplyResult:
 
     object: dict
     outcome: ApplyOutcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """An address held for a container: its network, IP, IPBlock object name and IPLease name."""
+
+    network: str
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+    block: str
+    name: str
 
 
 class Watch(abc.ABC, Iterator[WatchEvent]):
@@ -135,6 +148,22 @@ class Store(abc.ABC):
                        *, additional: bool = False) -> str:
         """A per-node block of the network's CIDR of that family (4 or 6), never overlapping another
         node's. Returns the node's existing block of that family unless ``additional``."""
+
+    @abc.abstractmethod
+    def allocate_leases(self, network: str, node: str,
+                        cidrs: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network], pod: str,
+                        container_id: str, ifname: str) -> list[Lease]:
+        """One address per family of ``cidrs`` (the network's ranges) for a container on ``node``,
+        from that node's blocks (taking a new block when they are full); the container's existing
+        leases if it has any. Raises IpamExhausted, naming the network, node and usage."""
+
+    @abc.abstractmethod
+    def leases_for(self, node: str, container_id: str) -> list[dict]:
+        """The IPLease objects a container holds on ``node``."""
+
+    @abc.abstractmethod
+    def release_leases(self, node: str, container_id: str) -> int:
+        """Delete a container's leases on ``node``; returns how many there were."""
 
     def close(self) -> None:
         """Release the store's resources."""

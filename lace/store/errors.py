@@ -59,10 +59,14 @@ class Forbidden(StoreError):
 
 
 class Exhausted(StoreError):
-    """An allocator (network IDs, segment IDs, IP blocks) has nothing left to give (507)."""
+    """An allocator (network IDs, segment IDs, IP blocks, addresses) has nothing left to give (507)."""
 
     code = 507
     reason = "InsufficientStorage"
+
+
+class IpamExhausted(Exhausted):
+    """No address left for a pod: the message names the network, the node and the usage."""
 
 
 class Unavailable(StoreError):

@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lace.store import allocate, rules
 from lace.store import kinds as K
-from lace.store.api import ApplyResult, ListResult, Selector, Store, Watch
+from lace.store.api import ApplyResult, Lease, ListResult, Selector, Store, Watch
 from lace.store.backend import Backend, Transaction
+from lace.store.allocate import IPNet
 from lace.store.errors import AlreadyExists, Conflict, NotFound, StoreError, ValidationError
 from lace.store.selectors import InvalidSelector, matches, parse_selector_string, validate_selector
 from lace.store.validation import normalize, object_ref
@@ -281,3 +282,38 @@ class RegistryStore(Store):
         with self.backend.transaction() as txn:
             return allocate.allocate_block(Writer(txn), network, node, family, prefixlen,
                                            additional=additional)
+
+    def leases_for(self, node: str, container_id: str) -> list[dict]:
+        with self.backend.transaction(write=False) as txn:
+            return allocate.leases_for(Writer(txn), node, container_id)
+
+    def allocate_leases(self, network: str, node: str, cidrs: Sequence[IPNet], pod: str,
+                        container_id: str, ifname: str) -> list[Lease]:
+        existing = self.leases_for(node, container_id)
+        if existing:
+            return [allocate.lease_of(o) for o in existing]
+        out: list[Lease] = []
+        try:
+            # one transaction per family, so each address is written with the block it came from
+            for version in sorted({c.version for c in cidrs}):
+                family = [c for c in cidrs if c.version == version]
+                with self.backend.transaction() as txn:
+                    out.append(allocate.allocate_lease(Writer(txn), network, family, node, pod,
+                                                       container_id, ifname))
+        except BaseException:
+            self._delete_leases([lease.name for lease in out])
+            raise
+        return out
+
+    def release_leases(self, node: str, container_id: str) -> int:
+        names = [o["metadata"]["name"] for o in self.leases_for(node, container_id)]
+        self._delete_leases(names)
+        return len(names)
+
+    def _delete_leases(self, names: list[str]) -> None:
+        # each its own write, as `delete` would; one already gone is what we wanted anyway
+        for name in names:
+            try:
+                self.delete("IPLease", name)
+            except NotFound:
+                pass
