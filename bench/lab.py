@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from lace import netlink  # noqa: E402
+from lace import netlink, nsenter  # noqa: E402
 from lace.cli.main import main as lace_main  # noqa: E402
 
 LAB = "bench"
@@ -79,17 +79,19 @@ class Bench:
         return pod_netns(os.path.join(self.env["LACE_STATE_DIR"], "labs", LAB), "default", pod)
 
     def run_in(self, netns: str, argv: list[str], cpu: int, background: bool = False, timeout: float = 60):
-        path = netlink.netns.path(netns)
+        fd = os.open(netlink.netns.path(netns), os.O_RDONLY | os.O_CLOEXEC)
 
-        def enter() -> None:
-            from pyroute2.netns import setns
-            setns(path)
+        def enter() -> None:   # between fork and exec
+            nsenter.setns(fd)
         cmd = ["taskset", "-c", str(cpu)] + argv
-        if background:
-            p = subprocess.Popen(cmd, preexec_fn=enter, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.procs.append(p)
-            return p
-        return subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True, timeout=timeout)
+        try:
+            if background:
+                p = subprocess.Popen(cmd, preexec_fn=enter, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self.procs.append(p)
+                return p
+            return subprocess.run(cmd, preexec_fn=enter, capture_output=True, text=True, timeout=timeout)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         for p in self.procs:

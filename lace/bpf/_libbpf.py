@@ -327,14 +327,11 @@ for _name, (_res, _args) in _PROTOS.items():
 
 libc.vsnprintf.restype = c_int
 libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
-libc.setns.restype = c_int
-libc.setns.argtypes = [c_int, c_int]
 libc.syscall.restype = c_long
 libc.syscall.argtypes = [c_long, c_long, c_void_p, c_uint32]
 
 SYS_bpf = 321  # x86-64
 BPF_PROG_QUERY = 16
-CLONE_NEWNET = 0x40000000
 
 
 def check(ret: int, op: str, *, key_op: bool = False) -> int:

@@ -1,56 +1,38 @@
-"""Enter a network namespace in the calling thread only, and always come back.
+"""Enter a network namespace in the calling thread only, and always come back (with lace.bpf's
+errors).
 
 setns(2) on a network namespace affects just the calling thread, which is what the bpf() calls
 that resolve an ifindex need (tcx link create, prog query).  Only the calling thread moves, so
-other threads (and the rest of the process) keep their namespace.
+other threads (and the rest of the process) keep their namespace.  The setns itself is
+:mod:`lace.nsenter`'s; this module words its failures as :class:`BPFError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 from typing import Iterator
 
-from . import _libbpf as _lb
+from lace import nsenter
+
 from .errors import BPFError
 
-NETNS_RUN_DIR = "/run/netns"
+NETNS_RUN_DIR = nsenter.NETNS_RUN_DIR
+path_of = nsenter.path_of
+
+_OPS = {
+    "open": "open network namespace {target}",
+    "save": "open current network namespace",
+    "enter": "setns into {target}",
+    "return": "setns into the original network namespace",
+}
 
 
-def path_of(name_or_path: str) -> str:
-    """``/run/netns/NAME`` for a bare name; paths (anything with a slash) are used as given."""
-    return name_or_path if "/" in name_or_path else os.path.join(NETNS_RUN_DIR, name_or_path)
-
-
-def _setns(fd: int, what: str) -> None:
-    if _lb.libc.setns(fd, _lb.CLONE_NEWNET) != 0:
-        raise BPFError(f"setns into {what}", ctypes.get_errno())
+def _bpf_error(exc: nsenter.NetnsError) -> BPFError:
+    return BPFError(_OPS[exc.step].format(target=exc.target), exc.errno or 0)
 
 
 @contextlib.contextmanager
 def enter(name_or_path: str | None) -> Iterator[None]:
     """Run the block with the calling thread in the given network namespace (None: stay put)."""
-    if name_or_path is None:
+    with nsenter.entered(name_or_path, translate=_bpf_error):
         yield
-        return
-    target = path_of(name_or_path)
-    try:
-        target_fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BPFError(f"open network namespace {target}", exc.errno or 0) from None
-    try:
-        orig_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        os.close(target_fd)
-        raise BPFError("open current network namespace", exc.errno or 0) from None
-    try:
-        _setns(target_fd, target)
-        try:
-            yield
-        finally:
-            # Failing to come back would leave this thread in the wrong namespace: never ignore it.
-            _setns(orig_fd, "the original network namespace")
-    finally:
-        os.close(target_fd)
-        os.close(orig_fd)

@@ -14,8 +14,6 @@ Stdlib only: the CLI imports this on every lab command.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
@@ -26,10 +24,10 @@ from .files import write_json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
+from lace import nsenter
+
 PROCS_FILE = "procs.json"
 _LOCK_FILE = ".procs.lock"
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 class ProcError(Exception):
@@ -116,12 +114,6 @@ def _forget(state_dir: str | os.PathLike[str], name: str, pid: int) -> None:
 
 # ---- start ----------------------------------------------------------------------------------
 
-def _enter_netns_child(fd: int) -> None:
-    # runs between fork and exec: keep to async-signal-safe work (one syscall, no allocation of note)
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "setns")
-
-
 def spawn(
     argv: Sequence[str],
     *,
@@ -144,7 +136,7 @@ def spawn(
         raise ProcError(f"cannot start {name}: already running as pid {old['pid']} (stop it first)")
     ns_fd = None
     if netns is not None:
-        ns_path = netns if "/" in netns else os.path.join("/run/netns", netns)
+        ns_path = nsenter.path_of(netns)
         try:
             ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -155,7 +147,8 @@ def spawn(
             proc = subprocess.Popen(
                 list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 close_fds=True, env=dict(env) if env is not None else None, cwd=cwd,
-                preexec_fn=(lambda: _enter_netns_child(ns_fd)) if ns_fd is not None else None,  # type: ignore[arg-type]
+                # runs between fork and exec: one setns(2) and nothing else
+                preexec_fn=(lambda: nsenter.setns(ns_fd)) if ns_fd is not None else None,  # type: ignore[arg-type]
             )
     except (OSError, subprocess.SubprocessError) as exc:
         where = f" in netns {netns}" if netns else ""

@@ -21,10 +21,12 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from pyroute2 import IPRoute
 
+from lace import nsenter
+
 from .errors import NetlinkError
 
-NETNS_RUN_DIR = "/run/netns"
-CLONE_NEWNET = 0x40000000
+NETNS_RUN_DIR = nsenter.NETNS_RUN_DIR
+CLONE_NEWNET = nsenter.CLONE_NEWNET
 _MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_SHARED = 1 << 20
@@ -32,7 +34,6 @@ _MNT_DETACH = 2
 _NETLINK_ROUTE = 0
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -113,32 +114,27 @@ def run_in(name: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) ->
 def entered(name: str | None) -> Iterator[None]:
     """Run the block with the calling THREAD inside namespace NAME and always come back.
 
-    Only this thread moves (setns(2) on a network namespace is per thread).  ``None`` stays put.
+    Only this thread moves (setns(2) on a network namespace is per thread; :mod:`lace.nsenter`
+    does it).  ``None`` stays put.
     """
     if name is None:
         yield
         return
     target = path(name)
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise NetlinkError("enter netns", name, exc.errno or 0,
-                           "no such network namespace" if exc.errno == errno.ENOENT else None) from None
-    try:
-        orig = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        os.close(fd)
-        raise NetlinkError("open", "the current netns", exc.errno or 0) from None
-    try:
-        _check(_libc.setns(fd, CLONE_NEWNET), "enter netns", name)
-        try:
-            yield
-        finally:
-            # Staying in the wrong namespace would silently misdirect every later call: raise.
-            _check(_libc.setns(orig, CLONE_NEWNET), "return from netns", name)
-    finally:
-        os.close(fd)
-        os.close(orig)
+
+    def translate(exc: nsenter.NetnsError) -> NetlinkError:
+        err = exc.errno or 0
+        if exc.step == "open":
+            return NetlinkError("enter netns", name, err,
+                                "no such network namespace" if err == errno.ENOENT else None)
+        if exc.step == "save":
+            return NetlinkError("open", "the current netns", err)
+        if exc.step == "enter":
+            return NetlinkError("enter netns", name, err)
+        return NetlinkError("return from netns", name, err)   # "return": the thread may be stranded
+
+    with nsenter.entered(target, translate=translate):
+        yield
 
 
 def _share_rundir() -> None:
