@@ -1,29 +1,31 @@
-"""Vectorised text for big dumps: JSON rows written into a fixed layout, a chunk of rows at a time.
+"""NumPy fixed-width text: columns of values formatted a chunk of rows at a time, without a Python
+object per value.  Generic (it knows nothing about lace's maps); the node command's ``ct list``
+uses it for up to a million conntrack entries.
 
-Why: ``node ct list`` prints up to a million conntrack entries; formatting each with Python
-(``ipaddress``, f-strings, dicts for orjson) costs microseconds per row.  Here a table's rows
-share one layout — a template row (keys, punctuation, spaces) with fixed-width slots for the
-values — and every slot is written for a whole chunk of rows with a few array operations:
+Why: formatting each row with Python (``ipaddress``, f-strings, dicts for orjson) costs
+microseconds per row.  Here a table's rows share one layout — a template row (keys, punctuation,
+spaces) with fixed-width slots for the values — and every slot is written for a whole chunk of
+rows with a few array operations:
 
-* tokens (enum labels, names, anything with few distinct values) are ``np.take`` from a table
-  of pre-rendered, space-padded strings, 8 bytes at a time;
+* tokens (enum labels, names, anything with few distinct values) are ``np.take`` from a
+  :class:`PaddedStrings` of pre-rendered, space-padded strings, 8 bytes at a time;
 * numbers are right-aligned in their slot: small ones from a table, big ones four digits at a
   time from a 10,000-entry table;
 * addresses are built as little-endian 64-bit words (pieces shifted into place), RFC 5952 for
   IPv6 as ``ipaddress`` prints it, then closed with a quote and spaces.
 
-Padding is spaces, which JSON allows between tokens, so every row is valid JSON as written and
-nothing is compacted afterwards.  One chunk buffer (small enough to stay in cache) is reused:
-the template is written into it once, slots overwrite their bytes in every chunk, and the chunk
-goes to the output as one write.
+:class:`Rows` writes one JSON object per row this way.  Padding is spaces, which JSON allows
+between tokens, so every row is valid JSON as written and nothing is compacted afterwards.  One
+chunk buffer (small enough to stay in cache) is reused: the template is written into it once,
+slots overwrite their bytes in every chunk, and the chunk goes to the output as one write.
 
-:class:`Text` (``buf`` (n, w) left-aligned NUL-padded, and ``lens``) is the column form the
-table (human) output and the tests use.
+:class:`Text` (``buf`` (n, w) left-aligned NUL-padded, and ``lens``) is the column form for
+other output (``ct list``'s lines) and the tests; :func:`ipv4`, :func:`ipv6`, :func:`digits`
+and :func:`signed_digits` produce it.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -72,20 +74,20 @@ def _spans(w: int) -> tuple[int, list[int]]:
     return k, starts
 
 
-class Table:
+class PaddedStrings:
     """Strings by code, space-padded to one width, ready to be taken 8 bytes at a time."""
 
-    def __init__(self, strings: Sequence[bytes], width: int | None = None, fill: int = SPACE) -> None:
+    def __init__(self, strings: Sequence[bytes], width: int | None = None) -> None:
         w = width if width is not None else max((len(s) for s in strings), default=0)
         self.width = w = max(w, 1)
-        arr = np.full((max(len(strings), 1), w), fill, dtype=np.uint8)
+        arr = np.full((max(len(strings), 1), w), SPACE, dtype=np.uint8)
         for i, s in enumerate(strings):
             if s:
                 arr[i, :len(s)] = np.frombuffer(s[:w], dtype=np.uint8)
         self._init(arr)
 
     @classmethod
-    def from_array(cls, arr: np.ndarray) -> Table:
+    def from_array(cls, arr: np.ndarray) -> PaddedStrings:
         t = cls.__new__(cls)
         t.width = arr.shape[1]
         t._init(np.ascontiguousarray(arr, dtype=np.uint8))
@@ -119,23 +121,23 @@ def _digits_matrix(v: np.ndarray, w: int, zero_pad: bool) -> np.ndarray:
 #: four digits: [0, 10^4) zero-padded, [10^4, 2*10^4) right-aligned with spaces, 2*10^4 blank
 _G4 = np.concatenate([_digits_matrix(np.arange(10000), 4, True), _digits_matrix(np.arange(10000), 4, False),
                       np.full((1, 4), SPACE, np.uint8)])
-_G4_TABLES: dict[int, Table] = {}
-_SMALL: dict[int, Table] = {}
+_G4_TABLES: dict[int, PaddedStrings] = {}
+_SMALL: dict[int, PaddedStrings] = {}
 
 
-def _g4(r: int) -> Table:
+def _g4(r: int) -> PaddedStrings:
     """The four-digit table's last ``r`` columns (the most significant group of a number)."""
     t = _G4_TABLES.get(r)
     if t is None:
-        t = _G4_TABLES[r] = Table.from_array(_G4[:, 4 - r:])
+        t = _G4_TABLES[r] = PaddedStrings.from_array(_G4[:, 4 - r:])
     return t
 
 
-def _small(nd: int) -> Table:
+def _small(nd: int) -> PaddedStrings:
     """Every value below 10^nd (at most 65536) right-aligned in nd characters."""
     t = _SMALL.get(nd)
     if t is None:
-        t = _SMALL[nd] = Table.from_array(_digits_matrix(np.arange(min(10 ** nd, 65536)), nd, False))
+        t = _SMALL[nd] = PaddedStrings.from_array(_digits_matrix(np.arange(min(10 ** nd, 65536)), nd, False))
     return t
 
 
@@ -477,7 +479,7 @@ class Tokens:
             enc = [t if used[i] else b"" for i, t in enumerate(enc)]
         else:
             width = None
-        self.table = Table(enc, width)
+        self.table = PaddedStrings(enc, width)
         self.width = self.table.width
         self.codes = codes
 
@@ -588,9 +590,6 @@ class Rows:
         return memoryview(b"".join(bytes(c) for c in self.chunks(sep)))  # type: ignore[attr-defined]
 
 
-#: the previous name of :class:`Rows`
-JsonRows = Rows
-
 
 def digits(values: np.ndarray, width: int | None = None) -> np.ndarray:
     """Non-negative integers as right-aligned decimal text in a (n, width) uint8 matrix, NUL-padded
@@ -613,15 +612,3 @@ def signed_digits(values: np.ndarray) -> np.ndarray:
     buf[buf == SPACE] = PAD
     return buf
 
-
-def lookup(codes: np.ndarray, strings: list[str]) -> Text:
-    """Strings by integer code (enum labels, flag sets): ``strings[code]``."""
-    t = Table([s.encode() for s in strings], fill=PAD)
-    ln = np.array([len(s.encode()) for s in strings], dtype=np.int64)
-    c = np.asarray(codes, dtype=np.intp)
-    return Text(t.array[c], ln[c])
-
-
-def check_ipv6(raw: bytes) -> str:
-    """The reference rendering (tests compare :func:`ipv6` against it)."""
-    return str(ipaddress.IPv6Address(raw))

@@ -1,4 +1,4 @@
-"""Vectorised formatting (lace.cli.node.columns) against the reference renderers."""
+"""Vectorised formatting (lace.textcols) against the reference renderers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from lace.cli.node import columns as C
+from lace import textcols as C
 
 
 def test_ipv4_matches_ipaddress() -> None:
@@ -45,7 +45,7 @@ def test_digits_and_signed() -> None:
 
 def test_json_rows_are_valid_json() -> None:
     n = 300
-    rows = C.JsonRows(n)
+    rows = C.Rows(n)
     rows.lit('{"a":')
     rows.number(np.arange(n, dtype=np.uint64) * 1000)
     rows.key("ip")

@@ -9,7 +9,6 @@ node's data plane holds and decides.
     env.py      NodeEnv: where the node's state lives (pin root, store, node name, agent socket)
     resolve.py  ID -> name resolution through the store (never with -n)
     render.py   tables, count lines, ``-o json``
-    columns.py  NumPy fixed-width text for big dumps (ct list)
 
 Every command reads the pinned maps directly, so it works with the agent down, and opens the
 store only to resolve names.  This package imports nothing itself: ``main`` imports only the

@@ -5,7 +5,7 @@ nanoseconds (``bpf_ktime_get_coarse_ns``), compared with the same clock here.
 
 A node can hold a million entries, so both commands work on whole columns: the dump is one batch
 syscall sequence, decoding is ``Layout.decode_many`` (NumPy), ``-o json`` is assembled by
-:mod:`~lace.cli.node.columns` without a Python object per entry, and gc deletes in batches.
+:mod:`lace.textcols` without a Python object per entry, and gc deletes in batches.
 Names (networks, segments, pods, services) are resolved once per distinct value, not per entry.
 
 gc removes only entries whose expiry is in the past at the moment of the dump; an entry refreshed
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from lace.cli.node import columns as C
+from lace import textcols as C
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -196,7 +196,7 @@ def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, 
 
 def json_rows(t: Table, now: int, res: NumericResolver) -> C.Rows:
     """One JSON object per entry of a table (see the module docstring): a fixed layout whose
-    slots :mod:`~lace.cli.node.columns` writes a chunk of rows at a time."""
+    slots :mod:`lace.textcols` writes a chunk of rows at a time."""
     k, v, n = t.keys, t.vals, t.count
     fam = t.family
     rows = C.Rows(n)
