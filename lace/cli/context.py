@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from lace.cli.errors import NotFoundError, UnavailableError, UsageError
+from lace.store import STORE_FILE
 from lace.lab.names import name_problem
 
 DEFAULT_STATE_DIR = "/var/lib/lace"
-STORE_FILE = "store.db"
 
 
 @dataclasses.dataclass(frozen=True)

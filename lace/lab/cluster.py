@@ -13,6 +13,7 @@ from typing import Any, Callable
 from lace import netlink
 from lace.cni.client import AgentUnavailable, call
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
+from lace.store import STORE_FILE
 from lace.store import kinds as K
 from lace.store.sqlite import SqliteStore
 
@@ -33,7 +34,7 @@ def agent_socket(state_dir: str, node: str) -> str:
 
 def _agent_argv(state_dir: str, node: Any) -> list[str]:
     return [sys.executable, "-m", "lace.agent", "--node", node.name,
-            "--store", os.path.join(state_dir, "store.db"), "--pin-root", node.pin_root,
+            "--store", os.path.join(state_dir, STORE_FILE), "--pin-root", node.pin_root,
             "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
             "--mtu", str(topology.POD_MTU)]
 
@@ -80,7 +81,7 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
     try:
         lab = topology.build(topology.LabSpec(name=name, nodes=nodes), state_dir=state_dir, progress=progress)
         progress("opening the store")
-        store = SqliteStore(os.path.join(state_dir, "store.db"))
+        store = SqliteStore(os.path.join(state_dir, STORE_FILE))
         try:
             register_nodes(store, lab)
         finally:

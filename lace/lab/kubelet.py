@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lace import netlink
 from lace.cni.spec import CNI_VERSION
+from lace.store import STORE_FILE
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
 from lace.store.kinds import pod_network
 from lace.store.sqlite import SqliteStore
@@ -98,7 +99,7 @@ class Kubelet:
         desc = json.loads((Path(state_dir) / "lab.json").read_text())
         self.nodes = {n["name"]: n for n in desc["nodes"]}
         # a short poll: a new pod is picked up within a few ms of its apply
-        self.store = SqliteStore(Path(state_dir) / "store.db", poll_interval=0.005)
+        self.store = SqliteStore(Path(state_dir) / STORE_FILE, poll_interval=0.005)
         self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
         self.stopping = threading.Event()
         self.cni_bin = Path(sys.executable).parent

@@ -8,7 +8,6 @@ allocations the store and the node agents make.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
 
 from lace.store.errors import UnknownKind
@@ -129,6 +128,8 @@ def pod_network(pod: dict) -> str:
 
 def segment_name(network: str, namespace: str, labels: dict[str, str]) -> str:
     """The deterministic Segment object name for an identity (network, namespace, labels)."""
+    import hashlib  # here, not at the top: it loads OpenSSL, and most importers never name a segment
+
     canon = "\n".join([network, namespace, *(f"{k}={v}" for k, v in sorted(labels.items()))])
     return f"{network}-{hashlib.sha256(canon.encode()).hexdigest()[:16]}"
 
