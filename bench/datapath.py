@@ -28,13 +28,13 @@ from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState  # noqa: E402
 from lace.datapath.registry import bpf_dir  # noqa: E402
-from tests.datapath.harness import REMOTE, Datapath  # noqa: E402
+from lace.datapath.testbed import REMOTE, Testbed  # noqa: E402
 
 POLICY_FILL = 16_384
 CT_SIZES = (1_000, 100_000, 1_000_000)
 
 
-def fill_conntrack(dp: Datapath, n: int) -> None:
+def fill_conntrack(dp: Testbed, n: int) -> None:
     """n established TCPv4 entries that the measured flows never hit."""
     keys = np.zeros(n, dtype=CT4_KEY.dtype)
     keys["network"] = 1
@@ -59,7 +59,7 @@ def fill_conntrack(dp: Datapath, n: int) -> None:
         m.update_batch(k.tobytes(), v.tobytes(), len(k))
 
 
-def fill_policy(dp: Datapath, n: int) -> None:
+def fill_policy(dp: Testbed, n: int) -> None:
     """n allow entries between segments the measured flows do not use."""
     for i in range(n):
         dp.allow(10_000 + i % 4096, 20_000 + i, Direction.INGRESS, proto=6, port=80)
@@ -87,14 +87,14 @@ WARM_REPEAT = 100
 EST_SPORT, ENC_SPORT, DENY_SPORT = 60001, 60002, 60003
 
 
-def check_paths(dp: Datapath, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes) -> None:
+def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes) -> None:
     """Fail unless each measured packet takes the path its row is named after, every repetition."""
     from scapy.layers.l2 import Ether
 
     from lace.datapath.conntrack import CtStatus
     from lace.datapath.reasons import DropReason
     from lace.datapath.trace import TRACE_EVENT
-    from tests.datapath.harness import TC_ACT_REDIRECT, TC_ACT_SHOT
+    from lace.datapath.testbed import TC_ACT_REDIRECT, TC_ACT_SHOT
 
     def run(pkt: bytes, repeat: int = 1):
         with enter_netns(dp.netns):
@@ -133,7 +133,7 @@ def run(quick: bool) -> int:
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
     sizes = CT_SIZES[:2] if quick else CT_SIZES
-    dp = Datapath(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
+    dp = Testbed(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
     passobj, base = load_pass_program()
     results: dict[int, dict[str, float]] = {}
     try:

@@ -97,7 +97,7 @@ def policy(k: int, n_ns: int, variant: int = 0) -> dict:
 
 
 def control_plane(quick: bool) -> dict[str, float]:
-    from tests.datapath.harness import Datapath
+    from lace.datapath.testbed import Testbed
     inputs = synthetic()
     node = NODES[0]
     local = node_segments(inputs, node)
@@ -114,7 +114,7 @@ def control_plane(quick: bool) -> dict[str, float]:
     out["entries node"] = len(entries)
     out["entries cluster"] = len(all_entries)
     out["segments"] = len(res.world.segments)
-    dp = Datapath()          # the real objects with private maps: a real lace_policy LPM trie
+    dp = Testbed()           # the real objects in a throw-away pin root: a real lace_policy LPM trie
     m = dp.m("policy")
     try:
         t3 = time.perf_counter()
@@ -142,10 +142,7 @@ def control_plane(quick: bool) -> dict[str, float]:
             assert r.last_resolved == 1, r.last_resolved
         out["incremental change programmed"] = statistics.median(times)
         t6 = time.perf_counter()
-        keys, values, n = m.dump()
-        ks, vs = m.key_size, m.value_blob_size
-        kb, vb = bytes(keys), bytes(values)
-        have = {kb[i * ks:(i + 1) * ks]: vb[i * vs:(i + 1) * vs] for i in range(n)}
+        have = dict(m.entries())     # what the agent's resync reads (NodeDatapath.read)
         assert not diff("policy", shadow, have), "the shadow is what the kernel holds"
         out["periodic resync (dump + diff)"] = (time.perf_counter() - t6) * 1000
         out["changed entries"] = len(ch.updates) + len(ch.deletes)
@@ -157,11 +154,11 @@ def control_plane(quick: bool) -> dict[str, float]:
 def datapath(quick: bool) -> dict[int, dict[str, float]]:
     from scapy.layers.inet import TCP
     from bench.datapath import load_pass_program, measure
-    from tests.datapath.harness import Datapath
+    from lace.datapath.testbed import Testbed
 
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
-    dp = Datapath()
+    dp = Testbed()
     passobj, base = load_pass_program()
     results: dict[int, dict[str, float]] = {}
     try:

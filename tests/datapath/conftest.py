@@ -2,12 +2,12 @@
 
 import pytest
 
-from .harness import Datapath
+from lace.datapath.testbed import Testbed
 
 
 @pytest.fixture(scope="session")
 def datapath():
-    dp = Datapath()
+    dp = Testbed()
     try:
         yield dp
     finally:

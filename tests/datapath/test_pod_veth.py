@@ -18,7 +18,7 @@ from lace.datapath.conntrack import CtStatus
 
 from lace.datapath.common import mac_bytes
 
-from .harness import NEIGH_MAC, UPLINK_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, icmp_echo
+from lace.datapath.testbed import NEIGH_MAC, UPLINK_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, icmp_echo
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 ING, EGR = Direction.INGRESS, Direction.EGRESS

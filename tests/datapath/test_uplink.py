@@ -15,7 +15,7 @@ from lace.datapath.delivery import DeliveryKind
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.segment import segment_key, segment_value
 
-from .harness import NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, UPLINK_MAC
+from lace.datapath.testbed import NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, UPLINK_MAC
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 

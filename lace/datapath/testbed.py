@@ -1,6 +1,11 @@
-"""A datapath under test: both lace programs loaded against one throw-away pin root, inside a
-throw-away network namespace whose devices give the test packets real ifindexes (BPF_PROG_TEST_RUN
-resolves ctx ifindex there) and whose underlay route and neighbour let bpf_fib_lookup succeed.
+"""A datapath under test: both lace programs loaded by :func:`lace.datapath.node.load_objects`
+against one throw-away pin root, inside a throw-away network namespace whose devices give the test
+packets real ifindexes (BPF_PROG_TEST_RUN resolves ctx ifindex there) and whose underlay route and
+neighbour let bpf_fib_lookup succeed.  The namespace and its devices are made with lace.netlink
+(no ``ip`` processes); the datapath tests (tests/datapath) and the benchmarks (bench/) run on it.
+
+Needs root and bpffs; the packet builders (:meth:`Testbed.l3`, :meth:`Testbed.encap`,
+:func:`icmp_echo`, :meth:`Result.packet`) need scapy (the ``test`` extra), imported when called.
 
 The base topology, reset before every row:
 
@@ -15,21 +20,18 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
-import subprocess
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from scapy.layers.inet import IP, TCP, UDP, ICMP
-from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import Ether
-
-from lace.bpf import ObjectSpec, RingBuffer, ensure_bpffs, enter_netns, test_run
+from lace import netlink
+from lace.bpf import BPFFS, Map, RingBuffer, ensure_bpffs, enter_netns, test_run
 from lace.datapath import config as cfgmod
 from lace.datapath import registry
 from lace.datapath.common import mac_bytes, Direction
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
+from lace.datapath.node import LoadedDatapath, load_objects
 from lace.datapath.policy import policy_entry, policy_keys, selected_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_key, segment_value
@@ -69,33 +71,42 @@ REMOTE = {"ipv4": "10.1.2.20", "ipv6": "fd10:1:0:2::20", "segment": 259}
 
 @dataclass
 class Result:
+    """What one test run returned: the program's verdict, the packet as it left, the trace events."""
+
     retval: int
     data: bytes
     events: list[dict[str, Any]] = field(default_factory=list)
 
-    def packet(self) -> Ether:
+    def packet(self) -> Any:
+        """The output packet as a scapy ``Ether``."""
+        from scapy.layers.l2 import Ether
+
         return Ether(self.data)
 
 
-def _ip(*args: str, netns: str | None = None) -> None:
-    cmd = ["ip"] + (["-n", netns] if netns else []) + list(args)
-    subprocess.run(cmd, check=True, capture_output=True)
+class Testbed:
+    """pod_veth.o and uplink.o loaded sharing their maps (:func:`lace.datapath.node.load_objects`)
+    in a throw-away namespace and pin root; see the module docstring.  :meth:`close` removes both."""
 
-
-class Datapath:
-    """Loads pod_veth.o and uplink.o sharing their maps; see the module docstring."""
+    __test__ = False   # not a pytest class, whatever imports it
 
     def __init__(self, max_entries: dict[str, int] | None = None) -> None:
         #: CLI map name -> capacity override (benchmarks fill conntrack past its default size)
         self.max_entries = dict(max_entries or {})
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.netns = f"lace-dp-{tag}"
-        self.pin_root = f"/sys/fs/bpf/lace-dp-{tag}"
-        self.objects: list[Any] = []
+        self.pin_root = os.path.join(BPFFS, f"lace-dp-{tag}")
+        self.loaded: LoadedDatapath | None = None
+        self.ring: RingBuffer | None = None
         self.pods: dict[str, Pod] = {}
         self.events: list[bytes] = []
-        _ip("netns", "add", self.netns)
+        self.ifindex: dict[str, int] = {}
+        self._made_netns = self._made_pin_root = False
         try:
+            if netlink.netns_exists(self.netns):
+                raise FileExistsError(f"network namespace {self.netns} exists already")
+            netlink.create_netns(self.netns)
+            self._made_netns = True
             self._build()
         except BaseException:
             self.close()
@@ -104,9 +115,20 @@ class Datapath:
     # -- set-up -----------------------------------------------------------------------------
 
     def _build(self) -> None:
+        with netlink.reuse():   # one netlink handle into the namespace for the whole set-up
+            self._build_devices()
+        ensure_bpffs()
+        os.mkdir(self.pin_root)   # fresh: never someone else's pins
+        self._made_pin_root = True
+        self.loaded = load_objects(self.pin_root, self.max_entries)
+        self.prog_pod = self.loaded.program("lace_from_pod")
+        self.prog_uplink = self.loaded.program("lace_from_uplink")
+        self.ring = RingBuffer(self.m("events"), self._on_event)
+
+    def _build_devices(self) -> None:
         ns = self.netns
-        _ip("link", "set", "lo", "up", netns=ns)
-        _ip("link", "add", "up0", "address", UPLINK_MAC, "type", "veth", "peer", "name", "up1", netns=ns)
+        netlink.set_up("lo", ns)
+        netlink.veth_pair("up0", "up1", netns=ns, mac=UPLINK_MAC)
         specs = [
             Pod("a", NET1, "10.1.1.10", "fd10:1::a", "02:00:00:00:00:0a", "02:00:00:00:01:0a", 257, "pa"),
             Pod("b", NET1, "10.1.1.11", "fd10:1::b", "02:00:00:00:00:0b", "02:00:00:00:01:0b", 258, "pb"),
@@ -116,71 +138,82 @@ class Datapath:
             Pod("x", NET1, "10.1.1.99", "fd10:1::99", "02:00:00:00:00:99", "02:00:00:00:01:99", 0, "px"),
         ]
         for i, pod in enumerate(specs, start=1):
-            _ip("link", "add", pod.ifname, "address", pod.host_mac, "type", "veth", "peer", "name",
-                pod.ifname + "p", netns=ns)
+            netlink.veth_pair(pod.ifname, pod.ifname + "p", netns=ns, mac=pod.host_mac)
             pod.endpoint_id = i
             self.pods[pod.name] = pod
         for dev in ["up0", "up1"] + [p.ifname for p in specs] + [p.ifname + "p" for p in specs]:
-            _ip("link", "set", dev, "up", netns=ns)
-        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"],
-                       check=True, capture_output=True)
-        _ip("-6", "addr", "add", f"{UNDERLAY1}/64", "dev", "up0", "nodad", netns=ns)
-        _ip("-6", "neigh", "add", UNDERLAY2, "lladdr", NEIGH_MAC, "dev", "up0", "nud", "permanent", netns=ns)
-        _ip("-6", "route", "add", LOCATOR2, "via", UNDERLAY2, "dev", "up0", netns=ns)
-        self.ifindex = self._ifindexes()
+            netlink.set_up(dev, ns)
+        netlink.sysctl(ns, "net.ipv6.conf.all.forwarding", 1)
+        netlink.add_address("up0", f"{UNDERLAY1}/64", ns, nodad=True)
+        netlink.add_neighbor(UNDERLAY2, NEIGH_MAC, "up0", ns, permanent=True)
+        netlink.add_route(LOCATOR2, netns=ns, via=UNDERLAY2, dev="up0")
+        self.ifindex = {link.name: link.ifindex for link in netlink.links(ns)}
         for pod in specs:
             pod.ifindex = self.ifindex[pod.ifname]
-
-        ensure_bpffs()
-        os.makedirs(self.pin_root)
-        for name in ("pod_veth", "uplink"):
-            spec = ObjectSpec.open(str(registry.bpf_object_path(name)), pin_root=self.pin_root)
-            for cli, n in self.max_entries.items():
-                spec.maps[registry.get(cli).pin_name].set_max_entries(n)
-            self.objects.append(spec.load())
-        self.maps = {}
-        for obj in self.objects:
-            for name, m in obj.maps.items():
-                self.maps.setdefault(name, m)
-        self.prog_pod = self.objects[0].programs["lace_from_pod"]
-        self.prog_uplink = self.objects[1].programs["lace_from_uplink"]
-        self.ring = RingBuffer(self.maps["lace_events"], self._on_event)
-
-    def _ifindexes(self) -> dict[str, int]:
-        out = subprocess.run(["ip", "-n", self.netns, "-o", "link"], check=True, capture_output=True, text=True)
-        res = {}
-        for line in out.stdout.splitlines():
-            idx, name = line.split(":")[0:2]
-            res[name.strip().split("@")[0]] = int(idx)
-        return res
 
     def _on_event(self, data: bytes) -> int:
         self.events.append(bytes(data))
         return 0
 
     def close(self) -> None:
-        ring = getattr(self, "ring", None)
+        """Close the ring buffer and the objects, remove the pin root and the namespace; each
+        step runs even when an earlier one fails (the first failure is raised at the end)."""
+        steps = [self._close_ring, self._close_objects, self._remove_pins, self._remove_netns]
+        failure: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:   # keep cleaning up
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def _close_ring(self) -> None:
+        ring, self.ring = self.ring, None
         if ring is not None:
             ring.close()
-        for obj in self.objects:
-            obj.close()
-        self.objects = []
-        if os.path.isdir(self.pin_root):
+
+    def _close_objects(self) -> None:
+        loaded, self.loaded = self.loaded, None
+        if loaded is not None:
+            loaded.close()
+
+    def _remove_pins(self) -> None:
+        if self._made_pin_root and os.path.isdir(self.pin_root):
             for f in os.listdir(self.pin_root):
                 os.unlink(os.path.join(self.pin_root, f))
             os.rmdir(self.pin_root)
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        self._made_pin_root = False
+
+    def _remove_netns(self) -> None:
+        if self._made_netns:
+            netlink.delete_netns(self.netns)
+        self._made_netns = False
+
+    def _ring(self) -> RingBuffer:
+        if self.ring is None:
+            raise RuntimeError("the test bed is closed")
+        return self.ring
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- map programming --------------------------------------------------------------------
 
-    def m(self, cli_name: str):
-        return self.maps[registry.get(cli_name).pin_name]
+    def m(self, cli_name: str) -> Map:
+        """Map ``cli_name`` (owned by the test bed)."""
+        if self.loaded is None:
+            raise RuntimeError("the test bed is closed")
+        return self.loaded.map(cli_name)
 
     def clear(self) -> None:
         for cli, mdef in registry.MAPS.items():
             if mdef.map_type != "ringbuf":
-                self.maps[mdef.pin_name].clear()
-        self.ring.consume()
+                self.m(cli).clear()
+        self._ring().consume()
         self.events.clear()
 
     def reset(self) -> None:
@@ -248,7 +281,7 @@ class Datapath:
     def run(self, prog, pkt: bytes, ifindex: int) -> Result:
         with enter_netns(self.netns):
             res = test_run(prog, pkt, ctx=self.skb_ctx(ifindex), data_size_out=len(pkt) + 256)
-        self.ring.consume()
+        self._ring().consume()
         events = [TRACE_EVENT.unpack(e) for e in self.events]
         self.events.clear()
         return Result(res.retval, res.data_out, events)
@@ -263,13 +296,22 @@ class Datapath:
     # -- packets ----------------------------------------------------------------------------
 
     def l3(self, src: Pod, dst_ip: str, family: int, **kw):
+        """An Ethernet + IP packet from ``src`` to ``dst_ip`` as the pod would send it (scapy)."""
+        from scapy.layers.inet import IP
+        from scapy.layers.inet6 import IPv6
+        from scapy.layers.l2 import Ether
+
         ether = Ether(src=src.mac, dst=src.host_mac)
         if family == 4:
             return ether / IP(src=src.ipv4, dst=dst_ip, **kw)
         return ether / IPv6(src=src.ipv6, dst=dst_ip, **kw)
 
     def encap(self, inner, dst_net: int, src_net: int, locator: str = LOCATOR1):
-        """An SRv6-encapsulated packet as node 2 would send it to us."""
+        """An SRv6-encapsulated packet as node 2 would send it to us (scapy)."""
+        from scapy.layers.inet import IP
+        from scapy.layers.inet6 import IPv6
+        from scapy.layers.l2 import Ether
+
         outer_dst = str(ipaddress.IPv6Address(cfgmod.sid(locator, None, dst_net, src_net)))
         nh = 4 if inner.haslayer(IP) else 41
         return (Ether(src=NEIGH_MAC, dst=UPLINK_MAC) /
@@ -277,11 +319,14 @@ class Datapath:
 
 
 def icmp_echo(family: int, ident: int = 0x77, reply: bool = False):
+    """An ICMP (v4) or ICMPv6 echo request (or reply) layer (scapy)."""
+    from scapy.layers.inet import ICMP
     from scapy.layers.inet6 import ICMPv6EchoReply, ICMPv6EchoRequest
+
     if family == 4:
         return ICMP(type=0 if reply else 8, id=ident, seq=1)
     return (ICMPv6EchoReply if reply else ICMPv6EchoRequest)(id=ident, seq=1)
 
 
-__all__ = ["Datapath", "Pod", "Result", "REMOTE", "icmp_echo", "TCP", "UDP", "IP", "IPv6", "Ether",
-           "TC_ACT_OK", "TC_ACT_SHOT", "TC_ACT_REDIRECT", "NET1", "NET2"]
+__all__ = ["Testbed", "Pod", "Result", "REMOTE", "icmp_echo", "TC_ACT_OK", "TC_ACT_SHOT", "TC_ACT_REDIRECT",
+           "NET1", "NET2", "LOCATOR1", "LOCATOR2", "UNDERLAY1", "UNDERLAY2", "NEIGH_MAC", "UPLINK_MAC"]
