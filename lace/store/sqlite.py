@@ -389,6 +389,8 @@ class SqliteWatch(Watch):
 class SqliteStore(RegistryStore):
     """The Store on one SQLite file: a SqliteBackend under the shared rules and allocators."""
 
+    backend: SqliteBackend
+
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 10.0,
                  max_events: int = DEFAULT_MAX_EVENTS, poll_interval: float = POLL_INTERVAL) -> None:
         super().__init__(SqliteBackend(path, busy_timeout=busy_timeout, max_events=max_events,
@@ -402,7 +404,3 @@ class SqliteStore(RegistryStore):
     def _conn(self) -> sqlite3.Connection:
         # the backend's connection, for tests that look at the file itself (WAL mode, events rows)
         return self.backend._conn
-
-    def compact(self, keep: int | None = None) -> int:
-        """Drop all but the newest ``keep`` events (default max_events); returns the compaction mark."""
-        return self.backend.compact(keep)
