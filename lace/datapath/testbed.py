@@ -26,16 +26,19 @@ from typing import Any
 
 from lace import netlink
 from lace.bpf import BPFFS, Map, RingBuffer, ensure_bpffs, enter_netns, test_run
+# Layouts (DELIVERY, TRACE_EVENT) are used through their modules: the schema tests take a Layout
+# held at module level as declared by that module's ABI header.
 from lace.datapath import config as cfgmod
+from lace.datapath import delivery as dlv
 from lace.datapath import registry
+from lace.datapath import trace as trc
 from lace.datapath.common import mac_bytes, Direction
-from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.delivery import DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.node import LoadedDatapath, load_objects
 from lace.datapath.policy import policy_entry, policy_keys, selected_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_key, segment_value
-from lace.datapath.trace import TRACE_EVENT
 
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 SKB_SIZE, SKB_INGRESS_IFINDEX, SKB_IFINDEX = 192, 36, 40
@@ -245,16 +248,16 @@ class Testbed:
 
     def deliver_local(self, pod: Pod, family: int) -> None:
         plen = 32 if family == 4 else 128
-        self.m("delivery").update(delivery_key(pod.network, f"{pod.ip(family)}/{plen}"), DELIVERY.pack(
+        self.m("delivery").update(delivery_key(pod.network, f"{pod.ip(family)}/{plen}"), dlv.DELIVERY.pack(
             kind=DeliveryKind.LOCAL, ifindex=pod.ifindex, mac=mac_bytes(pod.mac),
             host_mac=mac_bytes(pod.host_mac), endpoint_id=pod.endpoint_id))
 
     def deliver_remote(self, net: int, cidr: str, locator: str, node_id: int) -> None:
-        self.m("delivery").update(delivery_key(net, cidr), DELIVERY.pack(
+        self.m("delivery").update(delivery_key(net, cidr), dlv.DELIVERY.pack(
             kind=DeliveryKind.REMOTE, node_id=node_id, sid=cfgmod.sid(locator, None, net)))
 
     def deliver_host(self, net: int, cidr: str) -> None:
-        self.m("delivery").update(delivery_key(net, cidr), DELIVERY.pack(kind=DeliveryKind.HOST))
+        self.m("delivery").update(delivery_key(net, cidr), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
 
     def select(self, segment: int, direction: Direction, policy_id: int = 1, audit: bool = False) -> None:
         from lace.datapath.policy import PolicyFlag
@@ -282,7 +285,7 @@ class Testbed:
         with enter_netns(self.netns):
             res = test_run(prog, pkt, ctx=self.skb_ctx(ifindex), data_size_out=len(pkt) + 256)
         self._ring().consume()
-        events = [TRACE_EVENT.unpack(e) for e in self.events]
+        events = [trc.TRACE_EVENT.unpack(e) for e in self.events]
         self.events.clear()
         return Result(res.retval, res.data_out, events)
 
