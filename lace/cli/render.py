@@ -1,26 +1,55 @@
-"""Rendering: kubectl-style tables (rich), ``-o json`` (one document), ``-o yaml``, ``-o name``, errors.
+"""Rendering for ``lace`` and ``node``: tables (rich), ``-o json`` (one document), ``-o yaml``,
+``-o name``, count lines and errors — and one rule for empty cells (:func:`cell`).
 
-Each kind's columns are declared once in ``COLUMNS``; ``wide`` columns appear with ``-o wide``.
+``lace get`` prints kubectl-style object tables: each kind's columns are declared once in
+``COLUMNS``; ``wide`` columns appear with ``-o wide``.  The ``node`` commands print tables of map
+entries (:func:`node_table`, :func:`plain_table`) ending with a count line (:func:`count_line`).
+
+rich and YAML are imported only when a table or YAML is drawn: ``-o json`` never loads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import io
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import orjson
-import yaml
-from rich.console import Console
-from rich.table import Table
 
 from lace.store import kinds as K
 from lace.store.selectors import format_selector
 
-NONE = "<none>"
+if TYPE_CHECKING:
+    from rich.console import Console
 
+
+# ---- empty cells: one rule -----------------------------------------------------------------------
+
+TableKind = Literal["objects", "node"]
+
+#: What an empty cell (no value: None or "") prints as, by the kind of table; :func:`cell` applies
+#: it.  Object tables (``lace get``) print kubectl's ``<none>``, which readers and scripts used to
+#: kubectl expect.  Node tables (``node bpf show``, ``node device list``, ``node ct gc``) print
+#: ``-``, as ip, ss and bpftool print an unset field; the node commands' own texts use ``-`` for
+#: "nothing here" too (``net red → -`` in ``node trace flow``).
+EMPTY_CELL: dict[TableKind, str] = {"objects": "<none>", "node": "-"}
+
+#: a cell left blank on purpose (the continuation rows of a multi-row entry): printed as nothing
+BLANK = "\0"
+
+
+def cell(value: Any, table: TableKind = "objects") -> str:
+    """A cell's text: ``BLANK`` is nothing, no value (None or "") is ``EMPTY_CELL[table]``,
+    anything else ``str(value)``."""
+    if value is BLANK:
+        return ""
+    return EMPTY_CELL[table] if value is None or value == "" else str(value)
+
+
+# ---- errors ----------------------------------------------------------------------------------------
 
 def print_error(stream: TextIO, message: str, hint: str | None = None) -> None:
     """``error: <message>`` and, when there is one, ``hint: <hint>`` — never a traceback."""
@@ -41,16 +70,32 @@ def print_unexpected(stream: TextIO, err: BaseException, env: Any) -> None:
                 None if debug else "this is a bug in lace; set LACE_DEBUG=1 to see the traceback")
 
 
+# ---- documents -------------------------------------------------------------------------------------
+
 def dump_json(doc: Any) -> str:
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    """One JSON document, indented for humans who page it (still one document)."""
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
 
 
-class _Dumper(yaml.SafeDumper):
-    pass
+def write_json(stream: TextIO, doc: Any) -> None:
+    """:func:`dump_json` to ``stream``, flushed (the node commands' ``-o json``)."""
+    stream.write(dump_json(doc))
+    stream.flush()
+
+
+@functools.cache
+def _yaml_dumper() -> Any:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    return Dumper
 
 
 def dump_yaml(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    import yaml
+    return yaml.dump(doc, Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def list_document(items: list[dict], resource_version: str = "") -> dict:
@@ -74,11 +119,11 @@ def object_name(obj: Mapping[str, Any]) -> str:
 def age(timestamp: str | None, now: datetime.datetime | None = None) -> str:
     """kubectl's AGE: 45s, 12m, 3h, 5d, 2y (with a second unit while short: 3m20s, 5h4m, 3d4h)."""
     if not timestamp:
-        return NONE
+        return cell(None)
     try:
         then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
     except ValueError:
-        return NONE
+        return cell(None)
     now = now or datetime.datetime.now(datetime.UTC)
     secs = max(0, int((now - then).total_seconds()))
     if secs < 120:
@@ -111,8 +156,7 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
 
 
 def _join(values: Iterable[Any]) -> str:
-    text = ",".join(str(v) for v in values if v not in (None, ""))
-    return text or NONE
+    return cell(",".join(str(v) for v in values if v not in (None, "")))
 
 
 def _labels(obj: Mapping[str, Any]) -> str:
@@ -184,7 +228,7 @@ _LABELS = Column("LABELS", _labels, wide=True)
 
 COLUMNS: dict[str, list[Column]] = {
     "Pod": [_NAME,
-            Column("NODE", lambda o: _get(o, "spec", "nodeName") or NONE),
+            Column("NODE", lambda o: cell(_get(o, "spec", "nodeName"))),
             Column("NETWORK", K.pod_network),
             Column("IPS", _pod_ips),
             Column("PHASE", lambda o: _get(o, "status", "phase") or "Pending"),
@@ -192,7 +236,7 @@ COLUMNS: dict[str, list[Column]] = {
     "Namespace": [_NAME, Column("STATUS", lambda o: _get(o, "status", "phase") or "Active"), _AGE, _LABELS],
     "Node": [_NAME, Column("STATUS", _node_status), Column("INTERNAL-IP", _node_ip),
              Column("POD-CIDRS", lambda o: _join(_get(o, "spec", "podCIDRs") or [])), _AGE, _LABELS],
-    "Network": [_NAME, Column("ID", lambda o: _get(o, "status", "id") or NONE),
+    "Network": [_NAME, Column("ID", lambda o: cell(_get(o, "status", "id") or None)),
                 Column("CIDRS", lambda o: _join(_get(o, "spec", "cidrs") or [])),
                 Column("ROUTES", _routes), _AGE, _LABELS],
     "NetworkPolicy": [_NAME, Column("POD-SELECTOR", lambda o: format_selector(_get(o, "spec", "podSelector"))
@@ -200,12 +244,12 @@ COLUMNS: dict[str, list[Column]] = {
                       Column("POLICY-TYPES", lambda o: _join(_get(o, "spec", "policyTypes") or []), wide=True),
                       _AGE, _LABELS],
     "Service": [_NAME, Column("TYPE", lambda o: _get(o, "spec", "type") or "ClusterIP"),
-                Column("CLUSTER-IP", lambda o: _get(o, "spec", "clusterIP") or NONE),
+                Column("CLUSTER-IP", lambda o: cell(_get(o, "spec", "clusterIP"))),
                 Column("PORT(S)", _service_ports), Column("NETWORK", _service_network), _AGE,
                 Column("SELECTOR", lambda o: _selector_map(_get(o, "spec", "selector")), wide=True), _LABELS],
-    "Segment": [_NAME, Column("ID", lambda o: _get(o, "status", "id") or NONE),
+    "Segment": [_NAME, Column("ID", lambda o: cell(_get(o, "status", "id") or None)),
                 Column("NETWORK", lambda o: _get(o, "spec", "network")),
-                Column("NAMESPACE", lambda o: _get(o, "spec", "namespace") or NONE),
+                Column("NAMESPACE", lambda o: cell(_get(o, "spec", "namespace"))),
                 Column("LABELS", lambda o: _selector_map(_get(o, "spec", "labels"))), _AGE],
     "IPBlock": [_NAME, Column("NETWORK", lambda o: _get(o, "spec", "network")),
                 Column("NODE", lambda o: _get(o, "spec", "node")),
@@ -214,9 +258,9 @@ COLUMNS: dict[str, list[Column]] = {
                 Column("NODE", lambda o: _get(o, "spec", "node")),
                 Column("IP", lambda o: _get(o, "spec", "ip")),
                 Column("POD", lambda o: _get(o, "spec", "pod")), _AGE,
-                Column("BLOCK", lambda o: _get(o, "spec", "block") or NONE, wide=True),
-                Column("CONTAINER-ID", lambda o: (_get(o, "spec", "containerID") or NONE)[:12], wide=True),
-                Column("IFNAME", lambda o: _get(o, "spec", "ifname") or NONE, wide=True)],
+                Column("BLOCK", lambda o: cell(_get(o, "spec", "block")), wide=True),
+                Column("CONTAINER-ID", lambda o: cell(_get(o, "spec", "containerID"))[:12], wide=True),
+                Column("IFNAME", lambda o: cell(_get(o, "spec", "ifname")), wide=True)],
 }
 
 _NAMESPACE = Column("NAMESPACE", lambda o: o["metadata"].get("namespace", ""))
@@ -233,8 +277,13 @@ def table_rows(kind: str, items: list[dict], *, wide: bool = False,
     return headers, rows
 
 
+# ---- tables -----------------------------------------------------------------------------------------
+
 def render_table(console: Console, headers: list[str], rows: list[list[str]]) -> None:
-    """A borderless kubectl-like table; trailing blanks are trimmed so output diffs cleanly."""
+    """A borderless kubectl-like table of cell strings; trailing blanks are trimmed so output
+    diffs cleanly."""
+    from rich.console import Console
+    from rich.table import Table
     table = Table(box=None, pad_edge=False, show_edge=False, expand=False,
                   header_style="bold" if console.is_terminal else None, padding=(0, 3, 0, 0))
     for h in headers:
@@ -254,3 +303,88 @@ def render_objects(console: Console, kind: str, items: list[dict], *, wide: bool
                    all_namespaces: bool = False) -> None:
     headers, rows = table_rows(kind, items, wide=wide, all_namespaces=all_namespaces)
     render_table(console, headers, rows)
+
+
+# ---- the node commands' tables ---------------------------------------------------------------------
+
+def node_table(console: Console, headers: list[str], rows: list[list[Any]]) -> None:
+    """A node table: cells by :func:`cell`'s node rule (``-`` when empty), drawn by :func:`render_table`."""
+    render_table(console, headers, [[cell(c, "node") for c in r] for r in rows])
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def plain_table(stream: TextIO, env: Any, headers: list[str], rows: list[list[Any]]) -> bool:
+    """What :func:`node_table` prints when the output is not a terminal — left-aligned columns
+    three spaces apart, trailing blanks trimmed — without importing rich (a small table should not
+    cost a command like ``ct gc`` a tenth of a second).  False, and nothing written, when the
+    output is a terminal, ``COLUMNS`` is set or a cell is not plain ASCII: then use
+    :func:`node_table`."""
+    if _isatty(stream) or env.get("COLUMNS"):
+        return False
+    cells = [list(headers)] + [[cell(c, "node") for c in r] for r in rows]
+    if not all(c.isascii() and c.isprintable() for r in cells for c in r):
+        return False
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    if sum(widths) + 3 * len(widths) > 4096:  # the console width rich would wrap at
+        return False
+    stream.write("".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in cells))
+    stream.flush()
+    return True
+
+
+def human_duration(seconds: float) -> str:
+    """``45s``, ``3m12s``, ``2h5m``, ``3d4h`` (two units at most); negative durations are ``-3s``.
+    (The node commands' durations; object tables print kubectl's AGE, :func:`age`.)"""
+    if seconds < 0:
+        return "-" + human_duration(-seconds)
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s}s" if s else f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m}m" if m else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h" if h else f"{d}d"
+
+
+def pressure(count: int, capacity: int) -> str:
+    """A map's fill: ``3/4096 entries (0.1% full)``."""
+    pct = 100.0 * count / capacity if capacity else 0.0
+    return f"{count}/{capacity} entries ({pct:.1f}% full)"
+
+
+def plural(n: int, noun: str) -> str:
+    if n == 1 and noun.endswith("ies"):
+        return f"1 {noun[:-3]}y"
+    if n == 1 and noun.endswith("s"):
+        return f"1 {noun[:-1]}"
+    return f"{n} {noun}"
+
+
+def count_line(console: Console, what: str, shown: int, total: int, capacity: int | None = None,
+               noun: str = "entries", map_entries: int | None = None) -> None:
+    """The line that ends every node listing: how many, how many shown (--limit), and the map's
+    pressure (entries/capacity) when it has one; ``map_entries`` when rows are not map entries."""
+    text = plural(total, noun)
+    if shown < total:
+        text = f"showing {shown} of {text} (--limit)"
+    if capacity:
+        text += f", map {pressure(total if map_entries is None else map_entries, capacity)}"
+    console.file.write(f"{what}: {text}\n")
+    console.file.flush()
+
+
+def empty(console: Console, what: str, capacity: int | None = None) -> None:
+    """What a node listing prints instead of an empty table: ``routing is empty (capacity 4096)``."""
+    cap = f" (capacity {capacity})" if capacity else ""
+    console.file.write(f"{what} is empty{cap}\n")
+    console.file.flush()

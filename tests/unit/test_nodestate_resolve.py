@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lace.cli.node.render import human_duration
+from lace.cli.render import human_duration
 from lace.cli.node.resolve import NumericResolver, Resolver, for_node
 from lace.store import SqliteStore
 

@@ -8,7 +8,9 @@ node's data plane holds and decides.
     device.py   node device list
     env.py      NodeEnv: where the node's state lives (pin root, store, node name, agent socket)
     resolve.py  ID -> name resolution through the store (never with -n)
-    render.py   tables, count lines, ``-o json``
+
+Tables, count lines and ``-o json`` come from :mod:`lace.cli.render` (shared with ``lace``, one
+rule for empty cells); ``ct list``'s million-row text from :mod:`lace.textcols`.
 
 Every command reads the pinned maps directly, so it works with the agent down, and opens the
 store only to resolve names.  This package imports nothing itself: ``main`` imports only the

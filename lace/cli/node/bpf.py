@@ -14,7 +14,7 @@ from typing import Any
 
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.node import render
+from lace.cli import render
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -403,7 +403,7 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
             rows = rows[:cut]
         else:
             rows = rows[:limit]
-    render.table(con, view.headers, rows)
+    render.node_table(con, view.headers, rows)
     nouns = {"services": "services", "config": "entries"}
     render.count_line(con, label, len(shown_docs), total, cap if name != "config" else None,
                       noun=nouns.get(name, "entries"), map_entries=len(entries))

@@ -83,8 +83,8 @@ def tables_of(arg: str) -> tuple[str, ...]:
 
 
 @dataclass
-class Table:
-    """One dumped conntrack table: decoded key and entry columns."""
+class CtDump:
+    """One conntrack table as dumped: its decoded key and entry columns (NumPy structured arrays)."""
 
     name: str
     family: int
@@ -98,11 +98,11 @@ class Table:
         return len(self.keys)
 
 
-def dump_table(node_env: NodeEnv, name: str) -> Table:
+def dump_table(node_env: NodeEnv, name: str) -> CtDump:
     return _dump_open(name, node_env.open_map(registry.get(name).pin_name, name))
 
 
-def _dump_open(name: str, m: Any) -> Table:
+def _dump_open(name: str, m: Any) -> CtDump:
     family = 6 if name.endswith("v6") else 4
     layout = CT6_KEY if family == 6 else CT4_KEY
     with m:
@@ -111,7 +111,7 @@ def _dump_open(name: str, m: Any) -> Table:
     # the dump's buffers are a fresh mapping per dump that lives as long as these views: no copy
     keys = layout.decode_many(kb, n)
     vals = CT_ENTRY.decode_many(vb, n)
-    return Table(name, family, keys, vals, None, cap)
+    return CtDump(name, family, keys, vals, None, cap)
 
 
 #: tables dumped (or collected) at once: a batch lookup runs in the kernel without the GIL, so
@@ -164,7 +164,7 @@ def _named_codes(values: np.ndarray, name_of: Callable[[int], str | None]) -> tu
     return inv, [orjson.dumps(name_of(int(u))).decode() for u in uniq]
 
 
-def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, list[str]]:
+def _pod_codes(t: CtDump, field: str, res: NumericResolver) -> tuple[np.ndarray, list[str]]:
     """Pod of each row's address (in the key's network), matched by sorted search against the
     store's known pod addresses of the networks present."""
     n = t.count
@@ -194,7 +194,7 @@ def _pod_codes(t: Table, field: str, res: NumericResolver) -> tuple[np.ndarray, 
     return codes, tokens
 
 
-def json_rows(t: Table, now: int, res: NumericResolver) -> C.Rows:
+def json_rows(t: CtDump, now: int, res: NumericResolver) -> C.Rows:
     """One JSON object per entry of a table (see the module docstring): a fixed layout whose
     slots :mod:`lace.textcols` writes a chunk of rows at a time."""
     k, v, n = t.keys, t.vals, t.count
@@ -299,8 +299,8 @@ def _id_and_name(rows: C.Rows, ids: np.ndarray, named: tuple[str, Callable[[int]
     rows.tokens(codes, [f'{int(u)},"{key}":' + orjson.dumps(name_of(int(u))).decode() for u in uniq.tolist()])
 
 
-def _take(t: Table, count: int, start: int = 0) -> Table:
-    return Table(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], None, t.capacity)
+def _take(t: CtDump, count: int, start: int = 0) -> CtDump:
+    return CtDump(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], None, t.capacity)
 
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
@@ -326,7 +326,7 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     return ExitStatus.OK
 
 
-def _write_json(inv: Invocation, node_env: NodeEnv, tables: list[Table], shown: list[Table], total: int,
+def _write_json(inv: Invocation, node_env: NodeEnv, tables: list[CtDump], shown: list[CtDump], total: int,
                 n_shown: int, now: int, res: NumericResolver) -> None:
     head = {"node": node_env.node, "numeric": bool(res.numeric), "now_ns": now, "clock": "CLOCK_MONOTONIC_COARSE",
             "tables": [{"table": t.name, "count": t.count, "capacity": t.capacity} for t in tables],
@@ -371,10 +371,10 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
-def entry_lines(t: Table, now: int, res: NumericResolver) -> list[str]:
+def entry_lines(t: CtDump, now: int, res: NumericResolver) -> list[str]:
     """One compact line per entry: proto, client -> [VIP ->] backend, network, state, direction,
     counters both ways, age and time left, flags."""
-    from lace.cli.node.render import human_duration
+    from lace.cli.render import human_duration
     k, v = t.keys, t.vals
     if t.count == 0:
         return []
@@ -420,9 +420,9 @@ def entry_lines(t: Table, now: int, res: NumericResolver) -> list[str]:
     return lines
 
 
-def _write_lines(inv: Invocation, tables: list[Table], shown: list[Table], total: int, n_shown: int,
+def _write_lines(inv: Invocation, tables: list[CtDump], shown: list[CtDump], total: int, n_shown: int,
                  now: int, res: NumericResolver) -> None:
-    from lace.cli.node.render import pressure
+    from lace.cli.render import pressure
     out = inv.stdout
     for full, t in zip(tables, shown):
         if full.count == 0:
@@ -474,16 +474,16 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     shown = results if args.limit is None else results[: args.limit]
     total = sum(r["removed"] for r in results)
     if args.output == "json":
-        from lace.cli.node.render import write_json
+        from lace.cli.render import write_json
         write_json(inv.stdout, {"node": node_env.node, "removed": total, "tables": shown})
         return ExitStatus.OK
-    from lace.cli.node.render import plain_table, table
+    from lace.cli.render import node_table, plain_table
     headers = ["TABLE", "REMOVED", "REMAINING", "CAPACITY"]
     cells = [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown]
     out = inv.stdout
     if not plain_table(out, inv.env, headers, cells):
         con = inv.console()
-        table(con, headers, cells)
+        node_table(con, headers, cells)
         out = con.file
     out.write(f"removed {total} expired entr{'y' if total == 1 else 'ies'} from "
               f"{len(results)} table{'s' if len(results) != 1 else ''}\n")

@@ -11,7 +11,7 @@ from typing import Any
 from lace.bpf import BPFError, TcFilter, link_info_all, prog_info, query_tcx_full
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.node import render
+from lace.cli import render
 from lace.cli.node.bpf import dump_entries
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node
@@ -127,7 +127,7 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
             text = "MISSING" + (f" ingress program ({text})" if progs else "")
         rows.append([d["ifindex"], d["name"] or "(gone)", d["kind"], d["role"], d["lace_mac"] or d["mac"],
                      d["state"], d["pod"], text])
-    render.table(con, ["IFINDEX", "NAME", "KIND", "ROLE", "MAC", "STATE", "POD", "PROGRAMS"], rows)
+    render.node_table(con, ["IFINDEX", "NAME", "KIND", "ROLE", "MAC", "STATE", "POD", "PROGRAMS"], rows)
     missing = sum(1 for d in docs if d["missing_program"])
     render.count_line(con, "devices", len(shown), total, noun="interfaces")
     if missing:
