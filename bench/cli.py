@@ -26,9 +26,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lace.bpf import ObjectSpec, ensure_bpffs  # noqa: E402
+from lace.bpf import ensure_bpffs  # noqa: E402
 from lace.datapath import registry  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState  # noqa: E402
+from lace.datapath.node import PinnedMaps, load_objects  # noqa: E402
 
 #: share of the entries per table (sums to 1)
 SHARES = {"ct-tcp-v4": 0.45, "ct-udp-v4": 0.15, "ct-icmp-v4": 0.05,
@@ -95,23 +96,13 @@ def fill(m, name: str, n: int, seed: int, expired_half: bool) -> None:
 def load(pin_root: str, total: int, expired_half: bool) -> dict[str, int]:
     counts = {name: int(total * share) for name, share in SHARES.items()}
     counts["ct-tcp-v4"] += total - sum(counts.values())
-    objs = []
-    for obj in ("pod_veth", "uplink"):
-        spec = ObjectSpec.open(str(registry.bpf_object_path(obj)), pin_root=pin_root)
-        for name, n in counts.items():
-            # LRU maps evict before they are full: leave headroom
-            spec.maps[registry.get(name).pin_name].set_max_entries(max(1024, int(n * 1.3)))
-        objs.append(spec.load())
-    maps = {}
-    for o in objs:
-        maps.update({k: v for k, v in o.maps.items() if k not in maps})
-    for i, (name, n) in enumerate(counts.items()):
-        fill(maps[registry.get(name).pin_name], name, n, i, expired_half)
-        got = maps[registry.get(name).pin_name].dump()[2]
-        if got != n:
-            raise SystemExit(f"{name}: filled {n}, map holds {got}")
-    for o in objs:
-        o.close()
+    # LRU maps evict before they are full: leave headroom
+    with load_objects(pin_root, {name: max(1024, int(n * 1.3)) for name, n in counts.items()}) as dp:
+        for i, (name, n) in enumerate(counts.items()):
+            fill(dp.map(name), name, n, i, expired_half)
+            got = dp.map(name).dump()[2]
+            if got != n:
+                raise SystemExit(f"{name}: filled {n}, map holds {got}")
     return counts
 
 
@@ -173,8 +164,11 @@ def main() -> None:
         os.makedirs(pin_root)
         load(pin_root, a.entries, expired_half=True)
         g = timed(node + ["ct", "gc", "all"], env)
-        from lace.bpf import Map
-        remaining = sum(Map.open_pinned(os.path.join(pin_root, registry.get(n).pin_name)).dump()[2] for n in counts)
+        pinned = PinnedMaps(pin_root, "bench")
+        remaining = 0
+        for n in counts:
+            with pinned.open(n) as m:
+                remaining += m.dump()[2]
         print(f"node ct gc all (half expired) {g:6.2f} s   (target < 1 s)  {'OK' if g < 1 else 'MISS'}  "
               f"{a.entries - remaining} removed, {remaining} left")
     finally:
