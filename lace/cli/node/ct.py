@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,27 +27,20 @@ import orjson
 
 from lace import textcols as C
 from lace.cli.node.env import NodeEnv
+from lace.cli.errors import UsageError
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
-from lace.datapath.common import Proto, Verdict
+from lace.datapath.common import Proto, enum_label, flag_labels
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState, tcp_flag_labels
 from lace.datapath.delivery import DeliveryKind
-from lace.datapath.common import enum_label, flag_labels
 
 if TYPE_CHECKING:
     from lace.cli.invocation import Invocation
 
 
-def UsageError(message: str, hint: str | None = None) -> Exception:  # noqa: N802 - raised like the class
-    """``lace.cli.errors.UsageError``, imported when one is raised (it imports the store)."""
-    from lace.cli.errors import UsageError as cls
-    return cls(message, hint=hint)
-
-
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 TABLES = ("all", *registry.CT_TABLES)
-_ = Verdict
 
 
 def now_coarse() -> int:
@@ -90,7 +82,6 @@ class CtDump:
     family: int
     keys: np.ndarray
     vals: np.ndarray
-    raw_keys: Any
     capacity: int
 
     @property
@@ -98,11 +89,8 @@ class CtDump:
         return len(self.keys)
 
 
-def dump_table(node_env: NodeEnv, name: str) -> CtDump:
-    return _dump_open(name, node_env.open_map(registry.get(name).pin_name, name))
-
-
-def _dump_open(name: str, m: Any) -> CtDump:
+def _dump(name: str, m: Any) -> CtDump:
+    """Dump conntrack table ``name`` from its open map ``m`` (closed here)."""
     family = 6 if name.endswith("v6") else 4
     layout = CT6_KEY if family == 6 else CT4_KEY
     with m:
@@ -111,7 +99,7 @@ def _dump_open(name: str, m: Any) -> CtDump:
     # the dump's buffers are a fresh mapping per dump that lives as long as these views: no copy
     keys = layout.decode_many(kb, n)
     vals = CT_ENTRY.decode_many(vb, n)
-    return CtDump(name, family, keys, vals, None, cap)
+    return CtDump(name, family, keys, vals, cap)
 
 
 #: tables dumped (or collected) at once: a batch lookup runs in the kernel without the GIL, so
@@ -300,14 +288,14 @@ def _id_and_name(rows: C.Rows, ids: np.ndarray, named: tuple[str, Callable[[int]
 
 
 def _take(t: CtDump, count: int, start: int = 0) -> CtDump:
-    return CtDump(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], None, t.capacity)
+    return CtDump(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], t.capacity)
 
 
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
     node_env = NodeEnv.from_env(inv.env)
     res = for_node(args.numeric, node_env.require_store)
-    tables = _parallel(node_env, names, _dump_open, meanwhile=res.preload)
+    tables = _parallel(node_env, names, _dump, meanwhile=res.preload)
     now = now_coarse()
     total = sum(t.count for t in tables)
     shown = tables
@@ -444,12 +432,9 @@ def _write_lines(inv: Invocation, tables: list[CtDump], shown: list[CtDump], tot
 
 # ---- gc ----------------------------------------------------------------------------------------
 
-def gc_table(node_env: NodeEnv, name: str, now: int | None = None) -> dict[str, int]:
-    """Delete the expired entries of one table; returns counts before, expired and removed."""
-    return _gc_open(name, node_env.open_map(registry.get(name).pin_name, name), now)
-
-
-def _gc_open(name: str, m: Any, now: int | None = None) -> dict[str, int]:
+def _gc(name: str, m: Any, now: int | None = None) -> dict[str, int]:
+    """Delete the expired entries of one table from its open map ``m`` (closed here); the counts
+    before, expired and removed."""
     with m:
         kb, vb, n = m.dump()
         now = now_coarse() if now is None else now
@@ -470,7 +455,7 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     node_env = NodeEnv.from_env(inv.env)
     now = now_coarse()
     results = [{"table": name, **r} for name, r in
-               zip(names, _parallel(node_env, names, lambda name, m: _gc_open(name, m, now)))]
+               zip(names, _parallel(node_env, names, lambda name, m: _gc(name, m, now)))]
     shown = results if args.limit is None else results[: args.limit]
     total = sum(r["removed"] for r in results)
     if args.output == "json":
@@ -489,5 +474,3 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
               f"{len(results)} table{'s' if len(results) != 1 else ''}\n")
     return ExitStatus.OK
 
-
-_unused = sys
