@@ -81,16 +81,10 @@ class Names:
 
 def dump_entries(node_env: NodeEnv, mdef: MapDef) -> tuple[list[Entry], int]:
     """Every entry of a map (decoded), and its capacity."""
-    with node_env.open_map(mdef.pin_name, mdef.cli_name) as m:
-        keys, values, n = m.dump()
-        ks, vs = m.key_size, m.value_blob_size
-        kb, vb = bytes(keys), bytes(values)
+    with node_env.open_map(mdef.cli_name) as m:
+        pairs = list(m.entries())
         cap = m.max_entries
-    out = []
-    for i in range(n):
-        rk, rv = kb[i * ks:(i + 1) * ks], vb[i * vs:(i + 1) * vs]
-        out.append(Entry(mdef.key_dict(rk), mdef.value_dict(rv, rk), rk, rv))
-    return out, cap
+    return [Entry(mdef.key_dict(rk), mdef.value_dict(rv, rk), rk, rv) for rk, rv in pairs], cap
 
 
 def _net(res: NumericResolver, net_id: int) -> str:
@@ -380,7 +374,7 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     shown_docs = view.docs if limit is None else view.docs[:limit]
     if args.output == "json":
         render.write_json(inv.stdout, {
-            "node": node_env.node, "map": name, "pin": node_env.map_path(mdef.pin_name), "capacity": cap,
+            "node": node_env.node, "map": name, "pin": node_env.map_path(name), "capacity": cap,
             "count": total, "entries_in_map": len(entries), "shown": len(shown_docs),
             "truncated": len(shown_docs) < total, "numeric": bool(args.numeric), "entries": shown_docs})
         return ExitStatus.OK

@@ -109,7 +109,7 @@ def _parallel(node_env: NodeEnv, names: tuple[str, ...], work: Callable[[str, An
     """``work(name, map)`` for every table on WORKERS threads, largest capacity first, results in
     ``names`` order.  Maps are opened here first, so a missing one fails as it always did; and
     ``meanwhile`` (loading the store) runs on this thread while the kernel works."""
-    maps = [node_env.open_map(registry.get(name).pin_name, name) for name in names]
+    maps = [node_env.open_map(name) for name in names]
     if len(names) == 1:
         if meanwhile is not None:
             meanwhile()

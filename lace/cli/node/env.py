@@ -3,16 +3,19 @@
 ``lace exec --node N -- node ...`` sets ``LACE_PIN_ROOT``, ``LACE_STORE``, ``LACE_NODE`` and
 ``LACE_AGENT_SOCKET``; in a lace-node pod the DaemonSet sets them.  Each is checked only when a
 command needs it, and a missing one is an error that says which variable to set.
+
+Maps are opened through :class:`lace.datapath.node.PinnedMaps` by CLI name; its typed errors
+(node not loaded, map not pinned, map unavailable) become the CLI's messages here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 from collections.abc import Mapping
 
-from lace.bpf import BPFError, Map
+from lace.bpf import Map
+from lace.datapath.node import MapNotPinned, MapUnavailable, NodeNotLoaded, PinnedMaps
 
 ENV_PIN_ROOT = "LACE_PIN_ROOT"
 ENV_STORE = "LACE_STORE"
@@ -41,31 +44,34 @@ class NodeEnv:
         """The node's name for messages (``this node`` when LACE_NODE is unset)."""
         return self.node or "this node"
 
-    def require_pin_root(self) -> str:
+    def maps(self) -> PinnedMaps:
+        """The node's pinned maps (``lace.datapath.node``), once LACE_PIN_ROOT is known."""
         if not self.pin_root:
             from lace.cli.errors import UsageError  # error paths only: lace.cli.errors imports the store
             raise UsageError(f"{ENV_PIN_ROOT} is not set: the node's bpffs pin root is unknown", hint=_HINT_EXEC)
-        if not os.path.isdir(self.pin_root):
+        return PinnedMaps(self.pin_root, self.node)
+
+    def map_path(self, cli_name: str) -> str:
+        """Where map ``cli_name`` is pinned on this node."""
+        return self.maps().path(cli_name)
+
+    def open_map(self, cli_name: str) -> Map:
+        """Open pinned map ``cli_name`` (the caller closes it); the facade's errors become the CLI's,
+        naming the map, the node and the path."""
+        try:
+            return self.maps().open(cli_name)
+        except NodeNotLoaded:
             from lace.cli.errors import UnavailableError
             raise UnavailableError(
                 f"pin root {self.pin_root} ({ENV_PIN_ROOT}) of {self.node_name} does not exist",
-                hint="the datapath was never loaded on this node: is its agent running? (lace lab status)")
-        return self.pin_root
-
-    def map_path(self, pin_name: str) -> str:
-        return os.path.join(self.require_pin_root(), pin_name)
-
-    def open_map(self, pin_name: str, cli_name: str) -> Map:
-        """Open a pinned map; errors name the map, the node and the path."""
-        path = self.map_path(pin_name)
-        try:
-            return Map.open_pinned(path)
-        except BPFError as exc:
-            from lace.cli.errors import NotFoundError, UnavailableError
-            if exc.errno == errno.ENOENT:
-                raise NotFoundError(f"map {cli_name} is not pinned on {self.node_name} ({path})",
-                                    hint="the datapath objects were not loaded here; restart the agent") from None
-            raise UnavailableError(f"cannot open map {cli_name} at {path}: {exc}") from None
+                hint="the datapath was never loaded on this node: is its agent running? (lace lab status)") from None
+        except MapNotPinned as exc:
+            from lace.cli.errors import NotFoundError
+            raise NotFoundError(f"map {cli_name} is not pinned on {self.node_name} ({exc.path})",
+                                hint="the datapath objects were not loaded here; restart the agent") from None
+        except MapUnavailable as exc:
+            from lace.cli.errors import UnavailableError
+            raise UnavailableError(f"cannot open map {cli_name} at {exc.path}: {exc.cause}") from None
 
     def require_store(self) -> str:
         """The store path, checked to be an existing, readable file (never created here)."""
