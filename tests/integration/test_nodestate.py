@@ -129,6 +129,19 @@ def test_every_map_shows(node_env: dict[str, str], name: str) -> None:
     assert doc["map"] == name and doc["count"] >= 1 and doc["numeric"] is True
 
 
+@pytest.mark.parametrize("name,feature", [("services", "services"), ("probes", "probes"), ("probe-cookie", "probes")])
+def test_unimplemented_maps_say_so(node_env: dict[str, str], name: str, feature: str) -> None:
+    """Nothing programs the services and probes maps yet: they show, but never as a working feature."""
+    note = f"note: {feature} are not implemented yet: nothing programs this map\n"
+    rc, out, err = node(node_env, "bpf", "show", name)
+    assert rc == 0 and err == note and out.strip().splitlines()[-1].startswith(name)
+    rc, out, err = node(node_env, "bpf", "show", name, "-o", "json")
+    doc = json.loads(out)
+    assert rc == 0 and err == note and doc["implemented"] is False and doc["map"] == name
+    rc, out, err = node(node_env, "bpf", "show", "routing", "-o", "json")
+    assert rc == 0 and err == "" and "implemented" not in json.loads(out)
+
+
 def test_names_and_unresolved(node_env: dict[str, str]) -> None:
     rc, out, _ = node(node_env, "bpf", "show", "segment")
     assert rc == 0 and "segment 812 (unresolved)" in out and "default" in out

@@ -29,7 +29,8 @@ def register(sub: Any, add_common: Callable[..., None]) -> None:
     p = bsub.add_parser("show", help="dump one map: " + ", ".join(registry.SHOWABLE),
                         description="Dump one map, decoded. MAP is one of: " + ", ".join(registry.SHOWABLE) + ".")
     p.add_argument("map", metavar="MAP", help=", ".join(registry.SHOWABLE))
-    p.add_argument("--endpoints", action="store_true", help="services: add each service's backends")
+    p.add_argument("--endpoints", action="store_true",
+                   help="services: add each service's backends (not implemented yet: nothing programs services)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--egress", action="store_true", help="policy: only egress entries")
     g.add_argument("--ingress", action="store_true", help="policy: only ingress entries")
@@ -347,6 +348,11 @@ VIEWS: dict[str, Callable[..., View]] = {
 }
 assert tuple(VIEWS) == registry.SHOWABLE
 
+#: maps whose layout is final but that nothing programs yet -> the feature that will: shown as
+#: they are (empty), with a note on stderr and ``"implemented": false`` in ``-o json``, so an
+#: empty table is not taken for a working feature
+NOT_IMPLEMENTED = {"services": "services", "probes": "probes", "probe-cookie": "probes"}
+
 
 def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     name = args.map
@@ -356,6 +362,15 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         raise UsageError("--egress/--ingress apply to `node bpf show policy` only")
     if args.endpoints and name != "services":
         raise UsageError("--endpoints applies to `node bpf show services` only")
+    _show(args, inv, name)
+    feature = NOT_IMPLEMENTED.get(name)
+    if feature:
+        inv.stderr.write(f"note: {feature} are not implemented yet: nothing programs this map\n")
+        inv.stderr.flush()
+    return ExitStatus.OK
+
+
+def _show(args: argparse.Namespace, inv: Invocation, name: str) -> None:
     node_env = NodeEnv.from_env(inv.env)
     mdef = registry.get(name)
     entries, cap = dump_entries(node_env, mdef)
@@ -373,16 +388,20 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     limit = args.limit
     shown_docs = view.docs if limit is None else view.docs[:limit]
     if args.output == "json":
-        render.write_json(inv.stdout, {
-            "node": node_env.node, "map": name, "pin": node_env.map_path(name), "capacity": cap,
-            "count": total, "entries_in_map": len(entries), "shown": len(shown_docs),
-            "truncated": len(shown_docs) < total, "numeric": bool(args.numeric), "entries": shown_docs})
-        return ExitStatus.OK
+        doc: dict[str, Any] = {"node": node_env.node, "map": name}
+        if name in NOT_IMPLEMENTED:
+            doc["implemented"] = False
+        doc.update({
+            "pin": node_env.map_path(name), "capacity": cap, "count": total, "entries_in_map": len(entries),
+            "shown": len(shown_docs), "truncated": len(shown_docs) < total, "numeric": bool(args.numeric),
+            "entries": shown_docs})
+        render.write_json(inv.stdout, doc)
+        return
     con = inv.console()
     label = f"{name}" + (f" ({'egress' if args.egress else 'ingress'})" if args.egress or args.ingress else "")
     if not view.rows:
         render.empty(con, label if total == 0 and not entries else f"{label} (after filters)", cap)
-        return ExitStatus.OK
+        return
     rows = view.rows
     if limit is not None:
         # services --endpoints spreads one entry over several rows: cut at entry boundaries
@@ -401,5 +420,4 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     nouns = {"services": "services", "config": "entries"}
     render.count_line(con, label, len(shown_docs), total, cap if name != "config" else None,
                       noun=nouns.get(name, "entries"), map_entries=len(entries))
-    return ExitStatus.OK
 
