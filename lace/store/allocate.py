@@ -113,7 +113,7 @@ def allocate_block(w: Writer, network: str, node: str, family: int | str, prefix
             w.create({
                 "apiVersion": K.LACE_API_VERSION, "kind": "IPBlock",
                 "metadata": {"name": K.block_name(network, str(cidr)),
-                             "labels": {"lace.dev/node": node, "lace.dev/network": network}},
+                             "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}},
                 "spec": {"network": network, "node": node, "cidr": str(cidr)}})
             return str(cidr)
     raise Exhausted(f'Network "{network}" has no free IPv{version} /{prefixlen} block left',
@@ -209,8 +209,7 @@ def allocate_lease(w: Writer, network: str, cidrs: Sequence[IPNet], node: str, p
                 try:
                     w.create({
                         "apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
-                        "metadata": {"name": name, "labels": {"lace.dev/node": node,
-                                                               "lace.dev/network": network}},
+                        "metadata": {"name": name, "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}},
                         "spec": {"network": network, "node": node, "block": K.block_name(network, str(blk)),
                                  "ip": str(ip), "pod": pod, "containerID": container_id,
                                  "ifname": ifname}})
