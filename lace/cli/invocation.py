@@ -1,6 +1,8 @@
 """One run of the CLI: its environment, streams and (lazily) the store of the selected lab.
 
 Handlers receive ``(args, inv)``; tests pass their own streams to ``main`` and read them back.
+rich and the SQLite store are imported when a console or the store is first asked for, so a
+command that needs neither (``node ... -o json``) starts without them.
 """
 
 from __future__ import annotations
@@ -8,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Mapping
-from typing import Any, TextIO
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, TextIO
 
 from lace.cli.context import LabContext, resolve_lab
-from lace.store import SqliteStore, Store
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from lace.store import Store
 
 
 @dataclasses.dataclass
@@ -38,6 +42,7 @@ class Invocation:
 
     def console(self, stream: TextIO | None = None) -> Console:
         """A rich Console on ``stream`` (stdout): plain text unless it is a colour terminal."""
+        from rich.console import Console
         stream = stream or self.stdout
         tty = self.color(stream)
         width = int(self.env.get("COLUMNS") or 0) or (None if tty else 4096)
@@ -50,6 +55,7 @@ class Invocation:
     def store(self, args: Any) -> Store:
         """The selected lab's store, opened once per invocation."""
         if self._store is None:
+            from lace.store import SqliteStore
             self._store = SqliteStore(self.lab(args).store_path)
         return self._store
 

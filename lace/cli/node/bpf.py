@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lace.cli import render
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
-from lace.cli import render
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -326,7 +327,6 @@ def view_probes(entries: list[Entry], res: NumericResolver, names: Names, args: 
 
 
 def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
-    import time
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     v = View(["COOKIE", "ORIGINAL-DESTINATION", "PROTO", "NETWORK", "AGE"])
     for e in sorted(entries, key=lambda e: e.key["cookie"]):

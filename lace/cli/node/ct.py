@@ -19,22 +19,21 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from lace.cli import render
 from lace.cli.errors import UsageError
+from lace.cli.invocation import Invocation
 from lace.cli.node import ct_json, ct_text
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY
-
-if TYPE_CHECKING:
-    from lace.cli.invocation import Invocation
-
 
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 TABLES = ("all", *registry.CT_TABLES)
@@ -114,7 +113,6 @@ def _parallel(node_env: NodeEnv, names: tuple[str, ...], work: Callable[[str, An
         if meanwhile is not None:
             meanwhile()
         return [work(names[0], maps[0])]
-    from concurrent.futures import ThreadPoolExecutor
     order = sorted(range(len(names)), key=lambda i: -maps[i].max_entries)
     with ThreadPoolExecutor(WORKERS) as ex:
         futs = {i: ex.submit(work, names[i], maps[i]) for i in order}
@@ -180,16 +178,14 @@ def run_gc(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     shown = results if args.limit is None else results[: args.limit]
     total = sum(r["removed"] for r in results)
     if args.output == "json":
-        from lace.cli.render import write_json
-        write_json(inv.stdout, {"node": node_env.node, "removed": total, "tables": shown})
+        render.write_json(inv.stdout, {"node": node_env.node, "removed": total, "tables": shown})
         return ExitStatus.OK
-    from lace.cli.render import node_table, plain_table
     headers = ["TABLE", "REMOVED", "REMAINING", "CAPACITY"]
     cells = [[r["table"], r["removed"], r["remaining"], r["capacity"]] for r in shown]
     out = inv.stdout
-    if not plain_table(out, inv.env, headers, cells):
+    if not render.plain_table(out, inv.env, headers, cells):
         con = inv.console()
-        node_table(con, headers, cells)
+        render.node_table(con, headers, cells)
         out = con.file
     out.write(f"removed {total} expired entr{'y' if total == 1 else 'ies'} from "
               f"{len(results)} table{'s' if len(results) != 1 else ''}\n")

@@ -9,6 +9,7 @@ matched to addresses by a sorted search over the store's known pod addresses.
 from __future__ import annotations
 
 import functools
+import ipaddress
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -60,7 +61,6 @@ def _pod_codes(t: CtDump, field: str, res: NumericResolver) -> tuple[np.ndarray,
     comb[:, :4] = t.keys["network"].astype(">u4").view(np.uint8).reshape(n, 4)
     comb[:, 4:] = np.ascontiguousarray(t.keys[field]).view(np.uint8).reshape(n, width)
     known: dict[bytes, str] = {}
-    import ipaddress
     for net in np.unique(t.keys["network"]).tolist():
         for ip, pod in res.ips_to_pods(int(net)).items():
             a = ipaddress.ip_address(ip)

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from lace.bpf import BPFError, TcFilter, link_info_all, prog_info, query_tcx_full
+from lace.cli import render
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli import render
 from lace.cli.node.bpf import dump_entries
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from lace.bpf import Map
+from lace.cli.errors import NotFoundError, UnavailableError, UsageError
 from lace.datapath.node import MapNotPinned, MapUnavailable, NodeNotLoaded, PinnedMaps
 
 ENV_PIN_ROOT = "LACE_PIN_ROOT"
@@ -47,7 +48,6 @@ class NodeEnv:
     def maps(self) -> PinnedMaps:
         """The node's pinned maps (``lace.datapath.node``), once LACE_PIN_ROOT is known."""
         if not self.pin_root:
-            from lace.cli.errors import UsageError  # error paths only: lace.cli.errors imports the store
             raise UsageError(f"{ENV_PIN_ROOT} is not set: the node's bpffs pin root is unknown", hint=_HINT_EXEC)
         return PinnedMaps(self.pin_root, self.node)
 
@@ -61,21 +61,17 @@ class NodeEnv:
         try:
             return self.maps().open(cli_name)
         except NodeNotLoaded:
-            from lace.cli.errors import UnavailableError
             raise UnavailableError(
                 f"pin root {self.pin_root} ({ENV_PIN_ROOT}) of {self.node_name} does not exist",
                 hint="the datapath was never loaded on this node: is its agent running? (lace lab status)") from None
         except MapNotPinned as exc:
-            from lace.cli.errors import NotFoundError
             raise NotFoundError(f"map {cli_name} is not pinned on {self.node_name} ({exc.path})",
                                 hint="the datapath objects were not loaded here; restart the agent") from None
         except MapUnavailable as exc:
-            from lace.cli.errors import UnavailableError
             raise UnavailableError(f"cannot open map {cli_name} at {exc.path}: {exc.cause}") from None
 
     def require_store(self) -> str:
         """The store path, checked to be an existing, readable file (never created here)."""
-        from lace.cli.errors import UnavailableError, UsageError  # the store is opened next anyway
         if not self.store_path:
             raise UsageError(f"{ENV_STORE} is not set: names cannot be resolved",
                              hint="set it, or pass -n/--numeric to print raw IDs without the store")
@@ -90,7 +86,6 @@ class NodeEnv:
 
     def require_agent_socket(self) -> str:
         if not self.agent_socket:
-            from lace.cli.errors import UsageError
             raise UsageError(f"{ENV_AGENT_SOCKET} is not set: the agent of {self.node_name} cannot be reached",
                              hint=_HINT_EXEC)
         return self.agent_socket

@@ -9,20 +9,25 @@ with the agent down, and resolves IDs to names through the store unless ``-n/--n
 ``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
 
 Startup matters (``node ct list all -o json`` on a million entries has a budget of about a
-second): only the command group named on the command line is imported, and the CLI's shared
-modules that pull in rich, YAML or the store (``lace.cli.args``, ``errors``, ``invocation``,
-``render``) are imported only on the paths that need them (errors, help, tables).
+second): only the command group named on the command line is imported.  The CLI's shared modules
+(``lace.cli.args``, ``errors``, ``invocation``, ``render``) import cheaply; rich, YAML and the SQLite
+store load only on the paths that draw a table, write YAML or resolve names.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
+from lace.cli.args import ArgumentParser, HelpShown
+from lace.cli.errors import CliError
+from lace.cli.invocation import Invocation
+from lace.cli.render import print_error, print_unexpected
 from lace.cli.status import ExitStatus
 
 #: command group -> module of this package that registers it
@@ -37,22 +42,6 @@ def _positive(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
     return n
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """``lace.cli.args.ArgumentParser`` (UsageError instead of exiting, HelpShown after help),
-    without importing it — and the store behind it — on the way to a successful command."""
-
-    def error(self, message: str) -> NoReturn:
-        from lace.cli.errors import UsageError
-        raise UsageError(f"{self.prog}: {message}", hint=f"run `{self.prog} --help` for usage")
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        from lace.cli.args import HelpShown
-        from lace.cli.errors import UsageError
-        if status:
-            raise UsageError(message.strip() if message else f"{self.prog}: bad usage")
-        raise HelpShown()
 
 
 def add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -83,7 +72,6 @@ def _group_of(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
     """The parser; with ``argv`` naming a command group, only that group's module is imported
     (``node --help``, no group or an unknown one: all of them)."""
-    import importlib
     group = _group_of(argv) if argv is not None else None
     names = [GROUPS[group]] if group else list(GROUPS.values())
     parser = ArgumentParser(prog="node", description="Inspect this node's lace data plane.")
@@ -94,44 +82,13 @@ def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
     return parser
 
 
-class NodeInvocation:
-    """The ``Invocation`` handlers get: env and streams here, anything else (``console()``, the
-    store, ...) from a real :class:`lace.cli.invocation.Invocation` made on first use, so a
-    command that never asks for it never imports rich."""
-
-    def __init__(self, env: Mapping[str, str], stdin: TextIO, stdout: TextIO, stderr: TextIO) -> None:
-        self.env, self.stdin, self.stdout, self.stderr = env, stdin, stdout, stderr
-        self._real: Any = None
-
-    def _invocation(self) -> Any:
-        if self._real is None:
-            from lace.cli.invocation import Invocation
-            self._real = Invocation(self.env, self.stdin, self.stdout, self.stderr)
-        return self._real
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_real":
-            raise AttributeError(name)
-        return getattr(self._invocation(), name)
-
-    def close(self) -> None:
-        if self._real is not None:
-            self._real.close()
-
-
-def _loaded(module: str, name: str) -> Any:
-    """``module.name`` if the module was imported (an exception of its class can only exist then)."""
-    mod = sys.modules.get(module)
-    return getattr(mod, name, None) if mod is not None else None
-
-
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
          stdin: TextIO | None = None, stdout: TextIO | None = None,
          stderr: TextIO | None = None) -> ExitStatus:
     """Run one node command; errors are ``error: ...`` lines with a hint, never tracebacks."""
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ if env is None else env
-    inv = NodeInvocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
+    inv = Invocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
     try:
         parser = build_parser(argv)
         with contextlib.redirect_stdout(inv.stdout):
@@ -141,18 +98,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             inv.stdout.write(parser.format_help())
             return ExitStatus.USAGE
         return ExitStatus(handler(args, inv))
+    except HelpShown:
+        return ExitStatus.OK
+    except CliError as err:
+        print_error(inv.stderr, err.message, err.hint)
+        return err.status
     except KeyboardInterrupt:
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:
         return ExitStatus.ERROR
     except Exception as err:  # noqa: BLE001 - the last line of defence
-        help_shown, cli_error = _loaded("lace.cli.args", "HelpShown"), _loaded("lace.cli.errors", "CliError")
-        if help_shown is not None and isinstance(err, help_shown):
-            return ExitStatus.OK
-        from lace.cli.render import print_error, print_unexpected
-        if cli_error is not None and isinstance(err, cli_error):
-            print_error(inv.stderr, err.message, err.hint)
-            return err.status
         print_unexpected(inv.stderr, err, env)
         return ExitStatus.ERROR
     finally:
@@ -165,3 +120,7 @@ def entry() -> NoReturn:
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.exit(int(status))
+
+
+if __name__ == "__main__":
+    entry()

@@ -12,6 +12,8 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
+import lace.store
+from lace.cli.errors import UnavailableError
 from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SEGMENTS
 
 ANN_HOST_IFNAME = "lace.dev/host-ifname"  # lace.agent.model.ANN_HOST_IFNAME (an IPLease annotation)
@@ -105,7 +107,6 @@ class Resolver(NumericResolver):
             objects = {k: store.list(k).items for k in
                        ("networks", "segments", "ipleases", "pods", "services", "networkpolicies")}
         except Exception as exc:  # a store error: say so, and how to do without it
-            from lace.cli.errors import UnavailableError
             raise UnavailableError(f"cannot read the store to resolve names: {getattr(exc, 'message', exc)}",
                                    hint="pass -n/--numeric to print raw IDs without the store") from None
         finally:
@@ -252,12 +253,10 @@ def for_node(numeric: bool, store_path: Callable[[], str]) -> NumericResolver:
     """The resolver a command gets: ``store_path()`` (which checks the file) runs only when a name
     is first needed, and never with ``-n``."""
     def open_store() -> Any:
-        from lace.store import SqliteStore, StoreError
         path = store_path()
         try:
-            return SqliteStore(path)
-        except StoreError as exc:
-            from lace.cli.errors import UnavailableError
+            return lace.store.SqliteStore(path)  # loads the SQLite store now, on first use
+        except lace.store.StoreError as exc:
             raise UnavailableError(f"cannot open the store {path}: {exc.message}",
                                    hint="pass -n/--numeric to print raw IDs without the store") from None
     return make_resolver(numeric, open_store)

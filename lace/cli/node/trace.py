@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
+import lace.store
+from lace.cli import render
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli import render
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -185,11 +186,10 @@ def pod_ips(node_env: NodeEnv, pod: str) -> list[str]:
     ns, sep, name = pod.partition("/")
     if not sep or not ns or not name:
         raise UsageError(f'--pod "{pod}" is not NAMESPACE/NAME')
-    from lace.store import SqliteStore, StoreError
     path = node_env.require_store()
     try:
-        st = SqliteStore(path)
-    except StoreError as exc:
+        st = lace.store.SqliteStore(path)  # loads the SQLite store now, on first use
+    except lace.store.StoreError as exc:
         raise UnavailableError(f"cannot open the store {path}: {exc.message}",
                                hint="with -n use --ip instead of --pod") from None
     try:
@@ -197,7 +197,7 @@ def pod_ips(node_env: NodeEnv, pod: str) -> list[str]:
         try:
             p = st.get("pods", name, ns)
             ips += [e.get("ip") for e in (p.get("status") or {}).get("podIPs") or [] if e.get("ip")]
-        except StoreError:
+        except lace.store.StoreError:
             pass
     finally:
         st.close()
