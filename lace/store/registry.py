@@ -73,6 +73,16 @@ def _not_found(info: K.KindInfo, name: str, ns: str) -> NotFound:
                          + (f" -n {ns}`" if info.namespaced else "`"))
 
 
+def _stored(txn: Transaction, kind: str, name: str, namespace: str | None) -> dict:
+    """The object ``kind`` ``name`` as stored (NotFound naming it and how to list what exists)."""
+    info = K.resolve_kind(kind)
+    ns = _ns(info, namespace)
+    obj = txn.get(info.kind, ns, name)
+    if obj is None:
+        raise _not_found(info, name, ns)
+    return obj
+
+
 class Writer:
     """One backend transaction seen through the rules: what the API and the allocators write with."""
 
@@ -155,13 +165,8 @@ class RegistryStore(Store):
         return self.backend.revision()
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        info = K.resolve_kind(kind)
-        ns = _ns(info, namespace)
         with self.backend.transaction(write=False) as txn:
-            obj = txn.get(info.kind, ns, name)
-        if obj is None:
-            raise _not_found(info, name, ns)
-        return obj
+            return _stored(txn, kind, name, namespace)
 
     def list(self, kind: str, namespace: str | None = None,
              label_selector: Selector = None) -> ListResult:
@@ -240,11 +245,8 @@ class RegistryStore(Store):
     def update_status(self, kind: str, name: str, namespace: str | None, status: Mapping[str, Any],
                       resource_version: str | None = None) -> dict:
         info = K.resolve_kind(kind)
-        ns = _ns(info, namespace)
         with self.backend.transaction() as txn:
-            existing = txn.get(info.kind, ns, name)
-            if existing is None:
-                raise _not_found(info, name, ns)
+            existing = _stored(txn, kind, name, namespace)
             _check_rv(existing, resource_version)
             new_status = copy.deepcopy(dict(status))
             for key in rules.OWNED_STATUS.get(info.kind, ()):
@@ -258,13 +260,8 @@ class RegistryStore(Store):
             return txn.update(candidate)
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        info = K.resolve_kind(kind)
-        ns = _ns(info, namespace)
         with self.backend.transaction() as txn:
-            existing = txn.get(info.kind, ns, name)
-            if existing is None:
-                raise _not_found(info, name, ns)
-            return Writer(txn).delete(existing)
+            return Writer(txn).delete(_stored(txn, kind, name, namespace))
 
     def watch(self, kinds: list[str] | None = None, since: int | str | None = None,
               timeout: float | None = None) -> Watch:
