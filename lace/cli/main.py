@@ -13,7 +13,7 @@ from lace.cli.commands import command_modules
 from lace.cli.errors import CliError, from_store_error
 from lace.cli.invocation import Invocation
 from lace.cli.render import print_error, print_unexpected
-from lace.cli.status import ExitStatus
+from lace.cli.status import ExitStatus, exit_with
 from lace.store.errors import StoreError
 
 
@@ -58,7 +58,4 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def entry() -> NoReturn:
     """Console script ``lace``."""
-    status = main(sys.argv[1:], os.environ)
-    with contextlib.suppress(BrokenPipeError):
-        sys.stdout.flush()
-    sys.exit(int(status))
+    exit_with(main(sys.argv[1:], os.environ))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import sys
+from typing import NoReturn
 
 
 class ExitStatus(enum.IntEnum):
@@ -17,3 +20,10 @@ class ExitStatus(enum.IntEnum):
     INVALID = 6        # input rejected by validation; nothing was written
     FORBIDDEN = 7      # refused by a rule (deleting the default network, a network in use)
     INTERRUPTED = 130  # Ctrl-C
+
+
+def exit_with(status: ExitStatus) -> NoReturn:
+    """End a console script: flush stdout (a reader that went away is not an error), exit ``status``."""
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.exit(int(status))

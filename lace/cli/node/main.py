@@ -28,7 +28,7 @@ from lace.cli.args import ArgumentParser, HelpShown
 from lace.cli.errors import CliError
 from lace.cli.invocation import Invocation
 from lace.cli.render import print_error, print_unexpected
-from lace.cli.status import ExitStatus
+from lace.cli.status import ExitStatus, exit_with
 
 #: command group -> module of this package that registers it
 GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device"}
@@ -116,10 +116,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def entry() -> NoReturn:
     """Console script ``node``."""
-    status = main(sys.argv[1:], os.environ)
-    with contextlib.suppress(BrokenPipeError):
-        sys.stdout.flush()
-    sys.exit(int(status))
+    exit_with(main(sys.argv[1:], os.environ))
 
 
 if __name__ == "__main__":
