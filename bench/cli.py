@@ -30,6 +30,7 @@ from lace.bpf import ensure_bpffs  # noqa: E402
 from lace.datapath import registry  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState  # noqa: E402
 from lace.datapath.node import PinnedMaps, load_objects  # noqa: E402
+from lace.store import STORE_FILE  # noqa: E402
 
 #: share of the entries per table (sums to 1)
 SHARES = {"ct-tcp-v4": 0.45, "ct-udp-v4": 0.15, "ct-icmp-v4": 0.05,
@@ -136,7 +137,7 @@ def main() -> None:
     node = [str(ROOT / ".venv" / "bin" / "node")]
     if not os.path.exists(node[0]):
         node = [sys.executable, "-c", "from lace.cli.node.main import entry; entry()"]
-    store = os.path.join(tmp, "store.db")
+    store = os.path.join(tmp, STORE_FILE)
     make_store(store)
     env = dict(os.environ, LACE_PIN_ROOT=pin_root, LACE_STORE=store, LACE_NODE="bench")
     try:

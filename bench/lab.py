@@ -34,6 +34,7 @@ import yaml  # noqa: E402
 
 from lace import netlink, nsenter  # noqa: E402
 from lace.cli.main import main as lace_main  # noqa: E402
+from lace.store import STORE_FILE  # noqa: E402
 
 LAB = "bench"
 BARE_A, BARE_B = f"lace-{LAB}-bare-a", f"lace-{LAB}-bare-b"
@@ -153,7 +154,7 @@ def _checksum(data: bytes) -> int:
 def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
     """Apply a pod, then ping its address (from its IPLease, as soon as it exists) every ms."""
     from lace.store.sqlite import SqliteStore
-    store = SqliteStore(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, "store.db"))
+    store = SqliteStore(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, STORE_FILE))
     sock = icmp_echo_socket(prober_ns)
     out = []
     try:

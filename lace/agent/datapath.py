@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
 
 from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects

@@ -15,11 +15,12 @@ from typing import Any
 import lace.store
 from lace.cli.errors import UnavailableError
 from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SEGMENTS
+from lace.store import kinds as K
 
-ANN_HOST_IFNAME = "lace.dev/host-ifname"  # lace.agent.model.ANN_HOST_IFNAME (an IPLease annotation)
-ANN_NETWORK = "lace.dev/network"
-ANN_SERVICE_ID = "lace.dev/service-id"
-ANN_POLICY_ID = "lace.dev/policy-id"
+ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
+ANN_NETWORK = K.NETWORK_ANNOTATION
+ANN_SERVICE_ID = K.SERVICE_ID_ANNOTATION
+ANN_POLICY_ID = K.POLICY_ID_ANNOTATION
 _PROTO_NUM = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 StoreOpener = Callable[[], Any]
