@@ -1,8 +1,8 @@
 """Allocation every backend shares: network and segment IDs, segments, per-node IP blocks, leases.
 
 Each allocator runs inside one backend transaction: it reads what is taken and writes the object
-that records its choice through the registry's ``Writer`` (so the kinds' rules check it), and the
-choice and its record commit together. IDs come from the backend's named counters and are never
+that records its choice through a ``Records`` handle (the registry passes its ``Writer``, so the
+kinds' rules check the record), and the choice and its record commit together. IDs come from the backend's named counters and are never
 reused. Service ClusterIPs and NodePorts belong here too, next to blocks, when Services get them.
 """
 
@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from lace.store import kinds as K
 from lace.store.api import Lease
 from lace.store.errors import AlreadyExists, Exhausted, IpamExhausted, NotFound, StoreError, ValidationError
-
-if TYPE_CHECKING:
-    from lace.store.registry import Writer
 
 IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -31,6 +28,16 @@ class Counters(Protocol):
     """The named counters of a backend transaction (``backend.Transaction.next_value``)."""
 
     def next_value(self, counter: str, first: int) -> int: ...
+
+
+class Records(Protocol):
+    """What an allocator reads and writes inside one transaction (``registry.Writer`` is one)."""
+
+    def get(self, kind: str, name: str, namespace: str = "") -> dict | None: ...
+
+    def list(self, kind: str, namespace: str | None = None) -> list[dict]: ...
+
+    def create(self, obj: Mapping[str, Any]) -> dict: ...
 
 
 # ---- IDs ------------------------------------------------------------------------------------
@@ -60,7 +67,7 @@ def segment_id(counters: Counters) -> int:
 # ---- segments -------------------------------------------------------------------------------
 
 
-def allocate_segment(w: Writer, network: str, namespace: str, labels: Mapping[str, str]) -> int:
+def allocate_segment(w: Records, network: str, namespace: str, labels: Mapping[str, str]) -> int:
     """The segment ID of (network, namespace, labels): the existing Segment's, or a new one's."""
     spec = {"network": network, "namespace": namespace, "labels": dict(labels)}
     base = K.segment_name(network, namespace, spec["labels"])
@@ -79,7 +86,7 @@ def allocate_segment(w: Writer, network: str, namespace: str, labels: Mapping[st
 # ---- per-node IP blocks ---------------------------------------------------------------------
 
 
-def allocate_block(w: Writer, network: str, node: str, family: int | str, prefixlen: int,
+def allocate_block(w: Records, network: str, node: str, family: int | str, prefixlen: int,
                    *, additional: bool = False) -> str:
     """A /prefixlen of the network's CIDR of that family for ``node``, overlapping no other block:
     the node's existing block unless ``additional``, else the lowest free one."""
@@ -168,7 +175,7 @@ def _usable(block: IPNet) -> Iterator[IPAddr]:
         yield ip
 
 
-def _node_blocks(w: Writer, network: str, node: str, version: int) -> list[IPNet]:
+def _node_blocks(w: Records, network: str, node: str, version: int) -> list[IPNet]:
     out = []
     for o in w.list("IPBlock"):
         s = o["spec"]
@@ -179,7 +186,7 @@ def _node_blocks(w: Writer, network: str, node: str, version: int) -> list[IPNet
     return sorted(out, key=lambda c: int(c.network_address))
 
 
-def leases_for(w: Writer, node: str, container_id: str) -> list[dict]:
+def leases_for(w: Records, node: str, container_id: str) -> list[dict]:
     """The IPLease objects a container holds on ``node``."""
     return [o for o in w.list("IPLease")
             if o["spec"].get("containerID") == container_id and o["spec"]["node"] == node]
@@ -191,7 +198,7 @@ def lease_of(obj: dict) -> Lease:
                  obj["spec"].get("block", ""), obj["metadata"]["name"])
 
 
-def allocate_lease(w: Writer, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
+def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
                    container_id: str, ifname: str) -> Lease:
     """One address for a container on ``node`` from the network's ``cidrs`` of one family: the
     lowest free one in the node's blocks, taking another block when they are full."""

@@ -20,7 +20,6 @@ import argparse
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +28,12 @@ from lace.cli import render
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.node import ct_json, ct_text
+from lace.cli.node.ct_dump import dump_table, take
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
-from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY
+from lace.datapath.conntrack import CT_ENTRY
 
 CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 TABLES = ("all", *registry.CT_TABLES)
@@ -70,34 +70,6 @@ def tables_of(arg: str) -> tuple[str, ...]:
     return (arg,)
 
 
-@dataclass
-class CtDump:
-    """One conntrack table as dumped: its decoded key and entry columns (NumPy structured arrays)."""
-
-    name: str
-    family: int
-    keys: np.ndarray
-    vals: np.ndarray
-    capacity: int
-
-    @property
-    def count(self) -> int:
-        return len(self.keys)
-
-
-def _dump(name: str, m: Any) -> CtDump:
-    """Dump conntrack table ``name`` from its open map ``m`` (closed here)."""
-    family = 6 if name.endswith("v6") else 4
-    layout = CT6_KEY if family == 6 else CT4_KEY
-    with m:
-        kb, vb, n = m.dump()
-        cap = m.max_entries
-    # the dump's buffers are a fresh mapping per dump that lives as long as these views: no copy
-    keys = layout.decode_many(kb, n)
-    vals = CT_ENTRY.decode_many(vb, n)
-    return CtDump(name, family, keys, vals, cap)
-
-
 #: tables dumped (or collected) at once: a batch lookup runs in the kernel without the GIL, so
 #: two threads use both cores of a small node
 WORKERS = 2
@@ -122,15 +94,11 @@ def _parallel(node_env: NodeEnv, names: tuple[str, ...], work: Callable[[str, An
 
 # ---- list --------------------------------------------------------------------------------------
 
-def _take(t: CtDump, count: int, start: int = 0) -> CtDump:
-    return CtDump(t.name, t.family, t.keys[start:start + count], t.vals[start:start + count], t.capacity)
-
-
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
     node_env = NodeEnv.from_env(inv.env)
     res = for_node(args.numeric, node_env.require_store)
-    tables = _parallel(node_env, names, _dump, meanwhile=res.preload)
+    tables = _parallel(node_env, names, dump_table, meanwhile=res.preload)
     now = now_coarse()
     total = sum(t.count for t in tables)
     shown = tables
@@ -138,9 +106,9 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         left = args.limit
         shown = []
         for t in tables:
-            take = min(left, t.count)
-            shown.append(_take(t, take))
-            left -= take
+            count = min(left, t.count)
+            shown.append(take(t, count))
+            left -= count
     n_shown = sum(t.count for t in shown)
     if args.output == "json":
         ct_json.write(inv.stdout, node_env.node, tables, shown, total, n_shown, now, res)

@@ -23,7 +23,7 @@ from lace.datapath.conntrack import CtFlag, CtState
 from lace.datapath.delivery import DeliveryKind
 
 if TYPE_CHECKING:
-    from lace.cli.node.ct import CtDump
+    from lace.cli.node.ct_dump import CtDump
 
 
 # ---- tokens for enum columns -----------------------------------------------------------------

@@ -14,7 +14,7 @@ from lace.datapath.conntrack import CtFlag, CtState, tcp_flag_labels
 from lace.datapath.delivery import DeliveryKind
 
 if TYPE_CHECKING:
-    from lace.cli.node.ct import CtDump
+    from lace.cli.node.ct_dump import CtDump
 
 
 def _ep(addr: str, port: int, family: int, proto: int) -> str:
