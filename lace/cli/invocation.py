@@ -7,12 +7,15 @@ command that needs neither (``node ... -o json``) starts without them.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from lace.cli.context import LabContext, resolve_lab
+from lace.cli.status import ExitStatus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,3 +66,40 @@ class Invocation:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def run_command(inv: Invocation, build_parser: Callable[[], argparse.ArgumentParser],
+                argv: Sequence[str]) -> ExitStatus | int:
+    """Parse ``argv`` and run its handler, for ``lace`` and ``node`` alike: every failure is an
+    ``error: ...`` line (with a hint) and an exit status, never a traceback; ``inv`` is closed."""
+    from lace.cli.args import HelpShown
+    from lace.cli.errors import CliError, from_store_error
+    from lace.cli.render import print_error, print_unexpected
+    from lace.store.errors import StoreError
+    try:
+        parser = build_parser()
+        with contextlib.redirect_stdout(inv.stdout):
+            args = parser.parse_args(argv)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            inv.stdout.write(parser.format_help())
+            return ExitStatus.USAGE
+        rc = handler(args, inv)
+        # commands that run something else (lab exec) pass its exit status through unchanged
+        return rc if isinstance(rc, ExitStatus) or rc not in set(ExitStatus) else ExitStatus(rc)
+    except HelpShown:
+        return ExitStatus.OK
+    except (CliError, StoreError) as err:
+        cli_err = from_store_error(err) if isinstance(err, StoreError) else err
+        print_error(inv.stderr, cli_err.message, cli_err.hint)
+        return cli_err.status
+    except KeyboardInterrupt:
+        inv.stderr.write("interrupted\n")
+        return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        return ExitStatus.ERROR
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        print_unexpected(inv.stderr, err, inv.env)
+        return ExitStatus.ERROR
+    finally:
+        inv.close()

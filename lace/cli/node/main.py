@@ -17,17 +17,14 @@ store load only on the paths that draw a table, write YAML or resolve names.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
-from lace.cli.args import ArgumentParser, HelpShown
-from lace.cli.errors import CliError
-from lace.cli.invocation import Invocation
-from lace.cli.render import print_error, print_unexpected
+from lace.cli.args import ArgumentParser
+from lace.cli.invocation import Invocation, run_command
 from lace.cli.status import ExitStatus, exit_with
 
 #: command group -> module of this package that registers it
@@ -89,29 +86,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ if env is None else env
     inv = Invocation(env, stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr)
-    try:
-        parser = build_parser(argv)
-        with contextlib.redirect_stdout(inv.stdout):
-            args = parser.parse_args(argv)
-        handler: Any = getattr(args, "handler", None)
-        if handler is None:
-            inv.stdout.write(parser.format_help())
-            return ExitStatus.USAGE
-        return ExitStatus(handler(args, inv))
-    except HelpShown:
-        return ExitStatus.OK
-    except CliError as err:
-        print_error(inv.stderr, err.message, err.hint)
-        return err.status
-    except KeyboardInterrupt:
-        return ExitStatus.INTERRUPTED
-    except BrokenPipeError:
-        return ExitStatus.ERROR
-    except Exception as err:  # noqa: BLE001 - the last line of defence
-        print_unexpected(inv.stderr, err, env)
-        return ExitStatus.ERROR
-    finally:
-        inv.close()
+    return ExitStatus(run_command(inv, lambda: build_parser(argv), argv))
 
 
 def entry() -> NoReturn:
