@@ -17,7 +17,7 @@ import ctypes
 import ctypes.util
 import errno as _errno
 import os
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 NETNS_RUN_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
@@ -44,6 +44,7 @@ class NetnsError(OSError):
 
 
 Translate = Callable[[NetnsError], BaseException]
+T = TypeVar("T")
 
 
 def path_of(name_or_path: str) -> str:
@@ -74,31 +75,24 @@ def entered(name_or_path: str | None, *, translate: Translate | None = None) -> 
         yield
         return
     target = path_of(name_or_path)
-    try:
-        target_fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _fail(NetnsError("open", target, exc.errno or _errno.EIO), translate) from None
-    try:
-        orig_fd = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        os.close(target_fd)
-        raise _fail(NetnsError("save", target, exc.errno or _errno.EIO), translate) from None
-    try:
+
+    def step(name: str, call: Callable[[], T]) -> T:
         try:
-            setns(target_fd)
+            return call()
         except OSError as exc:
-            raise _fail(NetnsError("enter", target, exc.errno or _errno.EIO), translate) from None
+            raise _fail(NetnsError(name, target, exc.errno or _errno.EIO), translate) from None
+
+    with contextlib.ExitStack() as fds:
+        target_fd = step("open", lambda: os.open(target, os.O_RDONLY | os.O_CLOEXEC))
+        fds.callback(os.close, target_fd)
+        orig_fd = step("save", lambda: os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC))
+        fds.callback(os.close, orig_fd)
+        step("enter", lambda: setns(target_fd))
         try:
             yield
         finally:
             # Staying in the wrong namespace would silently misdirect every later call: never ignore it.
-            try:
-                setns(orig_fd)
-            except OSError as exc:
-                raise _fail(NetnsError("return", target, exc.errno or _errno.EIO), translate) from None
-    finally:
-        os.close(target_fd)
-        os.close(orig_fd)
+            step("return", lambda: setns(orig_fd))
 
 
 __all__ = ["NETNS_RUN_DIR", "CLONE_NEWNET", "NetnsError", "entered", "path_of", "setns"]
