@@ -145,11 +145,17 @@ class RegistryStore(Store):
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         try:
-            with backend.transaction() as txn:
-                w = Writer(txn)
-                for obj in rules.builtin_objects():
-                    if w.get(obj["kind"], obj["metadata"]["name"]) is None:
-                        w.create(obj)
+            # every open makes sure the cluster's built-in objects exist; only a store that lacks
+            # one takes the write lock (every CLI call and node command opens the store)
+            with backend.transaction(write=False) as txn:
+                missing = [o for o in rules.builtin_objects()
+                           if txn.get(o["kind"], "", o["metadata"]["name"]) is None]
+            if missing:
+                with backend.transaction() as txn:
+                    w = Writer(txn)
+                    for obj in missing:
+                        if w.get(obj["kind"], obj["metadata"]["name"]) is None:
+                            w.create(obj)
         except BaseException:
             backend.close()
             raise

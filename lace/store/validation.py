@@ -8,13 +8,14 @@ the objects already stored (inside the writer's transaction, so a batch sees its
 from __future__ import annotations
 
 import copy
+import functools
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import jsonschema
-import jsonschema.exceptions
+if TYPE_CHECKING:
+    import jsonschema
 
 from lace.store import kinds as K
 from lace.store.errors import UnknownKind, ValidationError
@@ -382,7 +383,13 @@ _CHECKS = {
     "Segment": _check_segment, "IPBlock": _check_ip_block, "IPLease": _check_ip_lease,
 }
 
-_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema) for kind, schema in SCHEMAS.items()}
+@functools.cache
+def _validator(kind: str) -> jsonschema.Draft202012Validator:
+    # jsonschema costs ~80 ms to import: readers of the store (lace get, node name resolution)
+    # never validate, so it loads with the first write
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(SCHEMAS[kind])
 
 
 def _json_path(path: Any) -> str:
@@ -473,7 +480,9 @@ def validate(obj: Any, lookup: Lookup) -> dict:
     """Validate one object whole; returns its normalised copy or raises ValidationError."""
     obj = normalize(obj)
     c = _Checker(obj, lookup)
-    err = jsonschema.exceptions.best_match(_VALIDATORS[obj["kind"]].iter_errors(obj))
+    import jsonschema.exceptions
+
+    err = jsonschema.exceptions.best_match(_validator(obj["kind"]).iter_errors(obj))
     if err is not None:
         raise _schema_error(c.ref, err)
     meta = obj["metadata"]
