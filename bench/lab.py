@@ -153,7 +153,7 @@ def _checksum(data: bytes) -> int:
 
 def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
     """Apply a pod, then ping its address (from its IPLease, as soon as it exists) every ms."""
-    from lace.store.sqlite import SqliteStore
+    from lace.store import SqliteStore
     store = SqliteStore(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, STORE_FILE))
     sock = icmp_echo_socket(prober_ns)
     out = []

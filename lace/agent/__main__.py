@@ -8,7 +8,7 @@ import sys
 
 from lace.datapath.config import DEFAULT_POD_MTU, ENCAP_OVERHEAD
 from lace.store.errors import StoreError
-from lace.store.sqlite import SqliteStore
+from lace.store import SqliteStore
 
 from .daemon import Agent
 

@@ -15,7 +15,7 @@ from lace.cni.client import AgentUnavailable, call
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
 from lace.store import STORE_FILE
 from lace.store import kinds as K
-from lace.store.sqlite import SqliteStore
+from lace.store import SqliteStore
 
 from . import procs, topology
 from .kubelet import Sandboxes

@@ -31,7 +31,7 @@ from lace.cni.spec import CNI_VERSION
 from lace.store import STORE_FILE
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
 from lace.store.kinds import pod_network
-from lace.store.sqlite import SqliteStore
+from lace.store import SqliteStore
 
 from . import procs
 from .files import write_json

@@ -11,8 +11,8 @@ Three layers, like kube-apiserver's storage stack, each knowing only the one bel
    store-owned status, update and delete guards, cascades, the objects every cluster has) and
    ``allocate.py`` (network and segment IDs, segments, per-node IP blocks, pod address leases).
 3. **The Store callers use** (``api.py``, the interface; ``registry.py``, ``RegistryStore``, which
-   composes a backend with the rules and the allocators). ``SqliteStore(path)`` is that Store over
-   the SQLite backend.
+   composes a backend with the rules and the allocators). ``SqliteStore(path)`` (``embedded.py``)
+   is that Store over the SQLite backend.
 
 Beside them: errors in ``errors.py``, kinds and their names in ``kinds.py``, label selectors in
 ``selectors.py``. Importing this package (or ``errors``/``kinds``) stays cheap — no sqlite3,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from lace.store.api import ApplyResult, Lease, ListResult, Store, Watch, WatchEvent
     from lace.store.registry import RegistryStore
-    from lace.store.sqlite import SqliteStore
+    from lace.store.embedded import SqliteStore
 
 # The file a lab's store lives in, inside the lab's state directory.
 STORE_FILE = "store.db"
@@ -42,7 +42,7 @@ STORE_FILE = "store.db"
 _LAZY = {
     "ApplyResult": "lace.store.api", "Lease": "lace.store.api", "ListResult": "lace.store.api",
     "Store": "lace.store.api", "Watch": "lace.store.api", "WatchEvent": "lace.store.api",
-    "RegistryStore": "lace.store.registry", "SqliteStore": "lace.store.sqlite",
+    "RegistryStore": "lace.store.registry", "SqliteStore": "lace.store.embedded",
 }
 
 __all__ = [

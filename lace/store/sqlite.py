@@ -7,8 +7,8 @@ and event row — so revisions are in commit order across processes and a reject
 nothing behind. Watches poll ``PRAGMA data_version`` (a cheap "did another connection commit?")
 every 20 ms and are woken at once by writes of their own process.
 
-``SqliteBackend`` is the generic backend (``backend.py``); ``SqliteStore`` is the Store callers
-construct: that backend under the shared rules and allocators (``registry.py``).
+``SqliteBackend`` is the generic backend (``backend.py``); the Store callers construct over it,
+``SqliteStore``, lives a layer up (``embedded.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import orjson
 from lace.store.api import Watch, WatchEvent
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import Gone, StoreError, Unavailable
-from lace.store.registry import RegistryStore
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_EVENTS = 10_000
@@ -382,25 +381,3 @@ class SqliteWatch(Watch):
             with notifier.cond:
                 if notifier.counter == seen:
                     notifier.cond.wait(wait)
-
-
-# The Store callers construct (``SqliteStore(path)``): this module's backend bound to the shared
-# layers above it. Only the binding lives here; the rules and allocators know no backend.
-class SqliteStore(RegistryStore):
-    """The Store on one SQLite file: a SqliteBackend under the shared rules and allocators."""
-
-    backend: SqliteBackend
-
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 10.0,
-                 max_events: int = DEFAULT_MAX_EVENTS, poll_interval: float = POLL_INTERVAL) -> None:
-        super().__init__(SqliteBackend(path, busy_timeout=busy_timeout, max_events=max_events,
-                                       poll_interval=poll_interval))
-
-    @property
-    def path(self) -> str:
-        return self.backend.path
-
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        # the backend's connection, for tests that look at the file itself (WAL mode, events rows)
-        return self.backend._conn

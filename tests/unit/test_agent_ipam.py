@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from lace.agent.ipam import Ipam, IpamExhausted, block_prefixlen
-from lace.store.sqlite import SqliteStore
+from lace.store import SqliteStore
 
 
 @pytest.fixture
