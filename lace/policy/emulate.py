@@ -122,5 +122,7 @@ def read_node_maps(node: str, pin_root: str) -> PolicyMaps:
     from lace.datapath.node import PinnedMaps
 
     maps = PinnedMaps(pin_root, node)
-    return PolicyMaps(node, maps.entries("policy"), maps.entries("segment"), maps.entries("prefix-segment"),
-                    maps.entries("routing"), capacity=maps.capacity("policy"))
+    with maps.open("policy") as policy:   # entries and capacity from one open
+        entries, capacity = dict(policy.entries()), policy.max_entries
+    return PolicyMaps(node, entries, maps.entries("segment"), maps.entries("prefix-segment"),
+                      maps.entries("routing"), capacity=capacity)

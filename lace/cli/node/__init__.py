@@ -3,7 +3,8 @@ node's data plane holds and decides.
 
     main.py     the parser, ``main(argv, env) -> ExitStatus`` and the console script's ``entry``
     bpf.py      node bpf show MAP
-    ct.py       node ct list|gc TABLE (ct_json.py: ``-o json`` streaming; ct_text.py: the lines)
+    ct.py       node ct list|gc TABLE (ct_dump.py: a table as NumPy columns; ct_json.py: ``-o json``
+                streaming; ct_text.py: the lines)
     trace.py    node trace flow
     device.py   node device list
     env.py      NodeEnv: where the node's state lives (pin root, store, node name, agent socket)
