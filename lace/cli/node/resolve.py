@@ -18,9 +18,11 @@ from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SE
 from lace.store import kinds as K
 
 ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
-ANN_NETWORK = K.NETWORK_ANNOTATION
 ANN_SERVICE_ID = K.SERVICE_ID_ANNOTATION
 ANN_POLICY_ID = K.POLICY_ID_ANNOTATION
+
+#: Service port protocols by name (lace.policy.model has the same table; importing it loads all of
+#: lace.policy, ~60 ms of the node command's start-up)
 _PROTO_NUM = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 StoreOpener = Callable[[], Any]
@@ -145,7 +147,7 @@ class Resolver(NumericResolver):
         for pod in objects.get("pods", []):
             meta = pod.get("metadata") or {}
             name = f'{meta.get("namespace", "default")}/{meta.get("name")}'
-            net = (meta.get("annotations") or {}).get(ANN_NETWORK) or "default"
+            net = K.pod_network(pod)
             st = pod.get("status") or {}
             ips = [e.get("ip") for e in st.get("podIPs") or [] if isinstance(e, dict)] or [st.get("podIP")]
             for text in ips:
@@ -163,7 +165,7 @@ class Resolver(NumericResolver):
                 except ValueError:
                     pass
             spec = svc.get("spec") or {}
-            net = ann.get(ANN_NETWORK) or "default"
+            net = K.pod_network(svc)
             vips = list(spec.get("clusterIPs") or []) or [spec.get("clusterIP")]
             for vip in vips:
                 ip = _norm_ip(str(vip or ""))
