@@ -111,6 +111,24 @@ struct {
 	LACE_PIN;
 } lace_backends SEC(".maps");
 
+/* maglev: every multi-backend service's consistent-hash table (see abi/services.h) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LACE_MAGLEV_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+	LACE_PIN;
+} lace_maglev SEC(".maps");
+
+/* affinity: (service, client) -> backend for sessionAffinity ClientIP */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LACE_AFFINITY_MAX);
+	__type(key, struct lace_affinity_key);
+	__type(value, struct lace_affinity);
+	LACE_PIN;
+} lace_affinity SEC(".maps");
+
 /* probes: configured kubelet probe targets. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

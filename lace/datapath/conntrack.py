@@ -75,10 +75,12 @@ class CtFlag(enum.IntFlag):
     """Bits of lace_ct_entry.flags (LACE_CT_F_*)."""
 
     SEEN_REPLY = 0x01
-    DNAT = 0x02  # destination translated (service)
-    SNAT = 0x04  # source translated (masquerade)
+    DNAT = 0x02  # backend entry of a service flow: replies get nat_addr:nat_port as their source
+    SNAT = 0x04  # pod entry of a masqueraded flow: the source leaves as nat_addr:nat_port
     AUDIT = 0x08  # admitted by audit mode
     PROBE = 0x10  # a kubelet probe connection
+    SERVICE = 0x20  # frontend entry of a service flow: established packets go to nat_addr:nat_port
+    MASQ = 0x40  # masquerade port reservation, keyed in network OUTSIDE by node address:port
 
 
 #: struct lace_ct4_key (conntrack.h)
@@ -151,6 +153,8 @@ C_MACROS: dict[str, int] = {
     "LACE_CT_F_SNAT": CtFlag.SNAT,
     "LACE_CT_F_AUDIT": CtFlag.AUDIT,
     "LACE_CT_F_PROBE": CtFlag.PROBE,
+    "LACE_CT_F_SERVICE": CtFlag.SERVICE,
+    "LACE_CT_F_MASQ": CtFlag.MASQ,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_ct_state": (CtState, "LACE_CT_"),

@@ -1,7 +1,10 @@
-"""services and backends: (VIP, port, protocol, source network) -> backends by slot (C: lace/abi/services.h).
+"""services, backends, maglev and affinity (C: lace/abi/services.h).
 
-Slot 0 of a service key is the service itself (its value holds the backend count); slots
-1..backend_count point at backend IDs in the backends map.
+Slot 0 of a service key is the frontend itself (its value holds the backend counts, flags, the
+affinity timeout and the Maglev table); slots 1..backend_count point at backend IDs in the backends
+map, the active ones first (slots 1..active_count take new flows, the rest are terminating).
+A service with two or more active backends owns one Maglev table of MAGLEV_SIZE backend IDs at
+[table * MAGLEV_SIZE, (table + 1) * MAGLEV_SIZE) of the maglev array; table 0 means none.
 """
 
 from __future__ import annotations
@@ -22,15 +25,22 @@ from lace.datapath.common import (
     flag_labels,
 )
 
-SERVICES_MAX = 65536
-BACKENDS_MAX = 65536
+SERVICES_MAX = 262144
+BACKENDS_MAX = 262144
+AFFINITY_MAX = 65536
+MAGLEV_SIZE = 1021  # a prime; Maglev balances well while it is > 100x a service's backends
+MAGLEV_TABLES = 1024
+MAGLEV_MAX = MAGLEV_SIZE * MAGLEV_TABLES
 
 
 class ServiceFlag(enum.IntFlag):
     """Bits of lace_service.flags (LACE_SVC_F_*)."""
 
-    NODEPORT = 0x1
-    LOCAL = 0x2  # externalTrafficPolicy / internalTrafficPolicy Local
+    NODEPORT = 0x01  # frontend is a node address; source network OUTSIDE
+    LOCAL = 0x02  # traffic policy Local: only this node's backends are programmed
+    LOADBALANCER = 0x04  # frontend is a LoadBalancer ingress address
+    AFFINITY = 0x08  # sessionAffinity ClientIP
+    EXTERNAL_IP = 0x10  # frontend is an externalIP
 
 
 class BackendFlag(enum.IntFlag):
@@ -61,8 +71,11 @@ SERVICE = Layout(
         ("service_id", "u32"),
         ("backend_id", "u32"),
         ("backend_count", "u16"),
+        ("active_count", "u16"),
         ("flags", "u16"),
-        ("reserved", "u32"),
+        ("reserved", "u16"),
+        ("affinity_timeout", "u32"),
+        ("maglev", "u32"),
     ],
 )
 
@@ -82,11 +95,44 @@ BACKEND = Layout(
     ],
 )
 
+#: maglev array: index -> backend ID
+MAGLEV_KEY = Layout("__u32", [("index", "u32")])
+MAGLEV_VALUE = Layout("__u32", [("backend_id", "u32")])
+
+#: struct lace_affinity_key (services.h)
+AFFINITY_KEY = Layout(
+    "struct lace_affinity_key",
+    [
+        ("service_id", "u32"),
+        ("network", "u32"),
+        ("addr", "bytes:16"),
+        ("family", "u8"),
+        ("reserved", "bytes:3"),
+    ],
+)
+
+#: struct lace_affinity (services.h)
+AFFINITY = Layout(
+    "struct lace_affinity",
+    [
+        ("last_used_ns", "u64"),
+        ("backend_id", "u32"),
+        ("reserved", "u32"),
+    ],
+)
+
 C_MACROS: dict[str, int] = {
     "LACE_SERVICES_MAX": SERVICES_MAX,
     "LACE_BACKENDS_MAX": BACKENDS_MAX,
+    "LACE_AFFINITY_MAX": AFFINITY_MAX,
+    "LACE_MAGLEV_SIZE": MAGLEV_SIZE,
+    "LACE_MAGLEV_TABLES": MAGLEV_TABLES,
+    "LACE_MAGLEV_MAX": MAGLEV_MAX,
     "LACE_SVC_F_NODEPORT": ServiceFlag.NODEPORT,
     "LACE_SVC_F_LOCAL": ServiceFlag.LOCAL,
+    "LACE_SVC_F_LOADBALANCER": ServiceFlag.LOADBALANCER,
+    "LACE_SVC_F_AFFINITY": ServiceFlag.AFFINITY,
+    "LACE_SVC_F_EXTERNAL_IP": ServiceFlag.EXTERNAL_IP,
     "LACE_BACKEND_F_ACTIVE": BackendFlag.ACTIVE,
     "LACE_BACKEND_F_TERMINATING": BackendFlag.TERMINATING,
 }
@@ -127,7 +173,8 @@ def decode_service_key(raw: bytes) -> dict[str, Any]:
 def decode_service(raw: bytes) -> dict[str, Any]:
     v = SERVICE.unpack(raw)
     return {"service_id": v["service_id"], "backend_id": v["backend_id"], "backend_count": v["backend_count"],
-            "flags": flag_labels(ServiceFlag, v["flags"])}
+            "active_count": v["active_count"], "flags": flag_labels(ServiceFlag, v["flags"]),
+            "affinity_timeout": v["affinity_timeout"], "maglev": v["maglev"]}
 
 
 def decode_backend_key(raw: bytes) -> dict[str, Any]:
@@ -144,3 +191,36 @@ def decode_backend(raw: bytes) -> dict[str, Any]:
         "network": v["network"],
         "flags": flag_labels(BackendFlag, v["flags"]),
     }
+
+
+def service_value(*, service_id: int, backend_count: int = 0, active_count: int = 0, flags: int = 0,
+                  affinity_timeout: int = 0, maglev: int = 0, backend_id: int = 0) -> bytes:
+    """Slot 0 (the frontend: counts, flags, affinity, Maglev table) or, with ``backend_id``, a slot."""
+    return SERVICE.pack(service_id=check_u32(service_id, "service ID"), backend_id=check_u32(backend_id, "backend ID"),
+                        backend_count=backend_count, active_count=active_count, flags=int(flags),
+                        affinity_timeout=check_u32(affinity_timeout, "affinity timeout"),
+                        maglev=check_u32(maglev, "Maglev table"))
+
+
+def maglev_key(table: int, index: int) -> bytes:
+    """Key of entry ``index`` of Maglev table ``table`` (1-based; 0 is never a table)."""
+    if table < 1 or not 0 <= index < MAGLEV_SIZE:
+        raise ValueError(f"Maglev table {table} index {index} is out of range")
+    return MAGLEV_KEY.pack(index=table * MAGLEV_SIZE + index)
+
+
+def affinity_key(service_id: int, network: int, client: AddressLike) -> bytes:
+    family, raw = addr16(client)
+    return AFFINITY_KEY.pack(service_id=check_u32(service_id, "service ID"), network=check_u32(network, "network"),
+                             addr=raw, family=family)
+
+
+def decode_affinity_key(raw: bytes) -> dict[str, Any]:
+    k = AFFINITY_KEY.unpack(raw)
+    return {"service_id": k["service_id"], "network": k["network"], "family": enum_label(Family, k["family"]),
+            "addr": addr_str(k["family"], k["addr"])}
+
+
+def decode_affinity(raw: bytes) -> dict[str, Any]:
+    v = AFFINITY.unpack(raw)
+    return {"backend_id": v["backend_id"], "last_used_ns": v["last_used_ns"]}

@@ -191,7 +191,7 @@ def test_config_roundtrip() -> None:
     assert len(raw) == config.CONFIG.size == 48
     assert config.decode_config(raw) == {
         "locator": "fd00:0:3::/48", "underlay_addr": "2001:db8::3", "node_id": 3, "uplink_ifindex": 9,
-        "mtu": 1460, "flags": ["trace-all"],
+        "mtu": 1460, "flags": ["trace-all"], "addr4": None,
     }
 
 

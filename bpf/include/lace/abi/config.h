@@ -17,7 +17,7 @@ struct lace_config {
 	__u16 mtu;               /* pod MTU (underlay MTU - 40) */
 	__u8  locator_len;       /* prefix length in bits: a multiple of 8, at most 64 */
 	__u8  flags;             /* LACE_CFG_F_* */
-	__u32 reserved;
+	__u8  addr4[4];          /* the node's IPv4 address: IPv4 masquerade source (0.0.0.0: none) */
 };
 
 #endif

@@ -37,10 +37,20 @@ enum lace_ct_status {
 };
 
 #define LACE_CT_F_SEEN_REPLY 0x01
-#define LACE_CT_F_DNAT       0x02  /* destination translated (service) */
-#define LACE_CT_F_SNAT       0x04  /* source translated (masquerade) */
+/* A service flow has two entries. The frontend entry (SERVICE), keyed client -> VIP:port, holds the
+ * chosen backend in nat_addr/nat_port and sends established packets there. The backend entry
+ * (DNAT), keyed client -> backend, holds the frontend in nat_addr/nat_port and writes it back as the
+ * source of replies. rev_nat_id is the service ID in both. */
+#define LACE_CT_F_DNAT       0x02  /* backend entry: replies get nat_addr:nat_port as their source */
+/* A masqueraded flow has two entries too. The pod's entry (SNAT), keyed by the pod's own tuple,
+ * holds the node address and port it leaves with. The port reservation (MASQ), keyed in network
+ * OUTSIDE by node address:port -> remote, holds the pod's address and port; dst_network is the
+ * pod's network. Replies find the reservation and are written back to the pod. */
+#define LACE_CT_F_SNAT       0x04  /* pod entry: the source leaves as nat_addr:nat_port */
 #define LACE_CT_F_AUDIT      0x08  /* admitted by audit mode */
 #define LACE_CT_F_PROBE      0x10  /* a kubelet probe connection */
+#define LACE_CT_F_SERVICE    0x20  /* frontend entry: established packets go to nat_addr:nat_port */
+#define LACE_CT_F_MASQ       0x40  /* masquerade port reservation (see above) */
 
 /* Keys carry the source network of the original direction; ICMP echo uses the identifier as both
  * ports so that the reply's reversed tuple finds the same entry. */
@@ -76,8 +86,8 @@ struct lace_ct_entry {
 	__u32  src_segment;
 	__u32  dst_segment;
 	__u32  dst_network;
-	__u32  rev_nat_id;      /* service whose VIP replies are translated back to (0: none) */
-	__u8   nat_addr[16];    /* original VIP (DNAT) or masquerade address (SNAT) */
+	__u32  rev_nat_id;      /* service ID of a SERVICE or DNAT entry (0: none) */
+	__u8   nat_addr[16];    /* the other side of the translation: see LACE_CT_F_* */
 	__be16 nat_port;
 	__u8   state;           /* enum lace_ct_state */
 	__u8   flags;           /* LACE_CT_F_* */

@@ -1,19 +1,35 @@
-/* services and backends: (VIP, port, protocol, source network) -> backends by slot. */
+/* services: (source network, frontend address, port, protocol) -> service and its backends by slot;
+ * backends: backend ID -> address; maglev: each service's consistent-hash lookup table;
+ * affinity: (service, client) -> the backend ClientIP affinity pins it to. */
 #ifndef LACE_ABI_SERVICES_H
 #define LACE_ABI_SERVICES_H
 
-#define LACE_SERVICES_MAX 65536
-#define LACE_BACKENDS_MAX 65536
+#define LACE_SERVICES_MAX 262144   /* slot 0 of every frontend plus one slot per backend */
+#define LACE_BACKENDS_MAX 262144
+#define LACE_AFFINITY_MAX 65536
 
-#define LACE_SVC_F_NODEPORT 0x1
-#define LACE_SVC_F_LOCAL    0x2   /* externalTrafficPolicy/internalTrafficPolicy Local */
+/* Maglev: every service with two or more active backends owns one table of LACE_MAGLEV_SIZE
+ * backend IDs, stored at [table * SIZE, (table + 1) * SIZE) of the maglev array. Table 0 is never
+ * used (0 = no table). The number of tables is the map's max_entries / SIZE (the loader may size
+ * it); SIZE is a prime well above 100 x the backends of a service (Maglev's balance rule). */
+#define LACE_MAGLEV_SIZE   1021
+#define LACE_MAGLEV_TABLES 1024
+#define LACE_MAGLEV_MAX    1045504   /* SIZE x TABLES */
+
+#define LACE_SVC_F_NODEPORT     0x01  /* frontend is a node address (NodePort); source network OUTSIDE */
+#define LACE_SVC_F_LOCAL        0x02  /* traffic policy Local: only this node's backends are programmed */
+#define LACE_SVC_F_LOADBALANCER 0x04  /* frontend is a LoadBalancer ingress address */
+#define LACE_SVC_F_AFFINITY     0x08  /* sessionAffinity ClientIP for affinity_timeout seconds */
+#define LACE_SVC_F_EXTERNAL_IP  0x10  /* frontend is an externalIP */
 
 #define LACE_BACKEND_F_ACTIVE      0x1
 #define LACE_BACKEND_F_TERMINATING 0x2
 
-/* slot 0 is the service itself; slots 1..backend_count point at backends. */
+/* Slot 0 is the frontend itself; slots 1..backend_count point at backends, the active ones first
+ * (1..active_count take new flows; the rest are terminating: kept for their established flows and
+ * shown by `node bpf show services --endpoints`). */
 struct lace_service_key {
-	__u32  network;     /* the source network this VIP serves */
+	__u32  network;     /* the source network this frontend serves */
 	__u8   addr[16];
 	__be16 port;
 	__u8   proto;
@@ -23,11 +39,14 @@ struct lace_service_key {
 };
 
 struct lace_service {
-	__u32 service_id;
-	__u32 backend_id;     /* slot > 0: the backend in this slot */
-	__u16 backend_count;  /* slot 0: number of backend slots */
-	__u16 flags;          /* LACE_SVC_F_* */
-	__u32 reserved;
+	__u32 service_id;       /* cluster-wide ID: reverse NAT and affinity key */
+	__u32 backend_id;       /* slot > 0: the backend in this slot */
+	__u16 backend_count;    /* slot 0: backend slots, active and terminating */
+	__u16 active_count;     /* slot 0: slots 1..active_count take new flows */
+	__u16 flags;            /* LACE_SVC_F_* */
+	__u16 reserved;
+	__u32 affinity_timeout; /* slot 0: seconds of ClientIP affinity */
+	__u32 maglev;           /* slot 0: Maglev table number (0: none, one active backend or none) */
 };
 
 struct lace_backend_key {
@@ -39,8 +58,22 @@ struct lace_backend {
 	__be16 port;
 	__u8   proto;
 	__u8   family;
-	__u32  network;
+	__u32  network;     /* the backend pod's network: routing continues in it */
 	__u32  flags;       /* LACE_BACKEND_F_* */
+};
+
+struct lace_affinity_key {
+	__u32 service_id;
+	__u32 network;      /* the client's source network */
+	__u8  addr[16];     /* the client's address */
+	__u8  family;
+	__u8  reserved[3];
+};
+
+struct lace_affinity {
+	__u64 last_used_ns; /* CLOCK_MONOTONIC_COARSE, as conntrack */
+	__u32 backend_id;
+	__u32 reserved;
 };
 
 #endif
