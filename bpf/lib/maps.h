@@ -129,6 +129,15 @@ struct {
 	LACE_PIN;
 } lace_affinity SEC(".maps");
 
+/* sock-revnat: the frontend behind each (host socket, backend) the socket hooks translated. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LACE_SOCK_REVNAT_MAX);
+	__type(key, struct lace_sock_revnat_key);
+	__type(value, struct lace_sock_revnat);
+	LACE_PIN;
+} lace_sk_revnat SEC(".maps");
+
 /* probes: configured kubelet probe targets. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

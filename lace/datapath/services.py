@@ -1,10 +1,12 @@
-"""services, backends, maglev and affinity (C: lace/abi/services.h).
+"""services, backends, maglev, affinity and sock-revnat (C: lace/abi/services.h).
 
 Slot 0 of a service key is the frontend itself (its value holds the backend counts, flags, the
 affinity timeout and the Maglev table); slots 1..backend_count point at backend IDs in the backends
 map, the active ones first (slots 1..active_count take new flows, the rest are terminating).
 A service with two or more active backends owns one Maglev table of MAGLEV_SIZE backend IDs at
 [table * MAGLEV_SIZE, (table + 1) * MAGLEV_SIZE) of the maglev array; table 0 means none.
+sock-revnat is written by the cgroup socket hooks only: for each host socket they translated, the
+backend it was sent to and the frontend it asked for.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lace.datapath.common import (
 SERVICES_MAX = 262144
 BACKENDS_MAX = 262144
 AFFINITY_MAX = 65536
+SOCK_REVNAT_MAX = 65536
 MAGLEV_SIZE = 1021  # a prime; Maglev balances well while it is > 100x a service's backends
 MAGLEV_TABLES = 1024
 MAGLEV_MAX = MAGLEV_SIZE * MAGLEV_TABLES
@@ -121,10 +124,35 @@ AFFINITY = Layout(
     ],
 )
 
+#: struct lace_sock_revnat_key (services.h)
+SOCK_REVNAT_KEY = Layout(
+    "struct lace_sock_revnat_key",
+    [
+        ("cookie", "u64"),
+        ("addr", "bytes:16"),
+        ("port", "be16"),
+        ("family", "u8"),
+        ("reserved", "bytes:5"),
+    ],
+)
+
+#: struct lace_sock_revnat (services.h)
+SOCK_REVNAT = Layout(
+    "struct lace_sock_revnat",
+    [
+        ("addr", "bytes:16"),
+        ("port", "be16"),
+        ("family", "u8"),
+        ("reserved", "u8"),
+        ("service_id", "u32"),
+    ],
+)
+
 C_MACROS: dict[str, int] = {
     "LACE_SERVICES_MAX": SERVICES_MAX,
     "LACE_BACKENDS_MAX": BACKENDS_MAX,
     "LACE_AFFINITY_MAX": AFFINITY_MAX,
+    "LACE_SOCK_REVNAT_MAX": SOCK_REVNAT_MAX,
     "LACE_MAGLEV_SIZE": MAGLEV_SIZE,
     "LACE_MAGLEV_TABLES": MAGLEV_TABLES,
     "LACE_MAGLEV_MAX": MAGLEV_MAX,
@@ -224,3 +252,21 @@ def decode_affinity_key(raw: bytes) -> dict[str, Any]:
 def decode_affinity(raw: bytes) -> dict[str, Any]:
     v = AFFINITY.unpack(raw)
     return {"backend_id": v["backend_id"], "last_used_ns": v["last_used_ns"]}
+
+
+def sock_revnat_key(cookie: int, backend: AddressLike, port: int) -> bytes:
+    """Key of the entry for a socket (by cookie) sent to ``backend``:``port``."""
+    family, raw = addr16(backend)
+    return SOCK_REVNAT_KEY.pack(cookie=cookie, addr=raw, port=check_port(port), family=family)
+
+
+def decode_sock_revnat_key(raw: bytes) -> dict[str, Any]:
+    k = SOCK_REVNAT_KEY.unpack(raw)
+    return {"cookie": k["cookie"], "family": enum_label(Family, k["family"]),
+            "backend": addr_str(k["family"], k["addr"]), "port": k["port"]}
+
+
+def decode_sock_revnat(raw: bytes) -> dict[str, Any]:
+    v = SOCK_REVNAT.unpack(raw)
+    return {"family": enum_label(Family, v["family"]), "frontend": addr_str(v["family"], v["addr"]),
+            "port": v["port"], "service_id": v["service_id"]}

@@ -1,12 +1,14 @@
 /* services: (source network, frontend address, port, protocol) -> service and its backends by slot;
  * backends: backend ID -> address; maglev: each service's consistent-hash lookup table;
- * affinity: (service, client) -> the backend ClientIP affinity pins it to. */
+ * affinity: (service, client) -> the backend ClientIP affinity pins it to;
+ * sock-revnat: (socket cookie, backend) -> the frontend a host socket asked for. */
 #ifndef LACE_ABI_SERVICES_H
 #define LACE_ABI_SERVICES_H
 
 #define LACE_SERVICES_MAX 262144   /* slot 0 of every frontend plus one slot per backend */
 #define LACE_BACKENDS_MAX 262144
 #define LACE_AFFINITY_MAX 65536
+#define LACE_SOCK_REVNAT_MAX 65536  /* host sockets translated at connect/sendmsg time */
 
 /* Maglev: every service with two or more active backends owns one table of LACE_MAGLEV_SIZE
  * backend IDs, stored at [table * SIZE, (table + 1) * SIZE) of the maglev array. Table 0 is never
@@ -74,6 +76,26 @@ struct lace_affinity {
 	__u64 last_used_ns; /* CLOCK_MONOTONIC_COARSE, as conntrack */
 	__u32 backend_id;
 	__u32 reserved;
+};
+
+/* Socket-level translation (cgroup socket hooks): a host socket's connect or sendmsg to a frontend
+ * is rewritten to a backend, and this entry lets getpeername and recvmsg show the frontend again.
+ * Addresses are as the socket sees them: an IPv4 frontend reached through an IPv4-mapped IPv6
+ * address is stored as IPv4. */
+struct lace_sock_revnat_key {
+	__u64  cookie;      /* the socket's cookie (SO_COOKIE) */
+	__u8   addr[16];    /* the backend the socket was sent to */
+	__be16 port;
+	__u8   family;
+	__u8   reserved[5];
+};
+
+struct lace_sock_revnat {
+	__u8   addr[16];    /* the frontend the socket asked for */
+	__be16 port;
+	__u8   family;
+	__u8   reserved;
+	__u32  service_id;
 };
 
 #endif
