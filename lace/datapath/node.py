@@ -25,7 +25,7 @@ callers to turn into their own messages:
 Unknown CLI names raise KeyError (listing the known ones).  Once a map is open, failures are the
 ``lace.bpf`` errors of the operation (e.g. ``NotSupported`` for dumping the ring buffer).
 
-**Both program objects loaded** — for the agent and the datapath test bed::
+**Every program object loaded** — for the agent and the datapath test bed::
 
     dp = load_objects(pin_root, max_entries={"ct-tcp-v4": 1 << 20})
     dp.map("config")                        # a Map owned by dp: do not close it
@@ -34,8 +34,8 @@ Unknown CLI names raise KeyError (listing the known ones).  Once a map is open, 
     dp.migrations                           # pinned maps migrated by this load
     dp.close()                              # or ``with load_objects(...) as dp:``
 
-:func:`load_objects` opens every object of ``registry.OBJECTS`` (pod_veth.o, uplink.o) against the
-pin root, applies the capacity overrides, and loads them: the first load creates and pins the
+:func:`load_objects` opens every object of ``registry.OBJECTS`` (pod_veth.o, uplink.o, sock.o) against
+the pin root, applies the capacity overrides, and loads them: the first load creates and pins the
 maps, the second (and any later load, e.g. an agent restart) reuses the pins, migrating a pinned
 map whose definition changed.  Pinned maps outlive :meth:`LoadedDatapath.close`.
 """
@@ -159,7 +159,7 @@ class PinnedMaps:
 
 
 class LoadedDatapath:
-    """Both program objects loaded against one pin root, sharing their pinned maps.
+    """Every program object loaded against one pin root, sharing their pinned maps.
 
     Owns every map and program fd it hands out (:meth:`map`, :meth:`program`): they stay valid
     until :meth:`close`.  ``objects`` maps the object name (a key of ``registry.OBJECTS``) to its
