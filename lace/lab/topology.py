@@ -9,12 +9,18 @@ Layout (everything is named after the lab, so two labs and a test run coexist)::
     lace-<lab>-worker-i  eth0 fd5e:ff::i/64 198.18.0.i/24, MTU 1500, forwarding on;
                          fd5e:c000:j::/48 via fd5e:ff::j for every other node j;
                          203.0.113.0/24 via 198.18.0.254, 2001:db8:cafe::/48 via fd5e:ff::fe
+                         host cgroup <cgroup2>/lace-<lab>/worker-i
 
 Node i owns locator fd5e:c000:i::/48 (block fd5e:c000::/32); pods get MTU 1500 - 40 = 1460 (one
 outer IPv6 header).  Beyond the IPv6 underlay, each node also has an IPv4 address on the fabric
 (198.18.0.i, a benchmarking range): masqueraded IPv4 pod traffic needs a node source address and a
 next hop the outside can answer; routing IPv4 through an IPv6 next hop would work for the kernel but
 hands ``bpf_fib_lookup`` an AF_INET6 neighbor for an IPv4 packet.
+
+Each node also has a host cgroup (cgroup2): the processes that run "on the node's host" (``lace
+exec --node``) join it as well as the node's namespace, and the node's agent attaches the socket
+hooks that translate service addresses to it. Pod processes are never in it: pods reach services
+through the tc path of their own network.
 
 Nothing is added to the machine's own namespace, and nothing is bridged to a real interface: the
 lab's traffic never leaves its namespaces.
@@ -96,6 +102,26 @@ def pin_root(lab: str, node: str) -> str:
     return os.path.join(BPFFS, f"lace-{lab}-{node}")
 
 
+def cgroup_root() -> str | None:
+    """The cgroup2 mount point among CGROUP_ROOTS, or None when cgroup2 is mounted at neither."""
+    for root in CGROUP_ROOTS:
+        if os.path.isfile(os.path.join(root, "cgroup.controllers")):  # only a cgroup2 directory has it
+            return root
+    return None
+
+
+def node_cgroup(lab: str, node: str) -> str:
+    """The node's host cgroup, ``<cgroup2>/lace-<lab>/<node>`` ("" when cgroup2 is not mounted)."""
+    root = cgroup_root()
+    return os.path.join(root, f"lace-{lab}", node) if root else ""
+
+
+def join_cgroup(path: str) -> None:
+    """Move the calling process into cgroup ``path`` (a child process calls it before exec)."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write("0")   # 0: the writer itself
+
+
 def underlay_addr(index: int) -> str:
     """Node ``index``'s IPv6 underlay address (fd5e:ff::<index>; the index is written in hex)."""
     return f"fd5e:ff::{index:x}"
@@ -136,10 +162,10 @@ class LabSpec:
 
 @dataclass(frozen=True)
 class LabNode:
-    """One node: its namespace, uplink, underlay addresses, locator and pin root.
+    """One node: its namespace, uplink, underlay addresses, locator, pin root and host cgroup.
 
     ``uplink_ifindex`` is the uplink's ifindex inside the node's namespace; ``underlay_addr`` is
-    the plain IPv6 address (prefix /64), ``locator`` a CIDR.
+    the plain IPv6 address (prefix /64), ``locator`` a CIDR; ``cgroup`` the node's host cgroup.
     """
 
     name: str
@@ -154,6 +180,7 @@ class LabNode:
     pin_root: str
     underlay_addr4: str = ""
     fabric_port: str = ""
+    cgroup: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,7 +224,7 @@ def _node_desc(lab: str, i: int, ifindex: int, mac: str) -> LabNode:
     return LabNode(name=name, index=i, node_id=i, netns=netns_name(lab, name), uplink=UPLINK,
                    uplink_ifindex=ifindex, uplink_mac=mac, underlay_addr=underlay_addr(i),
                    locator=locator(i), pin_root=pin_root(lab, name), underlay_addr4=underlay_addr4(i),
-                   fabric_port=f"up{i}")
+                   fabric_port=f"up{i}", cgroup=node_cgroup(lab, name))
 
 
 # ---- build ----------------------------------------------------------------------------------
@@ -258,7 +285,13 @@ def _build_node(lab: str, fabric: str, i: int) -> LabNode:
     nl.add_address(UPLINK, f"{underlay_addr4(i)}/{UNDERLAY4_PREFIXLEN}", ns)
     nl.set_up(UPLINK, ns)
     os.makedirs(pin_root(lab, name), exist_ok=True)
-    return _node_desc(lab, i, info.ifindex, info.mac)
+    desc = _node_desc(lab, i, info.ifindex, info.mac)
+    try:
+        os.makedirs(desc.cgroup, exist_ok=True)
+    except OSError as exc:
+        raise LabError(f"cannot build lab {lab}: cannot create the host cgroup {desc.cgroup} of {name}: "
+                       f"{exc.strerror}") from None
+    return desc
 
 
 def _route_node(node: LabNode, n: int) -> None:
@@ -289,6 +322,10 @@ def build(spec: LabSpec, progress: Progress | None = None, *, state_dir: str | o
             ensure_bpffs(BPFFS)
         except Exception as exc:
             raise LabError(f"cannot build lab {lab}: bpffs at {BPFFS}: {exc}") from None
+        if cgroup_root() is None:
+            raise LabError(f"cannot build lab {lab}: cgroup2 is mounted at none of {', '.join(CGROUP_ROOTS)} "
+                           "(the nodes' host cgroups live there): mount it, e.g. "
+                           f"mount -t cgroup2 none {CGROUP_ROOTS[0]}")
         say("creating fabric")
         fabric = _build_fabric(lab)
         say("creating outside")

@@ -1,8 +1,11 @@
 """``lace exec --node NODE -- node ...``: run the node command where the node's data plane is.
 
-In the lab: the ``node`` command runs inside that node's network namespace (entered in the child
-before exec) with LACE_PIN_ROOT, LACE_STORE, LACE_NODE and LACE_AGENT_SOCKET set; its stdout,
-stderr and exit status are passed through unchanged.
+In the lab: the ``node`` command runs on the node's host, as a process of the node's own: inside
+that node's network namespace and its host cgroup (both joined in the child before exec; the
+cgroup's socket hooks translate service addresses for it), with LACE_PIN_ROOT, LACE_STORE,
+LACE_NODE and LACE_AGENT_SOCKET set; its stdout, stderr and exit status are passed through
+unchanged. A lab built before nodes had host cgroups has none to join: the command runs in the
+namespace alone.
 
 On a Kubernetes cluster (no lab selected and a kubeconfig context given with ``--context`` or
 KUBECONFIG, or LACE_TARGET=kubernetes): the equivalent of ``kubectl exec`` into the lace-node pod
@@ -111,10 +114,13 @@ def exec_lab(args: argparse.Namespace, cmd: list[str], inv: Invocation) -> int:
         raise NotFoundError(f'lab "{name}" has no node "{args.node}"',
                             hint="nodes: " + ", ".join(n.name for n in lab.nodes))
     path = netlink.netns.path(node.netns)
+    cgroup = node.cgroup if node.cgroup and os.path.isdir(node.cgroup) else None
 
     def enter() -> None:
         from pyroute2.netns import setns
         setns(path)
+        if cgroup is not None:
+            topology.join_cgroup(cgroup)
 
     argv = _node_executable() + cmd[1:]
     passthrough = inv.stdout is sys.stdout and inv.stderr is sys.stderr
@@ -122,8 +128,11 @@ def exec_lab(args: argparse.Namespace, cmd: list[str], inv: Invocation) -> int:
         res = subprocess.run(argv, preexec_fn=enter, env=lab_env(inv.env, str(ctx.dir), node),
                              stdin=None if inv.stdin is sys.stdin else subprocess.DEVNULL,
                              capture_output=not passthrough)
-    except OSError as exc:
-        raise CliError(f"cannot run the node command in {args.node}: {exc}") from None
+    except (OSError, subprocess.SubprocessError) as exc:
+        # a SubprocessError: entering the namespace or the cgroup failed in the child
+        raise CliError(f"cannot run the node command in {args.node}: {exc}",
+                       hint=f"check that {node.netns} and {node.cgroup or 'its cgroup'} exist "
+                            "(lace lab status)") from None
     if not passthrough:
         inv.stdout.write(res.stdout.decode(errors="replace"))
         inv.stderr.write(res.stderr.decode(errors="replace"))
