@@ -91,6 +91,7 @@ class Proto(enum.IntEnum):
     TCP = 6
     UDP = 17
     ICMPV6 = 58
+    SCTP = 132
 
     @property
     def label(self) -> str:

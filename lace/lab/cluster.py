@@ -72,6 +72,10 @@ def register_nodes(store: SqliteStore, lab: Any) -> None:
             "name": n.name, "labels": {"kubernetes.io/hostname": n.name, K.LAB_LABEL: lab.name},
             "annotations": {ANN_LOCATOR: n.locator, ANN_UNDERLAY: n.underlay_addr, ANN_NODE_ID: str(n.node_id)}}})
     store.apply_all(objs)
+    for n in lab.nodes:
+        # as a kubelet reports them: the addresses NodePorts answer on and IPv4 masquerades to
+        store.update_status("nodes", n.name, None, {"addresses": [
+            {"type": "InternalIP", "address": a} for a in (n.underlay_addr4, n.underlay_addr) if a]})
 
 
 def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: None) -> Any:

@@ -1,8 +1,11 @@
 """``python -m lace.lab.netcheck``: the lab's connectivity probe, run inside a pod's namespace.
 
-  netcheck tcp HOST PORT      HTTP GET; prints the answer (lab pods answer with their name)
-  netcheck udp HOST PORT      one datagram; prints the echo
-  netcheck hold HOST PORT S   one TCP connection kept busy for S seconds; prints the longest gap
+  netcheck tcp HOST PORT      HTTP GET; prints the answer (lab pods answer with their name);
+                              --count N: N connections one after another, one answer per line;
+                              --sport P: from source port P (P+1, ... for the next ones)
+  netcheck udp HOST PORT      one datagram; prints the echo, which must come from HOST:PORT
+  netcheck hold HOST PORT S   one TCP connection kept busy for S seconds; prints who answered and
+                              the longest gap
 
 Exit status 0 when the peer answered, 1 when it did not (timeout, refused, unreachable).
 Stdlib only, so that it starts fast in a fresh namespace.
@@ -21,8 +24,9 @@ def _family(host: str) -> int:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def tcp(host: str, port: int, timeout: float) -> str:
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+def tcp(host: str, port: int, timeout: float, sport: int | None = None) -> str:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout,
+                                      source_address=("", sport) if sport else None)
     try:
         conn.request("GET", "/")
         return conn.getresponse().read().decode().strip()
@@ -38,10 +42,11 @@ def udp(host: str, port: int, timeout: float) -> str:
         for _ in range(3):   # a datagram may be lost; a reply must echo ours exactly
             s.sendto(payload, (host, port))
             try:
-                data, _ = s.recvfrom(2048)
+                data, peer = s.recvfrom(2048)
             except socket.timeout:
                 continue
-            if data == payload:
+            # an answer from another address is not an answer (a service must reply as its VIP)
+            if data == payload and peer[0] == host and peer[1] == port:
                 return data.decode()
         raise TimeoutError(f"no echo from {host}:{port}")
     finally:
@@ -56,6 +61,8 @@ def hold(host: str, port: int, seconds: float, timeout: float) -> str:
     try:
         conn.connect()
         local = conn.sock.getsockname()
+        conn.request("GET", "/")
+        name = conn.getresponse().read().decode().strip()
         last = time.monotonic()
         end = last + seconds
         while time.monotonic() < end:
@@ -70,7 +77,7 @@ def hold(host: str, port: int, seconds: float, timeout: float) -> str:
             time.sleep(0.002)
     finally:
         conn.close()
-    return f"{requests} requests on one connection, longest gap {worst * 1000:.0f} ms"
+    return f"answered by {name}\n{requests} requests on one connection, longest gap {worst * 1000:.0f} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("port", type=int)
     ap.add_argument("seconds", type=float, nargs="?", default=5.0)
     ap.add_argument("--timeout", type=float, default=2.0)
+    ap.add_argument("--count", type=int, default=1, help="tcp: connections, one after another")
+    ap.add_argument("--sport", type=int, help="tcp: source port of the first connection")
     a = ap.parse_args(argv)
     try:
         if a.mode == "tcp":
-            out = tcp(a.host, a.port, a.timeout)
+            out = "\n".join(tcp(a.host, a.port, a.timeout, a.sport + i if a.sport else None)
+                            for i in range(a.count))
         elif a.mode == "udp":
             out = udp(a.host, a.port, a.timeout)
         else:
