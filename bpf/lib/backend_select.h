@@ -102,7 +102,6 @@ static __always_inline struct lace_backend *lb_select(struct lace_service_key *k
 	int affinity = fe->flags & LACE_SVC_F_AFFINITY;
 	__u64 now = 0;
 	__u32 id = 0;
-
 	int pinned = 0;
 
 	if (affinity) {

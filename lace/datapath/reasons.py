@@ -132,7 +132,7 @@ _DROP_TEXT: dict[int, str] = {
     28: 'a datapath map is full',
 }
 
-_DROP_RESERVED: frozenset[int] = frozenset({23, 24, 25, 26, 27, 28})
+_DROP_RESERVED: frozenset[int] = frozenset({24, 25, 26, 27, 28})
 
 
 class TracePoint(enum.IntEnum):
@@ -185,7 +185,7 @@ _POINT_TEXT: dict[int, str] = {
     4: 'cgroup socket hook',
 }
 
-_POINT_RESERVED: frozenset[int] = frozenset({3, 4})
+_POINT_RESERVED: frozenset[int] = frozenset({3})
 
 
 #: C macro -> Python value (reasons.h defines none); tests/schema checks the mirrors.
