@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtu", type=int, default=DEFAULT_POD_MTU,
                     help=f"pod MTU (the underlay MTU less the encapsulation's {ENCAP_OVERHEAD} bytes; "
                          f"default {DEFAULT_POD_MTU})")
+    ap.add_argument("--cgroup", default=None, metavar="PATH",
+                    help="the node's host cgroup (a cgroup2 directory): the socket hooks that let the "
+                         "node's own processes reach service addresses attach there (default: none)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -36,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     except StoreError as e:
         log.error("agent failed: cannot open the store %s: %s", args.store, e)
         return 1
+    # the cgroup is handed on only when one is configured: an agent without it attaches no socket hooks
+    host = {"cgroup": args.cgroup} if args.cgroup else {}
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
-                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu)
+                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, **host)
     try:
         agent.run_forever()
     except Exception as e:

@@ -1,0 +1,140 @@
+"""Socket-level service translation for the node's host processes: sock.o's cgroup programs
+attached to the node's host cgroup through pinned links.
+
+Processes in the host cgroup (the node's own tools, hostNetwork pods) reach ClusterIPs through
+these hooks: connect and sendmsg to a frontend are rewritten to a backend, recvmsg and getpeername
+show the frontend again (``bpf/lib/sock_lb.h``). Pods are never in the host cgroup; the tc path of
+their own network serves them.
+
+The links are pinned under the node's links directory as ``sock-<hook>``, so translation goes on
+while the agent is down. A restarted agent swaps its new programs into those links in place; a
+pinned link that no longer sits on the configured cgroup (the cgroup was removed and made again,
+or the configuration names another one) is detached and replaced. Removing the pin root (``lace
+lab down``) or the cgroup detaches everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from typing import Protocol
+
+from lace.bpf import BPFError, Link, Program
+from lace.bpf.cgroup import attach_cgroup, attach_type, cgroup_id, cgroup_link_target
+
+log = logging.getLogger("lace.agent.socklb")
+
+#: cgroup hook -> the sock.o program attached there
+HOOK_PROGRAMS: dict[str, str] = {
+    "connect4": "lace_sock_connect4",
+    "connect6": "lace_sock_connect6",
+    "sendmsg4": "lace_sock_sendmsg4",
+    "sendmsg6": "lace_sock_sendmsg6",
+    "recvmsg4": "lace_sock_recvmsg4",
+    "recvmsg6": "lace_sock_recvmsg6",
+    "getpeername4": "lace_sock_getpeername4",
+    "getpeername6": "lace_sock_getpeername6",
+}
+
+
+def link_name(hook: str) -> str:
+    """The pin name of a hook's link in the links directory."""
+    return f"sock-{hook}"
+
+
+class Programs(Protocol):
+    """Where the loaded programs come from (a :class:`lace.datapath.node.LoadedDatapath`)."""
+
+    def program(self, name: str) -> Program: ...
+
+
+class SockLBError(Exception):
+    """The socket hooks could not be attached; the message names the cgroup and what to do."""
+
+
+class SockLB:
+    """The host cgroup's socket hooks, owned by the agent: :meth:`attach` after the datapath is
+    loaded (and again after every reload), :meth:`close` on stop (links stay pinned),
+    :meth:`detach` to remove translation for good."""
+
+    def __init__(self, cgroup: str, links_dir: str) -> None:
+        self.cgroup = cgroup
+        self.links_dir = links_dir
+        self._links: dict[str, Link] = {}
+
+    def __repr__(self) -> str:
+        return f"SockLB(cgroup={self.cgroup!r}, links_dir={self.links_dir!r})"
+
+    def path(self, hook: str) -> str:
+        return os.path.join(self.links_dir, link_name(hook))
+
+    def attach(self, programs: Programs) -> None:
+        """Attach (or swap in) every hook's program; the same call after a restart adopts the
+        pinned links instead of attaching twice."""
+        if not os.path.isdir(self.cgroup):
+            raise SockLBError(f"cgroup {self.cgroup} does not exist: create it (cgroup2) or fix --cgroup")
+        os.makedirs(self.links_dir, exist_ok=True)
+        target = cgroup_id(self.cgroup)
+        for hook, name in HOOK_PROGRAMS.items():
+            prog = programs.program(name)
+            try:
+                link = self._adopt(hook, prog, target) or attach_cgroup(prog, self.cgroup, hook,
+                                                                         pin_path=self.path(hook))
+            except BPFError as exc:
+                raise SockLBError(f"cannot attach {name} to {hook} of cgroup {self.cgroup}: {exc}") from None
+            old = self._links.pop(hook, None)
+            if old is not None and old is not link:
+                old.close()
+            self._links[hook] = link
+
+    def _adopt(self, hook: str, prog: Program, target: int) -> Link | None:
+        """The pinned link of ``hook`` with ``prog`` swapped in, or None when there is none that
+        still sits on this cgroup and hook (a stale one is detached and unpinned)."""
+        path = self.path(hook)
+        try:
+            link = Link.open_pinned(path)
+        except BPFError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("pinned link %s unusable (%s): replacing it", path, exc)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return None
+        if cgroup_link_target(link) == (target, attach_type(hook)):
+            try:
+                link.update(prog)
+                return link
+            except BPFError as exc:  # ENOLINK: its cgroup went away since the check
+                log.warning("pinned link %s cannot take the new program (%s): replacing it", path, exc)
+        with contextlib.suppress(BPFError):
+            link.detach()
+        link.unpin()
+        link.close()
+        return None
+
+    def link_ids(self) -> dict[str, int]:
+        """Hook -> the ID of the link this object holds (after :meth:`attach`)."""
+        return {hook: link.id for hook, link in self._links.items()}
+
+    def close(self) -> None:
+        """Close this process's link fds; the pinned links keep translating."""
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+    def detach(self) -> None:
+        """Detach every hook and remove its pin, whether this object attached it or a previous
+        agent did."""
+        for hook in HOOK_PROGRAMS:
+            link = self._links.pop(hook, None)
+            if link is None:
+                try:
+                    link = Link.open_pinned(self.path(hook))
+                except BPFError:
+                    continue
+            with contextlib.suppress(BPFError):
+                link.detach()
+            link.pin_path = self.path(hook)
+            link.unpin()
+            link.close()
