@@ -321,10 +321,17 @@ def test_udp_round_trips_show_the_vip_as_the_source(host: Host, family: int) -> 
 
 
 def test_a_dual_stack_socket_reaches_an_ipv4_service_through_a_mapped_address(host: Host) -> None:
+    mapped = f"::ffff:{VIP[4]}"
     host.service(active=["c"], family=4)
-    got = host.one("tcp", addr=f"::ffff:{VIP[4]}")
-    assert got.get("errno") is None, got
-    assert got["data"] == "c" and got["peer"] == [f"::ffff:{VIP[4]}", VIP_PORT]
+    host.service(active=["b"], family=4, proto=Proto.UDP)
+    tcp, udp, udp_connected = host.run([{"op": op, "addr": mapped, "port": VIP_PORT}
+                                        for op in ("tcp", "udp", "udp-connected")])
+    assert tcp.get("errno") is None, tcp
+    assert tcp["data"] == "c" and tcp["peer"] == [mapped, VIP_PORT]
+    assert udp.get("errno") is None, udp
+    assert udp["data"] == "b" and udp["from"] == [mapped, VIP_PORT]
+    assert udp_connected.get("errno") is None, udp_connected
+    assert udp_connected["data"] == "b" and udp_connected["from"] == udp_connected["peer"] == [mapped, VIP_PORT]
 
 
 def test_the_protocol_is_part_of_the_frontend(host: Host) -> None:
