@@ -7,7 +7,7 @@ which a client relists and watches from the list's ``resource_version``.
 
 Status is a subresource: ``create``/``apply``/``update`` ignore ``status`` in the body and keep the
 stored one; only ``update_status`` writes it. Store-allocated status fields (``Network.status.id``,
-``Segment.status.id``) are kept by every write.
+``Segment.status.id``, ``Service.status.id`` and ``status.loadBalancer``) are kept by every write.
 """
 
 from __future__ import annotations
@@ -123,8 +123,17 @@ class Store(abc.ABC):
         """Replace an object's status (the status subresource)."""
 
     @abc.abstractmethod
-    def delete(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        """Delete an object (NotFound if absent, Forbidden if a rule refuses); returns it."""
+    def delete(self, kind: str, name: str, namespace: str | None = None, *,
+               grace_period: int | None = 0, uid: str | None = None) -> dict:
+        """Delete an object (NotFound if absent, Forbidden if a rule refuses); returns it.
+
+        ``grace_period`` 0 (the default) removes the object at once. Otherwise a Pod that a
+        kubelet runs is deleted gracefully, as in Kubernetes: the store sets
+        ``metadata.deletionTimestamp`` (now + ``grace_period`` seconds; None: the pod's
+        ``spec.terminationGracePeriodSeconds``, else 30, as ``kubectl delete`` asks) and returns
+        the pod still stored; its kubelet stops it and then deletes it with ``grace_period=0``.
+        ``uid`` is a precondition: Conflict if the stored object has another one.
+        """
 
     @abc.abstractmethod
     def watch(self, kinds: list[str] | None = None, since: int | str | None = None,

@@ -1,7 +1,8 @@
 """The kinds the store serves: apiVersion, scope and every name kubectl accepts for each.
 
-Core kinds mirror Kubernetes (Namespace, Pod, Node, Service, NetworkPolicy); ``lace.dev/v1alpha1``
-kinds are lace's own: ``Network`` is written by users, ``Segment``, ``IPBlock`` and ``IPLease`` are
+Kubernetes kinds mirror Kubernetes (Namespace, Pod, Node, Service, NetworkPolicy, EndpointSlice,
+ServiceCIDR); ``lace.dev/v1alpha1`` kinds are lace's own: ``Network`` and ``LoadBalancerIPPool``
+are written by users, ``Segment``, ``IPBlock``, ``IPLease`` and ``ServiceAllocation`` are
 allocations the store and the node agents make.
 """
 
@@ -13,6 +14,8 @@ import ipaddress
 from lace.store.errors import UnknownKind
 
 LACE_API_VERSION = "lace.dev/v1alpha1"
+DISCOVERY_API_VERSION = "discovery.k8s.io/v1"
+NETWORKING_API_VERSION = "networking.k8s.io/v1"
 
 # -- the label and annotation keys lace reads and writes, in one place --------------------------
 #: on a Pod or Service: the network it belongs to (absent: ``default``)
@@ -36,6 +39,11 @@ NETWORK_LABEL = "lace.dev/network"
 LAB_LABEL = "lace.dev/lab"
 #: label of the segment identity of an ipBlock CIDR (lace.policy.ids)
 CIDR_LABEL = "lace.dev/cidr"
+#: on an EndpointSlice (Kubernetes'): the Service it belongs to, and who maintains it
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+#: the MANAGED_BY_LABEL value of the slices lace's EndpointSlice controller writes
+ENDPOINTSLICE_CONTROLLER = "endpointslice-controller.lace.dev"
 
 DEFAULT_NETWORK = "default"
 DEFAULT_NETWORK_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
@@ -46,6 +54,16 @@ FIRST_SEGMENT_ID = 256  # LACE_SEGMENT_FIRST_ALLOCATED; below are reserved segme
 MAX_SEGMENT_ID = 0xFFFFFFFE  # 0xffffffff is LACE_SEGMENT_SELECTED
 ALWAYS_NAMESPACES = ("default", "kube-system")
 ROUTE_OUTSIDE = "outside"
+#: the ServiceCIDR every cluster has (Kubernetes names its default one "kubernetes" too): the
+#: ClusterIP ranges of every network that names no spec.serviceCIDRs of its own
+DEFAULT_SERVICE_CIDR = "kubernetes"
+DEFAULT_SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/112")
+#: where NodePorts come from (kube-apiserver's default --service-node-port-range)
+NODE_PORT_RANGE = (30000, 32767)
+FIRST_SERVICE_ID = 1
+MAX_SERVICE_ID = 0xFFFFFFFE
+#: Kubernetes' default terminationGracePeriodSeconds of a Pod
+DEFAULT_GRACE_PERIOD = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,16 +98,23 @@ class KindInfo:
         return out
 
 
+# In dependency order: a batch writes the ranges before the services allocating from them, a
+# Service before the EndpointSlices of its pods.
 KINDS: tuple[KindInfo, ...] = (
     KindInfo("Namespace", "v1", "namespaces", "namespace", ("ns",), False),
     KindInfo("Node", "v1", "nodes", "node", ("no",), False),
+    KindInfo("ServiceCIDR", NETWORKING_API_VERSION, "servicecidrs", "servicecidr", (), False),
+    KindInfo("LoadBalancerIPPool", LACE_API_VERSION, "loadbalancerippools", "loadbalancerippool",
+             ("lbpool",), False),
     KindInfo("Network", LACE_API_VERSION, "networks", "network", ("net",), False),
     KindInfo("Service", "v1", "services", "service", ("svc",), True),
-    KindInfo("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", "networkpolicy", ("netpol",), True),
+    KindInfo("NetworkPolicy", NETWORKING_API_VERSION, "networkpolicies", "networkpolicy", ("netpol",), True),
     KindInfo("Pod", "v1", "pods", "pod", ("po",), True),
+    KindInfo("EndpointSlice", DISCOVERY_API_VERSION, "endpointslices", "endpointslice", (), True),
     KindInfo("Segment", LACE_API_VERSION, "segments", "segment", ("seg",), False),
     KindInfo("IPBlock", LACE_API_VERSION, "ipblocks", "ipblock", (), False),
     KindInfo("IPLease", LACE_API_VERSION, "ipleases", "iplease", (), False),
+    KindInfo("ServiceAllocation", LACE_API_VERSION, "serviceallocations", "serviceallocation", (), False),
 )
 
 BY_KIND: dict[str, KindInfo] = {k.kind: k for k in KINDS}
@@ -126,6 +151,12 @@ def pod_network(pod: dict) -> str:
     return annotations.get(NETWORK_ANNOTATION) or DEFAULT_NETWORK
 
 
+def object_key(obj: dict) -> str:
+    """``namespace/name`` of a namespaced object (how Network.spec.importServices names a Service)."""
+    meta = obj.get("metadata") or {}
+    return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
+
+
 def segment_name(network: str, namespace: str, labels: dict[str, str]) -> str:
     """The deterministic Segment object name for an identity (network, namespace, labels)."""
     import hashlib  # here, not at the top: it loads OpenSSL, and most importers never name a segment
@@ -146,3 +177,31 @@ def block_name(network: str, cidr: str) -> str:
 def lease_name(network: str, ip: str) -> str:
     """IPLease object name: one lease per (network, address), so a duplicate create conflicts."""
     return f"{network}-{_dashed(ipaddress.ip_address(ip).exploded if ':' in ip else ip)}"
+
+
+def _dashed_ip(ip: str) -> str:
+    addr = ipaddress.ip_address(ip)
+    return _dashed(addr.exploded if addr.version == 6 else str(addr))
+
+
+# ServiceAllocation names: one object per held resource, so a second holder's create conflicts.
+# Network names are DNS labels (no dots), so "<network>." can never be read two ways.
+
+def cluster_ip_allocation(network: str, ip: str) -> str:
+    """``clusterip.default.10-96-0-10``: a ClusterIP, unique within its network."""
+    return f"clusterip.{network}.{_dashed_ip(ip)}"
+
+
+def node_port_allocation(port: int) -> str:
+    """``nodeport.30080``: a NodePort, unique in the cluster (whatever the protocol)."""
+    return f"nodeport.{port}"
+
+
+def load_balancer_allocation(ip: str) -> str:
+    """``loadbalancer.198-18-100-1``: a LoadBalancer address, unique in the cluster."""
+    return f"loadbalancer.{_dashed_ip(ip)}"
+
+
+def service_id_allocation(service_id: int) -> str:
+    """``serviceid.17``: a service ID, unique in the cluster."""
+    return f"serviceid.{service_id}"

@@ -47,9 +47,13 @@ def _merge(existing: dict, new: dict) -> dict:
             meta.pop(key, None)
     if "status" in existing:
         merged["status"] = copy.deepcopy(existing["status"])
-    if _content(merged) != _content(existing):
-        meta["generation"] = int(existing["metadata"].get("generation", 1)) + 1
     return merged
+
+
+def _bump_generation(existing: dict, new: dict) -> None:
+    """metadata.generation counts changes of everything but metadata and status."""
+    if _content(new) != _content(existing):
+        new["metadata"]["generation"] = int(existing["metadata"].get("generation", 1)) + 1
 
 
 def _check_rv(existing: dict, wanted: Any) -> None:
@@ -84,10 +88,15 @@ def _stored(txn: Transaction, kind: str, name: str, namespace: str | None) -> di
 
 
 class Writer:
-    """One backend transaction seen through the rules: what the API and the allocators write with."""
+    """One backend transaction seen through the rules: what the API and the allocators write with.
+
+    ``finish`` runs the checks a batch may satisfy only once all of it is written (references
+    to objects later in the batch); every write path calls it before its transaction commits.
+    """
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
+        self._written: list[tuple[dict | None, dict]] = []
 
     def get(self, kind: str, name: str, namespace: str = "") -> dict | None:
         """The stored object of an exact kind, or None."""
@@ -108,11 +117,16 @@ class Writer:
         if self.txn.get(new["kind"], meta.get("namespace", ""), meta["name"]) is not None:
             raise AlreadyExists(f"{object_ref(new)} already exists",
                                 hint="use `lace apply` to update it, or delete it first")
-        rules.prepare_for_create(self.txn, new)
+        for key in ("labels", "annotations"):   # as _merge does, so a reapply finds it unchanged
+            if not meta.get(key):
+                meta.pop(key, None)
+        # the uid first: allocations made below (a Service's) may name their owner by it
         meta["uid"] = str(uuid.uuid4())
+        rules.prepare_for_create(self, new)
         meta["creationTimestamp"] = _now()
         meta["generation"] = 1
         meta.pop("resourceVersion", None)
+        self._written.append((None, new))
         return self.txn.create(new)
 
     def apply(self, obj: dict) -> ApplyResult:
@@ -121,7 +135,14 @@ class Writer:
         existing = self.txn.get(obj["kind"], meta.get("namespace", ""), meta["name"])
         if existing is None:
             return ApplyResult(self.create(obj), "created")
-        merged = _merge(existing, rules.validate(self.txn, obj))
+        return self.update(existing, rules.validate(self.txn, obj))
+
+    def update(self, existing: dict, new: dict) -> ApplyResult:
+        """Replace ``existing`` by the validated ``new`` (status and store-set fields kept); an
+        unchanged object is not written."""
+        merged = _merge(existing, new)
+        rules.prepare_for_update(self, existing, merged)
+        _bump_generation(existing, merged)
         if merged == existing:
             return ApplyResult(existing, "unchanged")
         return ApplyResult(self.replace(existing, merged), "configured")
@@ -129,6 +150,7 @@ class Writer:
     def replace(self, existing: dict, new: dict) -> dict:
         """Store ``new`` over ``existing`` unless a rule refuses the change."""
         rules.guard_update(self.txn, existing, new)
+        self._written.append((existing, new))
         return self.txn.update(new)
 
     def delete(self, obj: dict) -> dict:
@@ -136,7 +158,15 @@ class Writer:
         rules.guard_delete(self.txn, obj)
         for dependent in rules.dependents(self.txn, obj):
             self.delete(dependent)
-        return self.txn.delete(obj)
+        deleted = self.txn.delete(obj)
+        rules.after_delete(self, obj)
+        return deleted
+
+    def finish(self) -> None:
+        """The checks that wait for the whole batch (rules.check_written)."""
+        for existing, obj in self._written:
+            rules.check_written(self, existing, obj)
+        self._written.clear()
 
 
 class RegistryStore(Store):
@@ -198,7 +228,10 @@ class RegistryStore(Store):
 
     def create(self, obj: Mapping[str, Any]) -> dict:
         with self.backend.transaction() as txn:
-            return Writer(txn).create(dict(obj))
+            w = Writer(txn)
+            created = w.create(dict(obj))
+            w.finish()
+            return created
 
     def apply_all(self, objs: Iterable[Mapping[str, Any]], *, dry_run: bool = False) -> list[ApplyResult]:
         normalized: list[dict] = []
@@ -230,6 +263,11 @@ class RegistryStore(Store):
                     if isinstance(err, ValidationError):
                         err.index = i
                     raise
+            try:
+                w.finish()
+            except ValidationError as err:
+                err.index = next((i for i, o in enumerate(normalized) if object_ref(o) == err.ref), None)
+                raise
         return [r for r in results if r is not None]
 
     def update(self, obj: Mapping[str, Any]) -> dict:
@@ -243,10 +281,10 @@ class RegistryStore(Store):
             if existing is None:
                 raise _not_found(info, meta["name"], meta.get("namespace", ""))
             _check_rv(existing, wanted_rv)
-            merged = _merge(existing, new)
-            if merged == existing:
-                return existing
-            return Writer(txn).replace(existing, merged)
+            w = Writer(txn)
+            result = w.update(existing, new)
+            w.finish()
+            return result.object
 
     def update_status(self, kind: str, name: str, namespace: str | None, status: Mapping[str, Any],
                       resource_version: str | None = None) -> dict:
@@ -265,9 +303,20 @@ class RegistryStore(Store):
                 return existing
             return txn.update(candidate)
 
-    def delete(self, kind: str, name: str, namespace: str | None = None) -> dict:
+    def delete(self, kind: str, name: str, namespace: str | None = None, *,
+               grace_period: int | None = 0, uid: str | None = None) -> dict:
         with self.backend.transaction() as txn:
-            return Writer(txn).delete(_stored(txn, kind, name, namespace))
+            obj = _stored(txn, kind, name, namespace)
+            if uid is not None and obj["metadata"].get("uid") != uid:
+                raise Conflict(f'{object_ref(obj)} is another object than the one meant (uid '
+                               f'{obj["metadata"].get("uid")}, not {uid})',
+                               hint="it was deleted and created again: read it again")
+            grace = rules.grace_period(obj, grace_period)
+            if grace > 0:
+                if not rules.mark_deleted(obj, grace):
+                    return obj
+                return txn.update(obj)
+            return Writer(txn).delete(obj)
 
     def watch(self, kinds: list[str] | None = None, since: int | str | None = None,
               timeout: float | None = None) -> Watch:

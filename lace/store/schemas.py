@@ -13,6 +13,13 @@ _BOOL = {"type": "boolean"}
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _STR_LIST = {"type": "array", "items": _STR}
 _INT_OR_STR = {"type": ["integer", "string"]}
+_INT = {"type": "integer"}
+_OWNER_REFERENCE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "name", "uid"],
+    "properties": {"apiVersion": _STR, "kind": _STR, "name": _STR, "uid": _STR,
+                   "controller": _BOOL, "blockOwnerDeletion": _BOOL},
+}
 
 METADATA = {
     "type": "object",
@@ -26,6 +33,9 @@ METADATA = {
         "resourceVersion": _STR,
         "generation": {"type": "integer"},
         "creationTimestamp": _STR,
+        "deletionTimestamp": _STR,
+        "deletionGracePeriodSeconds": _INT,
+        "ownerReferences": {"type": "array", "items": _OWNER_REFERENCE},
     },
 }
 
@@ -65,6 +75,7 @@ POD = _object({
     "type": "object",
     "properties": {
         "nodeName": _STR,
+        "terminationGracePeriodSeconds": _INT,
         "containers": {
             "type": "array",
             "items": {"type": "object", "properties": {
@@ -74,6 +85,8 @@ POD = _object({
 }, status={"type": "object", "properties": {
     "phase": _STR, "podIP": _STR,
     "podIPs": {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}},
+    "conditions": {"type": "array", "items": {"type": "object", "required": ["type", "status"],
+                                              "properties": {"type": _STR, "status": _STR}}},
 }})
 
 NAMESPACE = _object({"type": "object"})
@@ -108,11 +121,64 @@ SERVICE = _object({
         "selector": _STR_MAP,
         "clusterIP": _STR,
         "clusterIPs": _STR_LIST,
+        "ipFamilies": _STR_LIST,
+        "ipFamilyPolicy": _STR,
         "ports": {"type": "array", "items": {"type": "object", "required": ["port"], "properties": {
-            "name": _STR, "protocol": _STR, "port": {"type": "integer"},
-            "targetPort": _INT_OR_STR, "nodePort": {"type": "integer"}}}},
+            "name": _STR, "protocol": _STR, "port": _INT, "appProtocol": _STR,
+            "targetPort": _INT_OR_STR, "nodePort": _INT}}},
+        "sessionAffinity": _STR,
+        "sessionAffinityConfig": {"type": "object", "properties": {
+            "clientIP": {"type": "object", "properties": {"timeoutSeconds": _INT}}}},
+        "externalTrafficPolicy": _STR,
+        "internalTrafficPolicy": _STR,
+        "loadBalancerIP": _STR,
+        "allocateLoadBalancerNodePorts": _BOOL,
+        "publishNotReadyAddresses": _BOOL,
     },
-})
+}, status={"type": "object", "properties": {
+    "id": _INT,
+    "loadBalancer": {"type": "object", "properties": {
+        "ingress": {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}}}},
+}})
+
+# EndpointSlice keeps Kubernetes' shape: its fields sit at the top level, there is no spec.
+ENDPOINT_SLICE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "addressType"],
+    "properties": {
+        "apiVersion": _STR, "kind": _STR, "metadata": METADATA,
+        "addressType": _STR,
+        "endpoints": {"type": "array", "items": {
+            "type": "object", "required": ["addresses"],
+            "properties": {
+                "addresses": _STR_LIST,
+                "conditions": {"type": "object", "properties": {
+                    "ready": {"type": ["boolean", "null"]}, "serving": {"type": ["boolean", "null"]},
+                    "terminating": {"type": ["boolean", "null"]}}},
+                "hostname": _STR, "nodeName": _STR, "zone": _STR,
+                "targetRef": {"type": "object", "properties": {
+                    "kind": _STR, "namespace": _STR, "name": _STR, "uid": _STR, "apiVersion": _STR}},
+            }}},
+        "ports": {"type": "array", "items": {"type": "object", "properties": {
+            "name": _STR, "protocol": _STR, "port": {"type": ["integer", "null"]}, "appProtocol": _STR}}},
+    },
+}
+
+SERVICE_CIDR = _object({
+    "type": "object", "required": ["cidrs"], "additionalProperties": False,
+    "properties": {"cidrs": {"type": "array", "minItems": 1, "items": _STR}},
+}, spec_required=True)
+
+LOAD_BALANCER_IP_POOL = _object({
+    "type": "object", "required": ["cidrs"], "additionalProperties": False,
+    "properties": {"cidrs": {"type": "array", "minItems": 1, "items": _STR}},
+}, spec_required=True)
+
+SERVICE_ALLOCATION = _object({
+    "type": "object", "required": ["resource", "service"], "additionalProperties": False,
+    "properties": {"resource": _STR, "service": _STR, "network": _STR, "ip": _STR, "port": _INT,
+                   "id": _INT},
+}, spec_required=True)
 
 NETWORK = _object({
     "type": "object",
@@ -120,6 +186,8 @@ NETWORK = _object({
     "additionalProperties": False,
     "properties": {
         "cidrs": {"type": "array", "minItems": 1, "items": _STR},
+        "serviceCIDRs": _STR_LIST,
+        "importServices": _STR_LIST,
         "routes": {"type": "array", "items": {
             "type": "object", "required": ["to"], "additionalProperties": False,
             "properties": {"to": _STR, "cidrs": _STR_LIST, "masquerade": _BOOL}}},
@@ -145,5 +213,6 @@ IP_LEASE = _object({
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Namespace": NAMESPACE, "Node": NODE, "Network": NETWORK, "Service": SERVICE,
     "NetworkPolicy": NETWORK_POLICY, "Pod": POD, "Segment": SEGMENT, "IPBlock": IP_BLOCK,
-    "IPLease": IP_LEASE,
+    "IPLease": IP_LEASE, "EndpointSlice": ENDPOINT_SLICE, "ServiceCIDR": SERVICE_CIDR,
+    "LoadBalancerIPPool": LOAD_BALANCER_IP_POOL, "ServiceAllocation": SERVICE_ALLOCATION,
 }

@@ -3,6 +3,11 @@
 ``validate(obj, lookup)`` returns a normalised copy or raises ValidationError naming the object
 (``Network "blue"``), the field (``spec.cidrs[1]``) and the fix. ``lookup`` answers questions about
 the objects already stored (inside the writer's transaction, so a batch sees its own earlier objects).
+
+The normalised copy carries the defaults Kubernetes fills in that need nothing but the object
+itself (a Service's type, protocols, targetPorts, affinity timeout, traffic policies); what depends
+on the cluster's ranges (cluster IPs, IP families, node ports, load-balancer addresses) is
+allocate.py's, which runs later in the same write.
 """
 
 from __future__ import annotations
@@ -28,11 +33,39 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+IP_FAMILIES = ("IPv4", "IPv6")
+IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
+TRAFFIC_POLICIES = ("Cluster", "Local")
+SESSION_AFFINITIES = ("None", "ClientIP")
+ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
+#: a Service's clusterIP that asks for no virtual IP (a headless service)
+HEADLESS = "None"
+DEFAULT_AFFINITY_TIMEOUT = 10800
+MAX_AFFINITY_TIMEOUT = 86400
+#: Kubernetes' limits on one EndpointSlice
+MAX_SLICE_ENDPOINTS = 1000
+MAX_ENDPOINT_ADDRESSES = 100
+MAX_SLICE_PORTS = 100
+ALLOCATION_RESOURCES = ("id", "clusterIP", "nodePort", "loadBalancerIP")
 POLICY_TYPES = ("Ingress", "Egress")
 # Kinds whose names end up in DNS labels (namespaces, service names) or in annotations (networks).
 _LABEL_NAMED = {"Namespace", "Service", "Network"}
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def ip_family(ip: IPAddress | IPNetwork) -> str:
+    """``IPv4`` / ``IPv6``, as Service.spec.ipFamilies and EndpointSlice.addressType spell them."""
+    return f"IPv{ip.version}"
+
+
+def range_problem(net: IPNetwork) -> str | None:
+    """Why a service or load-balancer range is too small to hand out addresses, or None."""
+    limit = 30 if net.version == 4 else 126
+    if net.prefixlen > limit:
+        return f"{net} is too small to allocate from"
+    return None
 
 
 class Lookup(Protocol):
@@ -89,6 +122,23 @@ class _Checker:
         except ValueError:
             self.fail(field, f'"{value}" is not a valid IPv4 or IPv6 address')
         raise AssertionError("unreachable")
+
+    def family_ranges(self, values: list[Any], field: str) -> list[IPNetwork]:
+        """At most two CIDRs, one per family, each large enough to allocate from (ServiceCIDR,
+        Network.spec.serviceCIDRs)."""
+        if len(values) > 2:
+            self.fail(field, f"{len(values)} ranges given", "list at most two: one IPv4 and one IPv6")
+        out: list[IPNetwork] = []
+        for i, value in enumerate(values):
+            net = self.cidr(value, f"{field}[{i}]")
+            problem = range_problem(net)
+            if problem:
+                self.fail(f"{field}[{i}]", problem, "use at least a /30 (IPv4) or /126 (IPv6)")
+            if out and out[0].version == net.version:
+                self.fail(f"{field}[{i}]", f"a second {ip_family(net)} range ({net})",
+                          "list one range per family")
+            out.append(net)
+        return out
 
     def port(self, value: Any, field: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -203,6 +253,21 @@ def _check_network(c: _Checker) -> None:
             c.network_exists(to, f"spec.routes[{i}].to")
         for j, value in enumerate(route.get("cidrs") or []):
             c.cidr(value, f"spec.routes[{i}].cidrs[{j}]")
+    for i, svc_range in enumerate(c.family_ranges(spec.get("serviceCIDRs") or [], "spec.serviceCIDRs")):
+        for j, pods in enumerate(cidrs):
+            if _overlaps(svc_range, pods):
+                c.fail(f"spec.serviceCIDRs[{i}]", f"{svc_range} overlaps the pod range spec.cidrs[{j}] ({pods})",
+                       "service addresses and pod addresses of one network must not overlap")
+    seen: dict[str, int] = {}
+    for i, ref in enumerate(spec.get("importServices") or []):
+        field = f"spec.importServices[{i}]"
+        ns, sep, svc = ref.partition("/")
+        if not sep or not _DNS_LABEL.match(ns) or not _DNS_LABEL.match(svc):
+            c.fail(field, f'"{ref}" is not namespace/name of a Service', "write it as kube-system/kube-dns")
+        if ref in seen:
+            c.fail(field, f'"{ref}" is listed twice (also spec.importServices[{seen[ref]}])',
+                   "list each service once")
+        seen[ref] = i
 
 
 def _check_pod(c: _Checker) -> None:
@@ -278,33 +343,151 @@ def _check_network_policy(c: _Checker) -> None:
 
 
 def _check_service(c: _Checker) -> None:
-    spec = c.obj.get("spec") or {}
-    svc_type = spec.get("type", "ClusterIP")
+    spec = c.obj.setdefault("spec", {})
+    svc_type = spec.setdefault("type", "ClusterIP")
     if svc_type not in SERVICE_TYPES:
         c.fail("spec.type", f"unsupported service type {svc_type!r}", "use ClusterIP, NodePort or LoadBalancer")
     if "selector" in spec:
         c.labels(spec["selector"], "spec.selector")
-    for field in ("clusterIP",):
-        value = spec.get(field)
-        if value not in (None, "", "None"):
-            c.ip(value, f"spec.{field}")
-    for i, value in enumerate(spec.get("clusterIPs") or []):
-        c.ip(value, f"spec.clusterIPs[{i}]")
+    headless = _check_cluster_ips(c, spec)
+    _check_service_ports(c, spec, headless)
+    affinity = spec.setdefault("sessionAffinity", "None")
+    if affinity not in SESSION_AFFINITIES:
+        c.fail("spec.sessionAffinity", f"unknown session affinity {affinity!r}", "use None or ClientIP")
+    if affinity == "None":
+        if spec.get("sessionAffinityConfig"):
+            c.fail("spec.sessionAffinityConfig", "only a service with sessionAffinity: ClientIP takes it",
+                   "set sessionAffinity: ClientIP, or remove sessionAffinityConfig")
+        spec.pop("sessionAffinityConfig", None)
+    else:
+        client = spec.setdefault("sessionAffinityConfig", {}).setdefault("clientIP", {})
+        timeout = client.setdefault("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
+        if isinstance(timeout, bool) or not 1 <= timeout <= MAX_AFFINITY_TIMEOUT:
+            c.fail("spec.sessionAffinityConfig.clientIP.timeoutSeconds", f"{timeout!r} is out of range",
+                   f"use 1 to {MAX_AFFINITY_TIMEOUT} seconds (default {DEFAULT_AFFINITY_TIMEOUT})")
+    internal = spec.setdefault("internalTrafficPolicy", "Cluster")
+    if internal not in TRAFFIC_POLICIES:
+        c.fail("spec.internalTrafficPolicy", f"unknown traffic policy {internal!r}", "use Cluster or Local")
+    external_types = ("NodePort", "LoadBalancer")
+    if svc_type in external_types:
+        external = spec.setdefault("externalTrafficPolicy", "Cluster")
+        if external not in TRAFFIC_POLICIES:
+            c.fail("spec.externalTrafficPolicy", f"unknown traffic policy {external!r}", "use Cluster or Local")
+    elif "externalTrafficPolicy" in spec:
+        c.fail("spec.externalTrafficPolicy", "only NodePort and LoadBalancer services are reached from outside",
+               "remove externalTrafficPolicy, or set spec.type: NodePort or LoadBalancer")
+    for field in ("loadBalancerIP", "allocateLoadBalancerNodePorts"):
+        if field in spec and svc_type != "LoadBalancer":
+            c.fail(f"spec.{field}", "only a LoadBalancer service takes it",
+                   f"set spec.type: LoadBalancer, or remove {field}")
+    if svc_type == "LoadBalancer":
+        spec.setdefault("allocateLoadBalancerNodePorts", True)
+        if spec.get("loadBalancerIP"):
+            spec["loadBalancerIP"] = str(c.ip(spec["loadBalancerIP"], "spec.loadBalancerIP"))
+    for i, entry in enumerate(((c.obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []):
+        if "ip" in entry:
+            c.ip(entry["ip"], f"status.loadBalancer.ingress[{i}].ip")
+    annotations = c.obj["metadata"].get("annotations") or {}
+    if K.NETWORK_ANNOTATION in annotations:
+        c.network_exists(annotations[K.NETWORK_ANNOTATION], f"metadata.annotations.{K.NETWORK_ANNOTATION}")
+    if K.SERVICE_ID_ANNOTATION in annotations:
+        raw = annotations[K.SERVICE_ID_ANNOTATION]
+        if not raw.isdigit() or not K.FIRST_SERVICE_ID <= int(raw) <= K.MAX_SERVICE_ID:
+            c.fail(f"metadata.annotations.{K.SERVICE_ID_ANNOTATION}", f'"{raw}" is not a service ID',
+                   f"use a number from {K.FIRST_SERVICE_ID} to {K.MAX_SERVICE_ID}, or remove it to get one")
+    c.namespace_exists(c.obj["metadata"]["namespace"], "metadata.namespace")
+
+
+def _check_cluster_ips(c: _Checker, spec: dict) -> bool:
+    """clusterIP, clusterIPs, ipFamilies and ipFamilyPolicy agree with each other (Kubernetes'
+    rules); clusterIP and clusterIPs[0] are made the same. Returns whether the service is headless."""
+    single = spec.get("clusterIP") or None
+    ips = list(spec.get("clusterIPs") or [])
+    if single and ips and ips[0] != single:
+        c.fail("spec.clusterIPs[0]", f'"{ips[0]}" differs from spec.clusterIP ("{single}")',
+               "make clusterIPs[0] the same address as clusterIP, or set only one of them")
+    if single and not ips:
+        ips = [single]
+    if len(ips) > 2:
+        c.fail("spec.clusterIPs", f"{len(ips)} addresses given", "list at most two: one IPv4 and one IPv6")
+    headless = bool(ips) and ips[0] == HEADLESS
+    only_single = single is not None and not spec.get("clusterIPs")
+    addrs: list[IPAddress] = []
+    for i, value in enumerate(ips):
+        field = "spec.clusterIP" if only_single else f"spec.clusterIPs[{i}]"
+        if value == HEADLESS:
+            if i > 0:
+                c.fail(field, '"None" (headless) must be the only entry', "list only None, or only addresses")
+            continue
+        if headless:
+            c.fail(field, 'a headless service (clusterIPs[0]: "None") has no address',
+                   "list only None, or only addresses")
+        addr = c.ip(value, field)
+        if addrs and addrs[0].version == addr.version:
+            c.fail(f"spec.clusterIPs[{i}]", f"{addr} is {ip_family(addr)} like spec.clusterIPs[0]",
+                   "a dual-stack service takes one IPv4 and one IPv6 address")
+        addrs.append(addr)
+    if ips:
+        spec["clusterIPs"] = [HEADLESS] if headless else [str(a) for a in addrs]
+        spec["clusterIP"] = spec["clusterIPs"][0]
+    else:
+        spec.pop("clusterIP", None)
+        spec.pop("clusterIPs", None)
+    if headless and spec["type"] != "ClusterIP":
+        c.fail("spec.clusterIP", f'a {spec["type"]} service cannot be headless (clusterIP: None)',
+               "remove clusterIP: None, or set spec.type: ClusterIP")
+    families = spec.get("ipFamilies") or []
+    for i, family in enumerate(families):
+        if family not in IP_FAMILIES:
+            c.fail(f"spec.ipFamilies[{i}]", f"unknown IP family {family!r}", "use IPv4 or IPv6")
+        if family in families[:i]:
+            c.fail(f"spec.ipFamilies[{i}]", f"{family} is listed twice", "list each family once")
+        if i < len(addrs) and ip_family(addrs[i]) != family:
+            c.fail(f"spec.ipFamilies[{i}]", f"{family} does not match spec.clusterIPs[{i}] ({addrs[i]})",
+                   "list the families in the order of clusterIPs, or leave ipFamilies out")
+    if len(families) > 2:
+        c.fail("spec.ipFamilies", f"{len(families)} families given", "list at most IPv4 and IPv6")
+    policy = spec.get("ipFamilyPolicy")
+    if policy is not None and policy not in IP_FAMILY_POLICIES:
+        c.fail("spec.ipFamilyPolicy", f"unknown IP family policy {policy!r}",
+               "use SingleStack, PreferDualStack or RequireDualStack")
+    if policy in (None, "SingleStack") and (len(families) > 1 or len(addrs) > 1):
+        c.fail("spec.ipFamilyPolicy", f"{policy or 'SingleStack (the default)'} takes one IP family, "
+                                      "but two are given", "set ipFamilyPolicy: PreferDualStack or RequireDualStack")
+    return headless
+
+
+def _check_service_ports(c: _Checker, spec: dict, headless: bool) -> None:
     ports = spec.get("ports") or []
+    if not ports and not headless:
+        c.fail("spec.ports", "a service needs at least one port",
+               "add ports: [{port: 80}] (only a headless service, clusterIP: None, may have none)")
+    low, high = K.NODE_PORT_RANGE
     seen: dict[tuple[int, str], int] = {}
     names: dict[str, int] = {}
+    node_ports: dict[tuple[int, str], int] = {}
     for i, port in enumerate(ports):
         where = f"spec.ports[{i}]"
         c.port(port["port"], f"{where}.port")
-        proto = port.get("protocol", "TCP")
+        proto = port.setdefault("protocol", "TCP")
         c.protocol(proto, f"{where}.protocol")
-        if "targetPort" in port:
-            c.named_or_numeric_port(port["targetPort"], f"{where}.targetPort")
+        target = port.setdefault("targetPort", port["port"])
+        c.named_or_numeric_port(target, f"{where}.targetPort")
+        if isinstance(target, str) and target.isdigit():
+            port["targetPort"] = int(target)
         if "nodePort" in port:
-            if svc_type == "ClusterIP":
+            if spec["type"] == "ClusterIP":
                 c.fail(f"{where}.nodePort", "a ClusterIP service has no node ports",
                        "set spec.type: NodePort or remove nodePort")
-            c.port(port["nodePort"], f"{where}.nodePort")
+            node_port = port["nodePort"]
+            c.port(node_port, f"{where}.nodePort")
+            if not low <= node_port <= high:
+                c.fail(f"{where}.nodePort", f"{node_port} is outside the node port range {low}-{high}",
+                       "pick a port in that range, or leave nodePort out to get one")
+            if (node_port, proto) in node_ports:
+                c.fail(f"{where}.nodePort", f"nodePort {node_port}/{proto} is also spec.ports"
+                                            f"[{node_ports[(node_port, proto)]}]'s", "give each port its own")
+            node_ports[(node_port, proto)] = i
         key = (port["port"], proto)
         if key in seen:
             c.fail(f"{where}", f"duplicate port {port['port']}/{proto} (also spec.ports[{seen[key]}])")
@@ -319,10 +502,125 @@ def _check_service(c: _Checker) -> None:
             if name in names:
                 c.fail(f"{where}.name", f'duplicate port name "{name}" (also spec.ports[{names[name]}])')
             names[name] = i
-    annotations = c.obj["metadata"].get("annotations") or {}
-    if K.NETWORK_ANNOTATION in annotations:
-        c.network_exists(annotations[K.NETWORK_ANNOTATION], f"metadata.annotations.{K.NETWORK_ANNOTATION}")
-    c.namespace_exists(c.obj["metadata"]["namespace"], "metadata.namespace")
+
+
+def _check_endpoint_slice(c: _Checker) -> None:
+    obj = c.obj
+    address_type = obj["addressType"]
+    if address_type not in ADDRESS_TYPES:
+        c.fail("addressType", f"unknown address type {address_type!r}", "use IPv4, IPv6 or FQDN")
+    endpoints = obj.setdefault("endpoints", [])
+    if len(endpoints) > MAX_SLICE_ENDPOINTS:
+        c.fail("endpoints", f"{len(endpoints)} endpoints in one slice",
+               f"split them: a slice holds at most {MAX_SLICE_ENDPOINTS}")
+    for i, ep in enumerate(endpoints):
+        where = f"endpoints[{i}]"
+        addresses = ep["addresses"]
+        if not 1 <= len(addresses) <= MAX_ENDPOINT_ADDRESSES:
+            c.fail(f"{where}.addresses", f"{len(addresses)} addresses",
+                   f"list 1 to {MAX_ENDPOINT_ADDRESSES} addresses of the endpoint")
+        for j, value in enumerate(addresses):
+            field = f"{where}.addresses[{j}]"
+            if address_type == "FQDN":
+                if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+                    c.fail(field, f'"{value}" is not a fully qualified domain name',
+                           "use lowercase letters, digits, '-' and '.'")
+                continue
+            addr = c.ip(value, field)
+            if ip_family(addr) != address_type:
+                c.fail(field, f"{addr} is not an {address_type} address",
+                       f"list {address_type} addresses in an {address_type} slice")
+            addresses[j] = str(addr)
+        node = ep.get("nodeName")
+        if node is not None and not _DNS_SUBDOMAIN.match(node):
+            c.fail(f"{where}.nodeName", f'"{node}" is not a valid node name',
+                   "use lowercase letters, digits, '-' and '.'")
+        hostname = ep.get("hostname")
+        if hostname is not None and not _DNS_LABEL.match(hostname):
+            c.fail(f"{where}.hostname", f'"{hostname}" is not a DNS label', "use lowercase letters, digits and '-'")
+    ports = obj.get("ports") or []
+    if len(ports) > MAX_SLICE_PORTS:
+        c.fail("ports", f"{len(ports)} ports in one slice", f"a slice holds at most {MAX_SLICE_PORTS}")
+    names: dict[str, int] = {}
+    for i, port in enumerate(ports):
+        where = f"ports[{i}]"
+        proto = port.setdefault("protocol", "TCP")
+        c.protocol(proto, f"{where}.protocol")
+        if port.get("port") is not None:
+            c.port(port["port"], f"{where}.port")
+        name = port.get("name") or ""
+        if name and (len(name) > 63 or not _DNS_LABEL.match(name)):
+            c.fail(f"{where}.name", f'"{name}" is not a valid port name', "use a DNS label like http")
+        if name in names:
+            c.fail(f"{where}.name", f'duplicate port name "{name}" (also ports[{names[name]}])',
+                   "name each port of a slice differently")
+        names[name] = i
+    c.namespace_exists(obj["metadata"]["namespace"], "metadata.namespace")
+
+
+def _check_service_cidr(c: _Checker) -> None:
+    c.family_ranges(c.obj["spec"]["cidrs"], "spec.cidrs")
+
+
+def _check_load_balancer_pool(c: _Checker) -> None:
+    name = c.obj["metadata"]["name"]
+    cidrs: list[IPNetwork] = []
+    for i, value in enumerate(c.obj["spec"]["cidrs"]):
+        net = c.cidr(value, f"spec.cidrs[{i}]")
+        for j, other in enumerate(cidrs):
+            if _overlaps(net, other):
+                c.fail(f"spec.cidrs[{i}]", f"{net} overlaps spec.cidrs[{j}] ({other})", "list each range once")
+        for pool in c.lookup.list_objects("LoadBalancerIPPool"):
+            if pool["metadata"]["name"] == name:
+                continue
+            for theirs in _network_cidrs(pool):
+                if _overlaps(net, theirs):
+                    c.fail(f"spec.cidrs[{i}]",
+                           f'{net} overlaps LoadBalancerIPPool "{pool["metadata"]["name"]}" ({theirs})',
+                           "pools may not share addresses: pick another range")
+        cidrs.append(net)
+
+
+def allocation_name(spec: Mapping[str, Any]) -> str:
+    """The one name a ServiceAllocation of ``spec`` may have (what makes its resource unique)."""
+    resource = spec["resource"]
+    if resource == "id":
+        return K.service_id_allocation(spec["id"])
+    if resource == "clusterIP":
+        return K.cluster_ip_allocation(spec["network"], spec["ip"])
+    if resource == "nodePort":
+        return K.node_port_allocation(spec["port"])
+    return K.load_balancer_allocation(spec["ip"])
+
+
+def _check_service_allocation(c: _Checker) -> None:
+    spec = c.obj["spec"]
+    resource = spec["resource"]
+    if resource not in ALLOCATION_RESOURCES:
+        c.fail("spec.resource", f"unknown resource {resource!r}", "use " + ", ".join(ALLOCATION_RESOURCES))
+    ns, sep, name = spec["service"].partition("/")
+    if not sep or not ns or not name:
+        c.fail("spec.service", f'"{spec["service"]}" is not namespace/name', "write it as default/web")
+    needs = {"id": ("id",), "clusterIP": ("network", "ip"), "nodePort": ("port",),
+             "loadBalancerIP": ("ip",)}[resource]
+    for field in needs:
+        if field not in spec:
+            c.fail(f"spec.{field}", f"a {resource} allocation needs it", f"add spec.{field}")
+    if "network" in spec:
+        c.network_exists(spec["network"], "spec.network")
+    if "ip" in spec:
+        spec["ip"] = str(c.ip(spec["ip"], "spec.ip"))
+    if resource == "id" and not K.FIRST_SERVICE_ID <= spec["id"] <= K.MAX_SERVICE_ID:
+        c.fail("spec.id", f"{spec['id']} is not a service ID",
+               f"use a number from {K.FIRST_SERVICE_ID} to {K.MAX_SERVICE_ID}")
+    if resource == "nodePort":
+        low, high = K.NODE_PORT_RANGE
+        if not low <= spec["port"] <= high:
+            c.fail("spec.port", f"{spec['port']} is outside the node port range {low}-{high}")
+    expected = allocation_name(spec)
+    if c.obj["metadata"]["name"] != expected:
+        c.fail("metadata.name", f'a {resource} allocation is named after what it holds',
+               f"name it {expected}")
 
 
 def _check_network_policy_ns(c: _Checker) -> None:
@@ -381,6 +679,8 @@ _CHECKS = {
     "Namespace": _check_namespace, "Node": _check_node, "Network": _check_network,
     "Service": _check_service, "NetworkPolicy": _check_network_policy_ns, "Pod": _check_pod,
     "Segment": _check_segment, "IPBlock": _check_ip_block, "IPLease": _check_ip_lease,
+    "EndpointSlice": _check_endpoint_slice, "ServiceCIDR": _check_service_cidr,
+    "LoadBalancerIPPool": _check_load_balancer_pool, "ServiceAllocation": _check_service_allocation,
 }
 
 @functools.cache
