@@ -4,8 +4,11 @@ For every Pod: pick a node when it has none (fewest pods first), create its netw
 call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
 configuration on stdin, the result on stdout) from inside the node's namespace, start the pod's
 servers (HTTP answering with the pod's name on each TCP containerPort, UDP echo on each UDP port)
-and report the pod Running with its addresses. A deleted Pod gets CNI DEL and loses its namespace.
-Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
+and report the pod Running with its addresses. A Pod deleted gracefully (``metadata.deletionTimestamp``
+set by the store) is stopped — its servers get SIGTERM and, after its grace period, SIGKILL — then
+gets CNI DEL, loses its namespace, and the kubelet removes the Pod object (grace period 0). A Pod
+removed at once is stopped the same way afterwards. Sandboxes are recorded on disk, so a restarted
+kubelet adopts what is running.
 
 ``python -m lace.lab.kubelet --lab NAME --state-dir DIR`` runs it (``lace lab up`` does).
 """
@@ -219,8 +222,8 @@ class Kubelet:
         if rec:
             self.stop_pod(rec)
 
-    def stop_pod(self, rec: dict) -> None:
-        procs.stop(rec["proc"], self.state_dir, timeout=2)
+    def stop_pod(self, rec: dict, grace: float = 2) -> None:
+        procs.stop(rec["proc"], self.state_dir, timeout=grace)
         try:
             self._cni("DEL", rec["node"], rec)
         except Exception as e:
@@ -256,7 +259,23 @@ class Kubelet:
         for pod in pods:
             self.handle(pod)
 
+    def finish_pod(self, pod: dict) -> None:
+        """A gracefully deleted pod: stop what runs, then remove the Pod object (unless it was
+        replaced meanwhile by another of the same name)."""
+        meta = pod["metadata"]
+        rec = self.sandboxes.get(meta["uid"])
+        if rec is not None:
+            self.stop_pod(rec, grace=max(0.1, float(meta.get("deletionGracePeriodSeconds") or 0)))
+        try:
+            self.store.delete("pods", meta["name"], meta["namespace"], grace_period=0, uid=meta["uid"])
+        except (NotFound, Conflict):
+            pass
+        log.info("pod %s/%s stopped and deleted", meta["namespace"], meta["name"])
+
     def handle(self, pod: dict) -> None:
+        if pod["metadata"].get("deletionTimestamp"):
+            self._serial(pod["metadata"]["uid"], self.finish_pod, pod)
+            return
         spec = pod.get("spec") or {}
         if not spec.get("nodeName"):
             bound = self.schedule(pod)
