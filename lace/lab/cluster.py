@@ -1,5 +1,6 @@
 """A lab cluster's lifecycle: bring up (topology, store, node registration, one agent per node,
-the kubelet), report status, run commands in pods, restart agents, and tear everything down."""
+the kubelet, the controllers), report status, run commands in pods, restart agents, and tear
+everything down."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lace.store import STORE_FILE
 from lace.store import kinds as K
 from lace.store import SqliteStore
 
-from . import procs, topology
+from . import controllers, procs, topology
 from .kubelet import Sandboxes
 
 Progress = Callable[[str], None]
@@ -100,6 +101,8 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
         procs.spawn([sys.executable, "-m", "lace.lab.kubelet", "--lab", name, "--state-dir", state_dir],
                     netns=None, name="kubelet", state_dir=state_dir,
                     log_path=os.path.join(state_dir, "logs", "kubelet.log"))
+        progress("starting the controllers")
+        controllers.start(state_dir)
     except BaseException:
         down(name, state_dir)
         raise
@@ -133,7 +136,8 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
                           "agent": health, "endpoints": endpoints})
     k = running.get("kubelet")
     return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
-            "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None}
+            "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
+            "controllersPid": controllers.pid(state_dir)}
 
 
 def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -> int:

@@ -1,4 +1,5 @@
-"""``lace lab up|down|status|exec|restart-agent``: a real multi-node lace cluster on one machine."""
+"""``lace lab up|down|status|exec|restart-agent|restart-controllers``: a real multi-node lace
+cluster on one machine."""
 
 from __future__ import annotations
 
@@ -46,8 +47,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("node")
     p.add_argument("--kill", action="store_true", help="kill -9 instead of a clean stop")
     p.set_defaults(handler=run_restart_agent)
+    p = sub.add_parser("restart-controllers", help="restart the lab's controllers (EndpointSlices)")
+    cli_args.add_lab_option(p)
+    p.set_defaults(handler=run_restart_controllers)
     lab.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(UsageError(
-        "say what to do: lace lab up|down|status|exec|restart-agent")))
+        "say what to do: lace lab up|down|status|exec|restart-agent|restart-controllers")))
 
 
 def _selected(args: argparse.Namespace, inv: Invocation, explicit: str | None = None) -> str:
@@ -116,7 +120,8 @@ def run_status(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
                   "-" if n["endpoints"] is None else str(n["endpoints"]))
     con = inv.console()
     con.print(t)
-    con.print(f"fabric {st['fabric']}   outside {st['outside']}   kubelet pid {st['kubeletPid'] or '-'}")
+    con.print(f"fabric {st['fabric']}   outside {st['outside']}   kubelet pid {st['kubeletPid'] or '-'}"
+              f"   controllers pid {st.get('controllersPid') or '-'}")
     healthy = all(n["agent"] == "healthy" for n in st["nodes"])
     return ExitStatus.OK if healthy else ExitStatus.UNAVAILABLE
 
@@ -164,4 +169,18 @@ def run_restart_agent(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     except cluster.LabError as e:
         raise NotFoundError(str(e)) from None
     inv.stdout.write(f"agent on {args.node} restarted (pid {pid})\n")
+    return ExitStatus.OK
+
+
+def run_restart_controllers(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    from lace.lab import controllers, procs, topology
+    name = _selected(args, inv)
+    state_dir = str(lab_context(name, inv.env).dir)
+    if topology.load(name, state_dir=state_dir) is None:
+        raise NotFoundError(f'lab "{name}" is not running', hint="run `lace lab up`")
+    try:
+        pid = controllers.restart(state_dir)
+    except procs.ProcError as e:
+        raise CliError(str(e)) from None
+    inv.stdout.write(f"controllers restarted (pid {pid})\n")
     return ExitStatus.OK
