@@ -196,6 +196,7 @@ def _node_ip(node: Mapping[str, Any]) -> str:
 
 
 def _service_ports(svc: Mapping[str, Any]) -> str:
+    """kubectl's PORT(S): ``80/TCP``, ``80:30080/TCP`` with a node port."""
     out = []
     for p in _get(svc, "spec", "ports") or []:
         text = str(p.get("port"))
@@ -205,8 +206,40 @@ def _service_ports(svc: Mapping[str, Any]) -> str:
     return _join(out)
 
 
-def _service_network(svc: Mapping[str, Any]) -> str:
-    return (_get(svc, "metadata", "annotations") or {}).get(K.NETWORK_ANNOTATION) or K.DEFAULT_NETWORK
+def _service_external_ip(svc: Mapping[str, Any]) -> str:
+    """kubectl's EXTERNAL-IP: a LoadBalancer's addresses (``<pending>`` before it has one)."""
+    if _get(svc, "spec", "type") != "LoadBalancer":
+        return cell(None)
+    ingress = _get(svc, "status", "loadBalancer", "ingress") or []
+    return _join(e.get("ip") or e.get("hostname") for e in ingress) if ingress else "<pending>"
+
+
+def _first_and_more(values: list[str], limit: int = 3) -> str:
+    """kubectl's list cell: the first three, ``+ N more...``, ``<unset>`` when empty."""
+    text = ",".join(values[:limit])
+    if len(values) > limit:
+        return f"{text} + {len(values) - limit} more..."
+    return text or "<unset>"
+
+
+def _slice_ports(sl: Mapping[str, Any]) -> str:
+    return _first_and_more([str(p["port"]) if p.get("port") is not None else (p.get("name") or "<unset>")
+                            for p in sl.get("ports") or []])
+
+
+def _slice_endpoints(sl: Mapping[str, Any]) -> str:
+    return _first_and_more([a for ep in sl.get("endpoints") or [] for a in ep.get("addresses") or []])
+
+
+def _pod_phase(pod: Mapping[str, Any]) -> str:
+    if _get(pod, "metadata", "deletionTimestamp"):
+        return "Terminating"
+    return _get(pod, "status", "phase") or "Pending"
+
+
+def _allocation_value(rec: Mapping[str, Any]) -> Any:
+    spec = rec.get("spec") or {}
+    return next((spec[k] for k in ("ip", "port", "id") if k in spec), None)
 
 
 def _selector_map(sel: Mapping[str, Any] | None) -> str:
@@ -231,22 +264,36 @@ COLUMNS: dict[str, list[Column]] = {
             Column("NODE", lambda o: cell(_get(o, "spec", "nodeName"))),
             Column("NETWORK", K.pod_network),
             Column("IPS", _pod_ips),
-            Column("PHASE", lambda o: _get(o, "status", "phase") or "Pending"),
+            Column("PHASE", _pod_phase),
             _AGE, _LABELS],
     "Namespace": [_NAME, Column("STATUS", lambda o: _get(o, "status", "phase") or "Active"), _AGE, _LABELS],
     "Node": [_NAME, Column("STATUS", _node_status), Column("INTERNAL-IP", _node_ip),
              Column("POD-CIDRS", lambda o: _join(_get(o, "spec", "podCIDRs") or [])), _AGE, _LABELS],
     "Network": [_NAME, Column("ID", lambda o: cell(_get(o, "status", "id") or None)),
                 Column("CIDRS", lambda o: _join(_get(o, "spec", "cidrs") or [])),
-                Column("ROUTES", _routes), _AGE, _LABELS],
+                Column("ROUTES", _routes), _AGE,
+                Column("SERVICE-CIDRS", lambda o: _join(_get(o, "spec", "serviceCIDRs") or []), wide=True),
+                Column("IMPORTS", lambda o: _join(_get(o, "spec", "importServices") or []), wide=True),
+                _LABELS],
     "NetworkPolicy": [_NAME, Column("POD-SELECTOR", lambda o: format_selector(_get(o, "spec", "podSelector"))
                                     if _get(o, "spec", "podSelector") else "<all>"),
                       Column("POLICY-TYPES", lambda o: _join(_get(o, "spec", "policyTypes") or []), wide=True),
                       _AGE, _LABELS],
     "Service": [_NAME, Column("TYPE", lambda o: _get(o, "spec", "type") or "ClusterIP"),
                 Column("CLUSTER-IP", lambda o: cell(_get(o, "spec", "clusterIP"))),
-                Column("PORT(S)", _service_ports), Column("NETWORK", _service_network), _AGE,
-                Column("SELECTOR", lambda o: _selector_map(_get(o, "spec", "selector")), wide=True), _LABELS],
+                Column("EXTERNAL-IP", _service_external_ip),
+                Column("PORT(S)", _service_ports), _AGE,
+                Column("SELECTOR", lambda o: _selector_map(_get(o, "spec", "selector")), wide=True),
+                Column("NETWORK", K.pod_network, wide=True), _LABELS],
+    "EndpointSlice": [_NAME, Column("ADDRESSTYPE", lambda o: o.get("addressType")),
+                      Column("PORTS", _slice_ports), Column("ENDPOINTS", _slice_endpoints), _AGE, _LABELS],
+    "ServiceCIDR": [_NAME, Column("CIDRS", lambda o: _join(_get(o, "spec", "cidrs") or [])), _AGE, _LABELS],
+    "LoadBalancerIPPool": [_NAME, Column("CIDRS", lambda o: _join(_get(o, "spec", "cidrs") or [])), _AGE,
+                           _LABELS],
+    "ServiceAllocation": [_NAME, Column("RESOURCE", lambda o: _get(o, "spec", "resource")),
+                          Column("VALUE", lambda o: cell(_allocation_value(o))),
+                          Column("NETWORK", lambda o: cell(_get(o, "spec", "network"))),
+                          Column("SERVICE", lambda o: _get(o, "spec", "service")), _AGE],
     "Segment": [_NAME, Column("ID", lambda o: cell(_get(o, "status", "id") or None)),
                 Column("NETWORK", lambda o: _get(o, "spec", "network")),
                 Column("NAMESPACE", lambda o: cell(_get(o, "spec", "namespace"))),
