@@ -39,10 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     except StoreError as e:
         log.error("agent failed: cannot open the store %s: %s", args.store, e)
         return 1
-    # the cgroup is handed on only when one is configured: an agent without it attaches no socket hooks
-    host = {"cgroup": args.cgroup} if args.cgroup else {}
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
-                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, **host)
+                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup)
     try:
         agent.run_forever()
     except Exception as e:

@@ -14,6 +14,7 @@ from lace import netlink
 from lace.datapath import registry
 from lace.datapath.config import DEFAULT_POD_MTU
 from lace.policy.program import PolicyProgrammer
+from lace.services.program import ServiceProgrammer
 from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
@@ -25,12 +26,13 @@ from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
 from .metrics import AgentMetrics
+from .socklb import SockLB
 from .state import NotRegistered, build_snapshot
 
 log = logging.getLogger("lace.agent")
 
 WATCH_KINDS = ["networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "namespaces",
-               "networkpolicies", "services"]
+               "networkpolicies", "services", "endpointslices"]
 RESYNC_SECONDS = 30.0
 
 
@@ -40,7 +42,7 @@ class Agent:
     and ``stop`` undoes it, whether or not ``start`` got through."""
 
     def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
-                 uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU) -> None:
+                 uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None) -> None:
         self.node = node
         self.store = store
         self.pin_root = pin_root
@@ -52,10 +54,14 @@ class Agent:
         self._reconcile_lock = threading.Lock()
         self._watch: Watch | None = None
         self._pressure_logged: tuple[int, int] | None = None
+        self._service_pressure_logged: tuple[int, int] | None = None
         self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
                                       "last_reconcile": None, "started": time.time()}
         self.datapath = NodeDatapath(pin_root)
+        # the host cgroup's socket hooks: the node's own processes reach service frontends
+        self.socklb = SockLB(cgroup, self.datapath.links_dir) if cgroup else None
         self.policy = PolicyProgrammer(node)
+        self.services = ServiceProgrammer()
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
                                                     if m.map_type != "ringbuf"})
         self.endpoints = Endpoints(store, node, mtu, self.datapath, self.reconcile,
@@ -75,11 +81,15 @@ class Agent:
 
     def start(self) -> None:
         self.datapath.load()
+        if self.socklb is not None:
+            self.socklb.attach(self.datapath)
         up = netlink.link(self.uplink)
         if up is None:
             raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
         self.datapath.attach_uplink(up.ifindex)
         self._adopt_pod_links()
+        # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
+        self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"))
         self.flows.start(self.datapath.map("events"))
         self.reconcile()
         self.api.start()
@@ -106,6 +116,8 @@ class Agent:
         self.api.stop()
         self.flows.stop()
         # maps and links stay pinned: the datapath keeps forwarding without us
+        if self.socklb is not None:
+            self.socklb.close()
         self.datapath.close()
         self.store.close()
 
@@ -126,15 +138,15 @@ class Agent:
         reads every map back from the kernel instead of trusting what this agent last wrote."""
         with self._reconcile_lock, netlink.reuse():
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
-            want = desired_maps(snap, self.policy)
+            want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
+            changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
+            self.datapath.apply(changes, OWNED_MAPS)
             changed = {}
-            for name, ch in diff_all(want, have).items():
-                if ch:
-                    self.datapath.write(name, ch)
-                    n = len(ch.updates) + len(ch.deletes)
-                    changed[name] = n
-                    self.metrics.map_writes.labels(name).inc(n)
+            for name, ch in changes.items():
+                n = len(ch.updates) + len(ch.deletes)
+                changed[name] = n
+                self.metrics.map_writes.labels(name).inc(n)
             self.stats["reconciles"] += 1
             self.stats["last_reconcile"] = time.time()
             self.stats["last_error"] = None   # healthy again: the last pass went through
@@ -143,6 +155,7 @@ class Agent:
             if changed:
                 log.info("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
             self._log_policy_pressure()
+            self._log_service_pressure()
             return changed
 
     def _log_policy_pressure(self) -> None:
@@ -158,6 +171,18 @@ class Agent:
                         pr.desired, pr.dropped,
                         ", ".join(f"{k}: {v}" for k, v in sorted(pr.dropped_by_policy.items())),
                         pr.prefix_dropped)
+
+    def _log_service_pressure(self) -> None:
+        """Warn once per change of what full service maps leave out (MAP_FULL)."""
+        pr = self.services.pressure
+        seen = (pr.frontends - pr.programmed, pr.without_table) if pr is not None and pr.reason else None
+        if seen == self._service_pressure_logged:
+            return
+        self._service_pressure_logged = seen
+        if pr is not None and seen is not None:
+            log.warning("node %s: %s: %d of %d service frontends programmed (left out: %s); %d frontends "
+                        "without a Maglev table spread new flows over their slots", self.node, pr.reason,
+                        pr.programmed, pr.frontends, ", ".join(pr.left_out[:10]) or "none", pr.without_table)
 
     def _reconcile_loop(self) -> None:
         backoff = 0.05
@@ -217,4 +242,5 @@ class Agent:
         return {"node": self.node, "ok": self.stats["last_error"] is None,
                 "pinRoot": self.pin_root, **self.stats,
                 "policyPressure": pressure.as_dict() if pressure else None,
+                "servicePressure": self.services.pressure.as_dict() if self.services.pressure else None,
                 "migrations": [m.__dict__ for m in self.datapath.migrations]}

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
+from collections.abc import Sequence
 
 from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects
+from lace.datapath.services import MAGLEV_SIZE
 
 from .desired import Entries
 from .diff import MapChanges
@@ -25,6 +28,9 @@ LINKS_DIR = "links"
 UPLINK_LINK = "uplink"
 POD_PROGRAM = "lace_from_pod"
 UPLINK_PROGRAM = "lace_from_uplink"
+#: maps the agent writes a whole table at a time (entries per table): an entry of the desired
+#: state is one table (key: table number as u32, value: its entries back to back)
+TABLES = {"maglev": MAGLEV_SIZE}
 
 
 def pod_link_name(host_ifname: str) -> str:
@@ -151,21 +157,62 @@ class NodeDatapath:
             return entries
 
     def _read_kernel(self, cli_name: str) -> Entries:
-        return self._objects(cli_name).entries(cli_name)
+        size = TABLES.get(cli_name)
+        if size is None:
+            return self._objects(cli_name).entries(cli_name)
+        # a table map: whole tables that hold anything (an all-zero table is no table)
+        _, values, count = self.map(cli_name).dump()
+        blob = bytes(values)
+        width = size * 4
+        out: Entries = {}
+        for t in range(1, count // size):
+            chunk = blob[t * width:(t + 1) * width]
+            if chunk.count(0) != width:
+                out[struct.pack("<I", t)] = chunk
+        return out
 
-    def write(self, cli_name: str, changes: MapChanges) -> None:
-        m = self.map(cli_name)
+    def apply(self, changes: dict[str, MapChanges], order: Sequence[str]) -> None:
+        """Make before break: every map's updates in ``order`` (backends and Maglev tables before the
+        frontends that point at them), then every map's deletes in reverse order."""
         with self._lock:
-            shadow = self._shadow.get(cli_name)
-            try:
-                for k in changes.deletes:
-                    m.delete(k)
-                    if shadow is not None:
-                        shadow.pop(k, None)
-                for k, v in changes.updates.items():
-                    m.update(k, v)
-                    if shadow is not None:
-                        shadow[k] = v
-            except BaseException:
-                self._shadow.pop(cli_name, None)   # unsure what landed: read the kernel next time
-                raise
+            for name in order:
+                ch = changes.get(name)
+                if ch and ch.updates:
+                    self._guarded(name, self._update, ch.updates)
+            for name in reversed(order):
+                ch = changes.get(name)
+                if ch and ch.deletes:
+                    self._guarded(name, self._delete, ch.deletes)
+
+    def _guarded(self, cli_name: str, fn, arg) -> None:
+        try:
+            fn(cli_name, arg)
+        except BaseException:
+            self._shadow.pop(cli_name, None)   # unsure what landed: read the kernel next time
+            raise
+
+    def _update(self, cli_name: str, updates: Entries) -> None:
+        m = self.map(cli_name)
+        shadow = self._shadow.get(cli_name)
+        size = TABLES.get(cli_name)
+        for k, v in updates.items():
+            if size is None:
+                m.update(k, v)
+            else:
+                first = struct.unpack("<I", k)[0] * size
+                m.update_batch(struct.pack(f"<{size}I", *range(first, first + size)), v, size)
+            if shadow is not None:
+                shadow[k] = v
+
+    def _delete(self, cli_name: str, deletes: list[bytes]) -> None:
+        m = self.map(cli_name)
+        shadow = self._shadow.get(cli_name)
+        size = TABLES.get(cli_name)
+        for k in deletes:
+            if size is None:
+                m.delete(k)
+            else:   # array slots cannot be deleted: a table is cleared to zeros
+                first = struct.unpack("<I", k)[0] * size
+                m.update_batch(struct.pack(f"<{size}I", *range(first, first + size)), bytes(4 * size), size)
+            if shadow is not None:
+                shadow.pop(k, None)

@@ -2,8 +2,10 @@
 
 Returns, for every map the agent owns, the exact set of entries it should hold (packed key ->
 packed value); the same snapshot always gives the same entries. The policy maps come from the
-agent's PolicyProgrammer, whose caches only make a repeat cheaper. The diff against what the kernel
-holds is ``lace.agent.diff``.
+agent's PolicyProgrammer, whose caches only make a repeat cheaper; the service maps from its
+ServiceProgrammer, which also keeps backend IDs and Maglev table numbers stable across passes
+(``maglev`` entries are whole tables). The diff against what the kernel holds is
+``lace.agent.diff``.
 """
 
 from __future__ import annotations
@@ -18,23 +20,29 @@ from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
 from lace.policy.program import PolicyProgrammer
+from lace.services.program import ServiceProgrammer
 
 from .model import Snapshot
 
-#: maps the agent owns and reconciles; the datapath owns conntrack, events, metrics, probe-cookie
+#: maps the agent owns and reconciles, in the order their updates are written (what an entry points
+#: at comes before it: backends and Maglev tables before the services that name them); deletes go
+#: in reverse. The datapath owns conntrack, affinity, events, metrics and probe-cookie.
 OWNED_MAPS = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
-              "services", "backends", "probes")
+              "backends", "maglev", "services", "probes")
 
 Entries = dict[bytes, bytes]
 
 
-def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None) -> dict[str, Entries]:
-    """Every owned map's entries; ``policy`` is the node's programmer (a fresh one if None)."""
+def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
+                 services: ServiceProgrammer | None = None) -> dict[str, Entries]:
+    """Every owned map's entries; ``policy`` and ``services`` are the node's programmers (fresh
+    ones if None)."""
     out: dict[str, Entries] = {name: {} for name in OWNED_MAPS}
     me = s.config.node
     out["config"][cfg.config_key()] = cfg.config_value(
         locator=str(me.locator), underlay_addr=str(me.underlay), node_id=me.node_id,
-        uplink_ifindex=s.config.uplink_ifindex, mtu=s.config.mtu)
+        uplink_ifindex=s.config.uplink_ifindex, mtu=s.config.mtu,
+        addr4=str(me.underlay4) if me.underlay4 else None)
 
     out["devices"][device_key(s.config.uplink_ifindex)] = device_value(s.config.uplink_mac, DeviceRole.UPLINK)
     for ep in s.endpoints:
@@ -55,6 +63,8 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None) -> dict[st
     if s.policy is not None:
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
+    svc = services if services is not None else ServiceProgrammer()
+    out["services"], out["backends"], out["maglev"] = svc.entries(s.frontends)
     return out
 
 

@@ -52,6 +52,8 @@ class Node:
     node_id: int
     underlay: ipaddress.IPv6Address
     locator: ipaddress.IPv6Network
+    #: the node's IPv4 address (IPv4 masquerade source, IPv4 NodePort frontend), if it has one
+    underlay4: ipaddress.IPv4Address | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class Snapshot:
     endpoints: list[LocalEndpoint] = field(default_factory=list)
     #: lace.policy.PolicyInputs (namespaces, pod labels and ports, policies); None: no policy maps
     policy: Any = None
+    #: lace.services.model.Frontend: every service frontend this node serves
+    frontends: list[Any] = field(default_factory=list)
 
     def network_id(self, name: str) -> int | None:
         n = self.networks.get(name)
@@ -143,9 +147,17 @@ def parse_network(obj: dict, by_name: dict[str, int]) -> Network | None:
 def parse_node(obj: dict) -> Node | None:
     """A Node with its lace annotations; None when it has not registered them yet."""
     ann = (obj.get("metadata") or {}).get("annotations") or {}
+    v4 = None
+    for a in (obj.get("status") or {}).get("addresses") or ():
+        if a.get("type") == "InternalIP" and "." in str(a.get("address", "")):
+            try:
+                v4 = ipaddress.IPv4Address(a["address"])
+            except ValueError:
+                continue
+            break
     try:
         return Node(obj["metadata"]["name"], int(ann[ANN_NODE_ID]),
-                    ipaddress.IPv6Address(ann[ANN_UNDERLAY]), ipaddress.IPv6Network(ann[ANN_LOCATOR]))
+                    ipaddress.IPv6Address(ann[ANN_UNDERLAY]), ipaddress.IPv6Network(ann[ANN_LOCATOR]), v4)
     except (KeyError, ValueError):
         return None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from lace import netlink
 from lace.policy.sources import policy_inputs
+from lace.services.model import frontends, imports_by_service
 
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, LocalEndpoint, NodeConfig, PodAddress, Snapshot,
                     by_name, parse_network, parse_node)
@@ -70,6 +71,8 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapsho
                 "mac": ann.get(ANN_POD_MAC, ""), "ipv4": None, "ipv6": None})
             ep["ipv4" if ip.version == 4 else "ipv6"] = ip
     snap.policy = policy_inputs(store, pods, snap.pods, segments)
+    snap.frontends = frontends(store.list("services").items, store.list("endpointslices").items, ids,
+                               imports_by_service(net_objs, ids), node_name)
 
     for cid, ep in local.items():
         link = netlink.link(ep["host"])

@@ -54,8 +54,8 @@ def fill(maps: dict[str, Any]) -> None:
         kind=DeliveryKind.REMOTE, node_id=2, sid=cfg.sid("2001:db8:2::/48", None, 1)))
     m("veth").update(veth_key(77), endpoint_value(endpoint_id=77, network=1, segment=256, mac="02:00:00:00:00:0a",
                                                   ipv4="10.244.1.10", ipv6="fd00:10:244:1::a"))
-    m("services").update(S.service_key(1, "10.96.0.10", 53, 17), S.SERVICE.pack(service_id=5, backend_count=1))
-    m("services").update(S.service_key(1, "10.96.0.10", 53, 17, 1), S.SERVICE.pack(service_id=5, backend_id=100))
+    m("services").update(S.service_key(1, "10.96.0.10", 53, 17), S.service_value(service_id=5, backend_count=1, active_count=1))
+    m("services").update(S.service_key(1, "10.96.0.10", 53, 17, 1), S.service_value(service_id=5, backend_id=100))
     m("backends").update(S.backend_key(100), S.backend_value("10.244.1.10", 5353, 17, 1))
     m("policy").update(selected_key(256, Direction.INGRESS), policy_entry(3, 0, PolicyFlag.SELECTED))
     for k in policy_keys(256, 257, Direction.INGRESS, 6, 8080):
@@ -129,17 +129,18 @@ def test_every_map_shows(node_env: dict[str, str], name: str) -> None:
     assert doc["map"] == name and doc["count"] >= 1 and doc["numeric"] is True
 
 
-@pytest.mark.parametrize("name,feature", [("services", "services"), ("probes", "probes"), ("probe-cookie", "probes")])
+@pytest.mark.parametrize("name,feature", [("probes", "probes"), ("probe-cookie", "probes")])
 def test_unimplemented_maps_say_so(node_env: dict[str, str], name: str, feature: str) -> None:
-    """Nothing programs the services and probes maps yet: they show, but never as a working feature."""
+    """Nothing programs the probes maps yet: they show, but never as a working feature."""
     note = f"note: {feature} are not implemented yet: nothing programs this map\n"
     rc, out, err = node(node_env, "bpf", "show", name)
     assert rc == 0 and err == note and out.strip().splitlines()[-1].startswith(name)
     rc, out, err = node(node_env, "bpf", "show", name, "-o", "json")
     doc = json.loads(out)
     assert rc == 0 and err == note and doc["implemented"] is False and doc["map"] == name
-    rc, out, err = node(node_env, "bpf", "show", "routing", "-o", "json")
-    assert rc == 0 and err == "" and "implemented" not in json.loads(out)
+    for live in ("routing", "services"):
+        rc, out, err = node(node_env, "bpf", "show", live, "-o", "json")
+        assert rc == 0 and err == "" and "implemented" not in json.loads(out)
 
 
 def test_names_and_unresolved(node_env: dict[str, str]) -> None:

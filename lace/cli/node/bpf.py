@@ -31,7 +31,7 @@ def register(sub: Any, add_common: Callable[..., None]) -> None:
                         description="Dump one map, decoded. MAP is one of: " + ", ".join(registry.SHOWABLE) + ".")
     p.add_argument("map", metavar="MAP", help=", ".join(registry.SHOWABLE))
     p.add_argument("--endpoints", action="store_true",
-                   help="services: add each service's backends (not implemented yet: nothing programs services)")
+                   help="services: add each frontend's backends, slot by slot")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--egress", action="store_true", help="policy: only egress entries")
     g.add_argument("--ingress", action="store_true", help="policy: only ingress entries")
@@ -211,8 +211,12 @@ def view_services(entries: list[Entry], res: NumericResolver, names: Names, args
     for e in sorted(services, key=lambda e: (e.key["network"], e.key["addr"], e.key["port"])):
         k, val = e.key, e.value
         name = res.service(val["service_id"], network=k["network"], vip=k["addr"], port=k["port"], proto=k["proto"])
-        row = [_net(res, k["network"]), k["addr"], k["port"], k["proto"], name, val["backend_count"],
-               ",".join(val["flags"])]
+        terminating = val["backend_count"] - val["active_count"]
+        count = str(val["active_count"]) + (f" (+{terminating} terminating)" if terminating > 0 else "")
+        flags = [f'affinity={val["affinity_timeout"]}s' if f == "affinity" else f for f in val["flags"]]
+        if val["maglev"]:
+            flags.append(f'maglev={val["maglev"]}')
+        row = [_net(res, k["network"]), k["addr"], k["port"], k["proto"], name, count, ",".join(flags)]
         doc: dict[str, Any] = {**k, **val}
         if not res.numeric:
             doc["service"] = name
@@ -351,7 +355,7 @@ assert tuple(VIEWS) == registry.SHOWABLE
 #: maps whose layout is final but that nothing programs yet -> the feature that will: shown as
 #: they are (empty), with a note on stderr and ``"implemented": false`` in ``-o json``, so an
 #: empty table is not taken for a working feature
-NOT_IMPLEMENTED = {"services": "services", "probes": "probes", "probe-cookie": "probes"}
+NOT_IMPLEMENTED = {"probes": "probes", "probe-cookie": "probes"}
 
 
 def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:

@@ -1,0 +1,157 @@
+"""Service frontends from Service + EndpointSlice objects, and the service programmer's entries."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+import pytest
+
+from lace.datapath.common import Proto
+from lace.datapath.services import (BACKEND, MAGLEV_SIZE, SERVICE, SERVICE_KEY, BackendFlag, ServiceFlag,
+                                    service_key)
+from lace.services.model import frontends, imports_by_service
+from lace.services.program import ServiceProgrammer, table_key
+
+NET = {"default": 1, "red": 7}
+
+
+def svc(name, ips, ports, *, ns="default", sid=10, network=None, **spec):
+    meta = {"name": name, "namespace": ns}
+    if network:
+        meta["annotations"] = {"lace.dev/network": network}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "status": {"id": sid},
+            "spec": {"clusterIPs": ips, "ports": ports, **spec}}
+
+
+def ep(addr, *, node="w1", pod="p", ready=True, serving=None, terminating=None):
+    cond = {"ready": ready}
+    if serving is not None:
+        cond["serving"] = serving
+    if terminating is not None:
+        cond["terminating"] = terminating
+    return {"addresses": [addr], "conditions": cond, "nodeName": node,
+            "targetRef": {"kind": "Pod", "namespace": "default", "name": pod}}
+
+
+def eps(service, family, endpoints, ports, ns="default", name=None):
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name or f"{service}-{family}", "namespace": ns,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4" if family == 4 else "IPv6", "endpoints": endpoints, "ports": ports}
+
+
+def test_frontends_dual_stack_named_ports_and_conditions():
+    s = svc("web", ["10.96.0.10", "fd00:10:96::10"],
+            [{"name": "http", "port": 80, "targetPort": "web"}, {"name": "dns", "port": 53, "protocol": "UDP"}])
+    slices = [
+        eps("web", 4, [ep("10.244.1.5", pod="a"), ep("10.244.2.6", pod="b", ready=False),
+                       ep("10.244.2.7", pod="c", ready=False, serving=True, terminating=True),
+                       ep("10.244.2.8", pod="d", ready=False, serving=False, terminating=True)],
+            [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+        eps("web", 6, [ep("fd00:10:244::5", pod="a")], [{"name": "http", "port": 8080}]),
+        eps("other", 4, [ep("10.244.9.9")], [{"name": "http", "port": 1}]),
+    ]
+    fronts = {(str(f.addr), f.port, f.proto): f for f in frontends([s], slices, NET, {}, "w1")}
+    assert set(fronts) == {("10.96.0.10", 80, Proto.TCP), ("10.96.0.10", 53, Proto.UDP),
+                           ("fd00:10:96::10", 80, Proto.TCP), ("fd00:10:96::10", 53, Proto.UDP)}
+    http4 = fronts[("10.96.0.10", 80, Proto.TCP)]
+    assert [(str(b.addr), b.port) for b in http4.active] == [("10.244.1.5", 8080)]
+    assert [(str(b.addr), b.port, b.pod) for b in http4.terminating] == [("10.244.2.7", 8080, "default/c")]
+    assert http4.networks == (1,) and http4.service_id == 10 and http4.flags == 0
+    assert [b.port for b in fronts[("10.96.0.10", 53, Proto.UDP)].active] == [5353]
+    assert [str(b.addr) for b in fronts[("fd00:10:96::10", 80, Proto.TCP)].active] == ["fd00:10:244::5"]
+    assert fronts[("fd00:10:96::10", 53, Proto.UDP)].active == ()   # the v6 slice has no dns port
+
+
+def test_frontends_affinity_local_imports_headless_and_unnumbered():
+    local = svc("dns", ["10.96.0.10"], [{"port": 53, "protocol": "UDP"}], ns="kube-system", sid=3,
+                sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
+                internalTrafficPolicy="Local")
+    headless = svc("db", ["None"], [{"port": 5432}], sid=4)
+    unnumbered = svc("new", ["10.96.0.11"], [{"port": 80}])
+    del unnumbered["status"]
+    red = svc("web", ["10.96.0.10"], [{"port": 80}], sid=5, network="red")
+    slices = [eps("dns", 4, [ep("10.244.1.2", node="w1"), ep("10.244.2.2", node="w2")],
+                  [{"port": 53, "protocol": "UDP"}], ns="kube-system")]
+    networks = [{"metadata": {"name": "red"}, "spec": {"importServices": ["kube-system/dns"]}}]
+    fronts = frontends([local, headless, unnumbered, red], slices, NET, imports_by_service(networks, NET), "w1")
+    by_sid = {f.service_id: f for f in fronts}
+    assert set(by_sid) == {3, 5}
+    dns = by_sid[3]
+    assert dns.networks == (1, 7)
+    assert dns.flags == ServiceFlag.AFFINITY | ServiceFlag.LOCAL and dns.affinity_timeout == 60
+    assert [str(b.addr) for b in dns.active] == ["10.244.1.2"]   # Local: this node's endpoints only
+    assert by_sid[5].networks == (7,)
+
+
+def _decode(services):
+    out = {}
+    for k, v in services.items():
+        key, val = SERVICE_KEY.unpack(k), SERVICE.unpack(v)
+        out[(key["network"], bytes(key["addr"][:4]), key["port"], key["slot"])] = val
+    return out
+
+
+def _fronts(n_backends, *, sid=10, vip="10.96.0.10", networks=(1,)):
+    s = svc("web", [vip], [{"port": 80}], sid=sid)
+    slices = [eps("web", 4, [ep(f"10.244.1.{i + 1}", pod=f"p{i}") for i in range(n_backends)], [{"port": 8080}])]
+    fs = frontends([s], slices, NET, {}, "w1")
+    return [f.__class__(**{**f.__dict__, "networks": networks}) for f in fs]
+
+
+def test_programmer_slots_backends_and_maglev_table():
+    p = ServiceProgrammer()
+    services, backends, tables = p.entries(_fronts(3, networks=(1, 7)))
+    dec = _decode(services)
+    vip = ipaddress.ip_address("10.96.0.10").packed
+    for net in (1, 7):
+        head = dec[(net, vip, 80, 0)]
+        assert head["service_id"] == 10 and head["backend_count"] == 3 and head["active_count"] == 3
+        assert head["maglev"] >= 1
+        slots = [dec[(net, vip, 80, i)]["backend_id"] for i in (1, 2, 3)]
+        assert sorted(slots) == sorted(struct.unpack("<I", k)[0] for k in backends)
+    assert len(backends) == 3
+    for v in backends.values():
+        b = BACKEND.unpack(v)
+        assert b["port"] == 8080 and b["network"] == 1 and b["flags"] == BackendFlag.ACTIVE
+    (tkey, blob), = tables.items()
+    assert tkey == table_key(head["maglev"]) and len(blob) == 4 * MAGLEV_SIZE
+    ids = set(struct.unpack(f"<{MAGLEV_SIZE}I", blob))
+    assert ids == {struct.unpack("<I", k)[0] for k in backends}   # every backend owns a share
+
+
+def test_programmer_single_backend_has_no_table_and_ids_are_stable():
+    p = ServiceProgrammer()
+    services, backends, tables = p.entries(_fronts(1))
+    assert tables == {} and _decode(services)[(1, bytes([10, 96, 0, 10]), 80, 0)]["maglev"] == 0
+    again = p.entries(_fronts(1))
+    assert again == (services, backends, tables)
+
+
+def test_programmer_backend_change_gets_a_new_table_and_keeps_ids():
+    p = ServiceProgrammer()
+    _, b3, t3 = p.entries(_fronts(3))
+    _, b4, t4 = p.entries(_fronts(4))
+    assert set(b3) < set(b4)                           # the three keep their IDs
+    assert set(t3).isdisjoint(t4)                      # a new table number: made before broken
+    _, _, t4b = p.entries(_fronts(4))
+    assert t4b == t4
+
+
+def test_programmer_adopts_what_a_previous_agent_wrote():
+    first = ServiceProgrammer()
+    services, backends, tables = first.entries(_fronts(3))
+    second = ServiceProgrammer()
+    second.adopt(services, backends)
+    assert second.entries(_fronts(3)) == (services, backends, tables)
+
+
+def test_programmer_pressure_when_maps_are_full():
+    p = ServiceProgrammer(capacity=5, maglev_entries=MAGLEV_SIZE * 1)   # no usable table
+    services, _, tables = p.entries(_fronts(3) + _fronts(2, sid=11, vip="10.96.0.11"))
+    assert len(services) == 4 and tables == {}
+    pr = p.pressure
+    assert pr.programmed == 1 and pr.frontends == 2 and pr.reason == "services map full"
+    assert pr.left_out == ["default/web:80"]
+    assert pr.without_table == 1
