@@ -224,7 +224,7 @@ def decode_ct_entry(raw: bytes, family: int = Family.IPV6) -> dict[str, Any]:
     """The entry with names for state, flags and delivery; ``nat_addr`` rendered in ``family``
     (the table's family) when a NAT flag is set, else None."""
     v = CT_ENTRY.unpack(raw)
-    nat = v["flags"] & (CtFlag.DNAT | CtFlag.SNAT)
+    nat = v["flags"] & (CtFlag.DNAT | CtFlag.SNAT | CtFlag.SERVICE | CtFlag.MASQ)
     out: dict[str, Any] = {k: v[k] for k in (
         "created_ns", "last_seen_ns", "expires_ns", "packets_fwd", "bytes_fwd", "packets_rev",
         "bytes_rev", "src_segment", "dst_segment", "dst_network", "rev_nat_id")}

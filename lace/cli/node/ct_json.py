@@ -109,7 +109,7 @@ def json_rows(t: CtDump, now: int, res: NumericResolver) -> C.Rows:
     rows.tokens(flags, _flags_tokens(), used=C.used_codes(flags))
     rows.key("delivery")
     rows.tokens(v["delivery"], _enum_tokens(DeliveryKind), used=C.used_codes(v["delivery"]))
-    nat = (flags & np.uint8(CtFlag.DNAT | CtFlag.SNAT)) == 0
+    nat = (flags & np.uint8(CtFlag.DNAT | CtFlag.SNAT | CtFlag.SERVICE | CtFlag.MASQ)) == 0
     rows.key("nat_addr")
     rows.address(_addr_source(v, "nat_addr", fam), fam, null=nat)
     rows.key("nat_port")

@@ -50,10 +50,15 @@ def entry_lines(t: CtDump, now: int, res: NumericResolver) -> list[str]:
         src = _ep(saddr[i], kk["sport"], t.family, proto)
         dst = _ep(daddr[i], kk["dport"], t.family, proto)
         flags = vv["flags"]
-        if flags & CtFlag.DNAT:
-            tup = f"{src} → {_ep(nat_addr[i], vv['nat_port'], t.family, proto)} → {dst}"
+        nat = _ep(nat_addr[i], vv["nat_port"], t.family, proto)
+        if flags & CtFlag.SERVICE:     # keyed by the frontend: the backend it was sent to
+            tup = f"{src} → {dst} → {nat}"
+        elif flags & CtFlag.DNAT:      # keyed by the backend: the frontend replies come from
+            tup = f"{src} → {nat} → {dst}"
         elif flags & CtFlag.SNAT:
-            tup = f"{src} → {dst} (snat as {_ep(nat_addr[i], vv['nat_port'], t.family, proto)})"
+            tup = f"{src} → {dst} (snat as {nat})"
+        elif flags & CtFlag.MASQ:
+            tup = f"{src} → {dst} (masquerade port of {nat})"
         else:
             tup = f"{src} → {dst}"
         if not res.numeric:
@@ -64,7 +69,7 @@ def entry_lines(t: CtDump, now: int, res: NumericResolver) -> list[str]:
         age = max(0.0, (now - vv["created_ns"]) / 1e9)
         state = enum_label(CtState, vv["state"])
         deliv = enum_label(DeliveryKind, vv["delivery"])
-        fl = ",".join(x for x in flag_labels(CtFlag, flags) if x not in ("dnat", "snat"))
+        fl = ",".join(x for x in flag_labels(CtFlag, flags) if x not in ("dnat", "snat", "service", "masq"))
         tcpf = ""
         if proto == Proto.TCP:
             tcpf = f" tcp {'/'.join(tcp_flag_labels(vv['tcp_flags_fwd'])) or '-'}|" \
