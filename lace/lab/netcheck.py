@@ -2,7 +2,8 @@
 
   netcheck tcp HOST PORT      HTTP GET; prints the answer (lab pods answer with their name);
                               --count N: N connections one after another, one answer per line;
-                              --sport P: from source port P (P+1, ... for the next ones)
+                              --sport P: from source port P (P+1, ... for the next ones),
+                              closed with a reset so the same ports can be used again at once
   netcheck udp HOST PORT      one datagram; prints the echo, which must come from HOST:PORT
   netcheck hold HOST PORT S   one TCP connection kept busy for S seconds; prints who answered and
                               the longest gap
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import socket
+import struct
 import sys
 import time
 
@@ -29,7 +31,11 @@ def tcp(host: str, port: int, timeout: float, sport: int | None = None) -> str:
                                       source_address=("", sport) if sport else None)
     try:
         conn.request("GET", "/")
-        return conn.getresponse().read().decode().strip()
+        answer = conn.getresponse().read().decode().strip()
+        if sport and conn.sock is not None:
+            # close with a reset: no TIME_WAIT, so the same source port (and tuple) can come again
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return answer
     finally:
         conn.close()
 
