@@ -19,6 +19,16 @@ conntrack state they enable never meet another backend's):
 
   client pod netns --veth-- node netns --veth-- backend pod netns (x3)
 
+The client and server (bench/crr.c, compiled at run time) spin instead of sleeping: on this VM a
+cross-CPU wake-up costs ~40 us, which would cap every backend at the same ~5k conn/s. Each cell is
+the median of interleaved rounds (every backend is programmed at once, each in its own namespaces,
+and measured in turn), because the machine's speed drifts by tens of percent within seconds.
+
+Past EXACT_MAX services two baselines would spend O(n^2) in loading alone (iptables-nft-restore
+--noflush in user space, the kernel naming nft's anonymous sets): they then load the same datapath
+another way (said in the output), and their setup time is extrapolated from the largest count
+loaded kube-proxy's way.
+
 The pods look like lace's (an address /32, a link-local gateway answered by a permanent neighbour
 entry). For kube-proxy the node routes between the veths and DNATs in PREROUTING; for lace the
 datapath on the veths' node side translates and redirects, and the node's stack is not involved.
@@ -27,7 +37,8 @@ writes them in Go map order: the middle is the expected position); the filler se
 backend each, every second one two.
 
 Run as root after `make install`:
-  .venv/bin/python bench/services.py [--quick] [--counts 0,1000,...] [--duration S] [--only lace,nftables]
+  .venv/bin/python bench/services.py [--quick] [--counts 0,1000,...] [--duration S] [--rounds R]
+                                     [--only lace,nftables] [--exact-max N]
 Goals: lace at 30k >= 0.95x lace at 0; lace >= 1.5x iptables at 5k and >= 4x at 30k; lace ahead of
 nftables at every count.
 """
@@ -38,6 +49,7 @@ import argparse
 import base64
 import dataclasses
 import hashlib
+import importlib.util
 import ipaddress
 import os
 import random
@@ -73,6 +85,10 @@ MULTI_BACKEND_EVERY = 2          # every second filler service has two backends,
 CLIENT_CPU, SERVER_CPU = 0, 1
 WARMUP = 0.2                     # seconds of traffic before counting, each client run
 MTU = 1500
+# Past this many services, backends whose owner's way of loading costs O(n^2) (iptables-nft-restore
+# --noflush, nft's anonymous sets) load the same datapath another way; their setup time is then
+# extrapolated from the largest count loaded their owner's way.
+EXACT_MAX = 10_000
 
 CRR_SOURCE = ROOT / "bench" / "crr.c"
 
@@ -285,8 +301,14 @@ class Dataplane(Protocol):
     def unavailable(self) -> str | None:
         """Why this backend cannot run here (None: it can)."""
 
-    def program(self, services: list[Service]) -> float:
-        """Program every service from an empty state; the seconds the backend's loading step took."""
+    def program(self, services: list[Service], exact: bool) -> float:
+        """Program every service from an empty state; the seconds the backend's loading step took.
+
+        ``exact``: load the way the backend's owner does even where that costs O(n^2) (see
+        EXACT_MAX); otherwise an equivalent load may be used where one exists."""
+
+    def inexact(self) -> str:
+        """How program(exact=False) departs from the owner's way ("" if it does not)."""
 
     def clear(self) -> None:
         """Remove every service."""
@@ -395,11 +417,19 @@ class KubeProxyIptables:
                      'last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS')
         return "\n".join(filt + chains + rules + ["COMMIT", ""])
 
-    def program(self, services: list[Service]) -> float:
+    def program(self, services: list[Service], exact: bool) -> float:
+        """kube-proxy restores with --noflush --counters; iptables-nft-restore 1.8.9 spends O(n^2)
+        in user space on --noflush (~40 s for 10k services here). The tables are empty before every
+        program(), so a plain restore of the same text leaves the same rules in the kernel."""
         text = self.render(services)
+        argv = [self.restore, "--noflush", "--counters"] if exact or self.variant == "legacy" else [self.restore]
         t0 = time.perf_counter()
-        self.topo.run_on_node([self.restore, "--noflush", "--counters"], stdin=text)
+        self.topo.run_on_node(argv, stdin=text)
         return time.perf_counter() - t0
+
+    def inexact(self) -> str:
+        """How program(exact=False) departs from kube-proxy ("" if it does not)."""
+        return "" if self.variant == "legacy" else "restored without --noflush (the same rules, into empty tables)"
 
     def clear(self) -> None:
         # a restore without --noflush empties each table it names: rules and user chains
@@ -427,7 +457,9 @@ class KubeProxyNftables:
             return "nft is not installed (Debian package nftables)"
         return None
 
-    def render(self, services: list[Service]) -> str:
+    def render(self, services: list[Service], exact: bool = True) -> str:
+        """The transaction kube-proxy writes; with ``exact`` False the filler services' chains go
+        to their first endpoint instead of through an anonymous numgen map of their own."""
         t = self.T
         vmap = "type ipv4_addr . inet_proto . inet_service : verdict"
         out = [
@@ -492,8 +524,11 @@ class KubeProxyNftables:
             out.append(f"add chain {t} {svc}")
             out += [f"add chain {t} {ep}" for ep, _ in eps]
             out.append(f"add rule {t} {svc} ip daddr {s.vip} ip saddr != {POD_NET} jump mark-for-masquerade")
-            arms = " , ".join(f"{i} : goto {ep}" for i, (ep, _) in enumerate(eps))
-            out.append(f"add rule {t} {svc} numgen random mod {len(eps)} vmap {{ {arms} }}")
+            if exact or s is MEASURED:
+                arms = " , ".join(f"{i} : goto {ep}" for i, (ep, _) in enumerate(eps))
+                out.append(f"add rule {t} {svc} numgen random mod {len(eps)} vmap {{ {arms} }}")
+            else:
+                out.append(f"add rule {t} {svc} goto {eps[0][0]}")
             for ep, ip in eps:
                 out.append(f"add rule {t} {ep} ip saddr {ip} jump mark-for-masquerade")
                 out.append(f"add rule {t} {ep} meta l4proto tcp dnat to {ip}:{s.target_port}")
@@ -501,11 +536,20 @@ class KubeProxyNftables:
             out.append(f"add element {t} service-ips {{ {s.vip} . tcp . {s.port} : goto {svc} }}")
         return "\n".join(out) + "\n"
 
-    def program(self, services: list[Service]) -> float:
-        text = self.render(services)
+    def program(self, services: list[Service], exact: bool) -> float:
+        """One nft transaction, as kube-proxy's. Every service's numgen map is an anonymous set,
+        and the kernel names each one by scanning every set of the table (nf_tables_set_alloc_name,
+        an sscanf per set): O(n^2), ~9 s for 4k services here, hours for 100k. The filler services'
+        maps are never looked up by the measured connections, so ``exact`` False leaves them out."""
+        text = self.render(services, exact)
         t0 = time.perf_counter()
         self.topo.run_on_node(["nft", "-f", "-"], stdin=text)
         return time.perf_counter() - t0
+
+    @staticmethod
+    def inexact() -> str:
+        return ("filler services' chains go straight to their first endpoint (no numgen map each); "
+                "the service-ips map and the measured service are as kube-proxy writes them")
 
     def clear(self) -> None:
         self.topo.run_on_node(["nft", "flush", "ruleset"])
@@ -519,9 +563,7 @@ def lace_translation_missing() -> str | None:
     prog = (ROOT / "bpf" / "progs" / "pod_veth.c").read_text()
     if "lib/service.h" not in prog and "lib/services.h" not in prog:
         return "service translation not in the datapath yet"
-    try:
-        import lace.datapath.maglev  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("lace.datapath.maglev") is None:
         return "lace.datapath.maglev (Maglev tables) not there yet"
     return None
 
@@ -612,7 +654,11 @@ class Lace:
             out["maglev"] = (tables + 1) * svcmod.MAGLEV_SIZE
         return out
 
-    def program(self, services: list[Service]) -> float:
+    @staticmethod
+    def inexact() -> str:
+        return ""
+
+    def program(self, services: list[Service], exact: bool) -> float:
         """Write services, backends and Maglev tables (computing the tables is counted)."""
         import numpy as np
 
@@ -624,13 +670,13 @@ class Lace:
         if self.loaded is None or any(self.capacity.get(k, 0) < v for k, v in need.items()):
             self._load(need)
         skeys, svals, bkeys, bvals = [], [], [], []
-        multi: list[tuple[int, list[int]]] = []
+        multi: list[tuple[int, list[tuple[str, int]]]] = []   # (table, [(stable name, backend ID)])
         bid = 0
         for sid, s in enumerate(services, start=1):
             ids = []
             for slot, ip in enumerate(s.backends, start=1):
                 bid += 1
-                ids.append(bid)
+                ids.append((f"{self.NET}/{ip}/{s.target_port}/tcp", bid))
                 bkeys.append(svcmod.backend_key(bid))
                 bvals.append(svcmod.backend_value(ip, s.target_port, Proto.TCP, self.NET))
                 skeys.append(svcmod.service_key(self.NET, s.vip, s.port, Proto.TCP, slot))
@@ -645,10 +691,10 @@ class Lace:
         t0 = time.perf_counter()
         mg_idx = np.empty(len(multi) * svcmod.MAGLEV_SIZE, dtype=np.uint32)
         mg_val = np.empty(len(multi) * svcmod.MAGLEV_SIZE, dtype=np.uint32)
-        for k, (table, ids) in enumerate(multi):
+        for k, (table, names) in enumerate(multi):
             lo = k * svcmod.MAGLEV_SIZE
             mg_idx[lo:lo + svcmod.MAGLEV_SIZE] = np.arange(table * svcmod.MAGLEV_SIZE, (table + 1) * svcmod.MAGLEV_SIZE)
-            mg_val[lo:lo + svcmod.MAGLEV_SIZE] = maglev.table(ids)
+            mg_val[lo:lo + svcmod.MAGLEV_SIZE] = maglev.table(names)
         m = self.loaded.map
         m("backends").update_batch(b"".join(bkeys), b"".join(bvals), len(bkeys))
         if multi:
@@ -673,6 +719,7 @@ class Cell:
     """One backend at one service count: its rounds, the setup time, or why it was not measured."""
 
     setup: float | None = None
+    exact: bool = True           # programmed the way the backend's owner does (see EXACT_MAX)
     note: str = ""
     samples: list[Sample] = dataclasses.field(default_factory=list)
 
@@ -680,6 +727,12 @@ class Cell:
     def rate(self) -> float | None:
         """The median of the rounds' rates."""
         return statistics.median(x.rate for x in self.samples) if self.samples else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the rounds' rates."""
+        rates = [x.rate for x in self.samples]
+        return (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 and self.rate else None
 
 
 def fmt_rate(c: Cell | None) -> str:
@@ -690,14 +743,35 @@ def fmt_ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
 
-def fmt_secs(c: Cell | None) -> str:
+def fmt_secs(t: float | None) -> str:
+    if t is None:
+        return "n/a"
+    return f"{t * 1000:.0f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def estimate_setup(cells: dict[tuple[str, int], Cell], name: str, n: int) -> float | None:
+    """The owner's-way setup time at n, as c * n^2 from the largest count loaded that way
+    (the quadratic term dominates from ~2k services on, see EXACT_MAX)."""
+    done = [(m, c.setup) for (b, m), c in cells.items() if b == name and c.exact and m >= 1000 and c.setup]
+    if not done:
+        return None
+    m, t = max(done)
+    return t * (n / m) ** 2
+
+
+def fmt_setup(cells: dict[tuple[str, int], Cell], name: str, n: int) -> str:
+    c = cells.get((name, n))
     if c is None or c.setup is None:
         return "n/a"
-    return f"{c.setup * 1000:.0f} ms" if c.setup < 1 else f"{c.setup:.2f} s"
+    if c.exact:
+        return fmt_secs(c.setup)
+    est = estimate_setup(cells, name, n)
+    return f"~{est:,.0f} s est." if est else "n/a"
 
 
-def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int], Cell],
-                 skipped: dict[str, str], ceiling: Sample | None, rounds: int, seconds: float) -> None:
+def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int], Cell], planes: list[Dataplane],
+                 skipped: dict[str, str], ceiling: Sample | None, rounds: int, seconds: float,
+                 exact_max: int) -> None:
     def rate(name: str, n: int) -> float | None:
         c = cells.get((name, n))
         return c.rate if c else None
@@ -705,6 +779,10 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
     print(f"\nnew TCP connections/s to one ClusterIP service (3 backends), N other services programmed; "
           f"median of {rounds} interleaved rounds of {seconds:g} s (each after {WARMUP:g} s warm-up), "
           f"client CPU {CLIENT_CPU}, server CPU {SERVER_CPU}")
+    spreads = [c.spread for c in cells.values() if c.spread is not None]
+    if spreads:
+        print(f"round-to-round spread of a cell, (max - min) / median: median {statistics.median(spreads):.0%}, "
+              f"worst {max(spreads):.0%} (this machine's noise; compare ratios well above it)")
     if ceiling is not None:
         print(f"client/server ceiling (plain routing to one backend pod, no service, no netfilter): "
               f"{ceiling.rate:,.0f} conn/s")
@@ -718,10 +796,17 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
         row += f"{fmt_ratio(rate('lace', n), rate('nftables', n)):>10}"
         row += f"{fmt_ratio(rate('lace', n), lace0):>14}"
         print(row)
-    print("\nsetup: programming N services from empty (iptables-restore / nft -f run; lace map writes incl. Maglev)")
+    print("\nsetup: programming N services from empty (the one iptables-restore / nft -f run; "
+          "lace: map writes incl. Maglev tables)")
     print(f"{'services':>9}" + "".join(f"{n:>17}" for n in names))
     for n in counts:
-        print(f"{n:>9,}" + "".join(f"{fmt_secs(cells.get((b, n))):>17}" for b in names))
+        print(f"{n:>9,}" + "".join(f"{fmt_setup(cells, b, n):>17}" for b in names))
+    for plane in planes:
+        loaded = [(n, c.setup) for (b, n), c in cells.items() if b == plane.name and not c.exact]
+        if loaded:
+            took = ", ".join(f"{n:,}: {fmt_secs(t)}" for n, t in loaded)
+            print(f"{plane.name} past {exact_max:,} services (est. = that setup time at the largest count loaded "
+                  f"kube-proxy's way, x (n/that)^2): {plane.inexact()}; that load took {took}")
     notes = [(b, n, c.note) for (b, n), c in cells.items() if c.note]
     for b, why in skipped.items():
         print(f"{b}: {why}")
@@ -768,7 +853,8 @@ def build(names: list[str], tag: str, skipped: dict[str, str]) -> list[Dataplane
     return planes
 
 
-def measure_count(crr: str, planes: list[Dataplane], n: int, rounds: int, seconds: float) -> dict[str, Cell]:
+def measure_count(crr: str, planes: list[Dataplane], n: int, rounds: int, seconds: float,
+                  exact_max: int) -> dict[str, Cell]:
     """Program n services into every backend, check each translates, then measure them in
     interleaved rounds (so that the machine's drift hits every backend alike)."""
     services = make_services(n)
@@ -777,7 +863,8 @@ def measure_count(crr: str, planes: list[Dataplane], n: int, rounds: int, second
     for plane in planes:
         cell = cells[plane.name]
         plane.clear()
-        cell.setup = plane.program(services)
+        cell.exact = n <= exact_max or not plane.inexact()
+        cell.setup = plane.program(services, cell.exact)
         cell.note = probe(crr, plane.topo) or ""
         if not cell.note:
             live.append(plane)
@@ -790,13 +877,14 @@ def measure_count(crr: str, planes: list[Dataplane], n: int, rounds: int, second
         failed = sum(x.errors for x in cell.samples)
         if failed:
             cell.note = f"{failed} connections failed"
-        print(f"{plane.name:>16} {n:>7,} services: {fmt_rate(cell):>9} conn/s, setup {fmt_secs(cell)}"
+        spread = f" (rounds spread {cell.spread:.0%})" if cell.spread is not None else ""
+        print(f"{plane.name:>16} {n:>7,} services: {fmt_rate(cell):>9} conn/s{spread}, setup {fmt_secs(cell.setup)}"
               f"{'  (' + cell.note + ')' if cell.note else ''}", file=sys.stderr)
         plane.clear()
     return cells
 
 
-def run(counts: list[int], names: list[str], rounds: int, seconds: float) -> int:
+def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_max: int) -> int:
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:4]}"
     workdir = tempfile.mkdtemp(prefix="lace-bench-services-")
     planes: list[Dataplane] = []
@@ -814,11 +902,16 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float) -> int
         # the same client and server straight to a pod, through no service and no netfilter
         ceiling = run_client(crr, planes[0].topo, BACKEND_IPS[0], TARGET_PORT, seconds * rounds)
         print(f"ceiling: {ceiling.rate:,.0f} conn/s ({ceiling.errors} failed)", file=sys.stderr)
+        live = []
         for plane in planes:
-            if isinstance(plane, Lace):
-                plane.attach()
+            try:
+                if isinstance(plane, Lace):
+                    plane.attach()
+                live.append(plane)
+            except Exception as exc:   # a datapath being rebuilt, a verifier error: report, go on
+                skipped[plane.name] = f"could not load and attach: {exc}"
         for n in counts:
-            for name, cell in measure_count(crr, planes, n, rounds, seconds).items():
+            for name, cell in measure_count(crr, live, n, rounds, seconds, exact_max).items():
                 cells[(name, n)] = cell
     finally:
         failure: BaseException | None = None
@@ -831,7 +924,7 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float) -> int
         shutil.rmtree(workdir, ignore_errors=True)
         if failure is not None:
             print(f"cleanup failed: {failure}", file=sys.stderr)
-    print_report(counts, names, cells, skipped, ceiling, rounds, seconds)
+    print_report(counts, names, cells, planes, skipped, ceiling, rounds, seconds, exact_max)
     return 0
 
 
@@ -845,9 +938,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help=f"counts {','.join(map(str, QUICK_COUNTS))}, 1 s per cell")
     ap.add_argument("--counts", help=f"service counts, comma-separated (default {','.join(map(str, COUNTS))})")
     ap.add_argument("--duration", type=float, help="counted seconds per cell, split over the rounds "
-                    "(default 5, 1.5 with --quick)")
+                    "(default 6, 1.5 with --quick)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per cell; the median is reported "
-                    "(default 5, 3 with --quick)")
+                    "(default 8, 3 with --quick)")
+    ap.add_argument("--exact-max", type=int, default=EXACT_MAX,
+                    help=f"largest count loaded exactly as kube-proxy does where that is O(n^2) (default {EXACT_MAX:,})")
     ap.add_argument("--only", help=f"backends to run, comma-separated, from {','.join(BACKENDS)}")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -859,10 +954,10 @@ def main() -> int:
     if unknown:
         print(f"unknown backend(s) {', '.join(unknown)}: choose from {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
-    duration = a.duration or (1.5 if a.quick else 5.0)
-    rounds = a.rounds or (3 if a.quick else 5)
+    duration = a.duration or (1.5 if a.quick else 6.0)
+    rounds = a.rounds or (3 if a.quick else 8)
     signal.signal(signal.SIGTERM, interrupted)
-    return run(counts, names, rounds, duration / rounds)
+    return run(counts, names, rounds, duration / rounds, a.exact_max)
 
 
 if __name__ == "__main__":
