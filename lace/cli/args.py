@@ -91,7 +91,9 @@ def define_apply(subparsers: Any) -> argparse.ArgumentParser:
 def define_get(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("get", help="show objects",
                               description="Show objects: pods, namespaces, nodes, networks, "
-                              "networkpolicies, services, segments, ipblocks, ipleases.")
+                              "networkpolicies, services, endpointslices, servicecidrs, "
+                              "loadbalancerippools, and lace's allocations: segments, ipblocks, "
+                              "ipleases, serviceallocations.")
     p.add_argument("kind", metavar="KIND", nargs="?",
                    help="object kind, e.g. pods, po, networks, netpol (or KIND/NAME)")
     p.add_argument("names", metavar="NAME", nargs="*", help="only these objects")
