@@ -17,14 +17,22 @@
 /* The largest Maglev table number whose entries fit in a u32 index. */
 #define LACE_MAGLEV_TABLE_LIMIT (0xffffffffu / LACE_MAGLEV_SIZE - 1)
 
-/* Mixes a 64-bit value into 32 well-spread bits (MurmurHash3's finaliser, then folded). */
-static __always_inline __u32 lb_hash64(__u64 x)
+/* MurmurHash3's 64-bit finaliser (fmix64): a bijection on 64-bit values in which every input bit
+ * affects every output bit. */
+static __always_inline __u64 lb_mix64(__u64 x)
 {
 	x ^= x >> 33;
 	x *= 0xff51afd7ed558ccdull;
 	x ^= x >> 33;
 	x *= 0xc4ceb9fe1a85ec53ull;
 	x ^= x >> 33;
+	return x;
+}
+
+/* Mixes a 64-bit value into 32 well-spread bits (fmix64, then folded). */
+static __always_inline __u32 lb_hash64(__u64 x)
+{
+	x = lb_mix64(x);
 	return (__u32)(x ^ (x >> 32));
 }
 
@@ -90,36 +98,48 @@ static __always_inline __u32 lb_pick(struct lace_service_key *key, const struct 
 }
 
 /* The backend for a new flow of frontend fe (found under key) from client, with its ID in
- * *backend_id; NULL when there is no active backend (or the maps name a missing one). */
+ * *backend_id; NULL when there is no active backend (or the maps name a missing one). *pinned
+ * says whether an affinity entry chose it (and was refreshed); otherwise a frontend with
+ * affinity should remember the choice with lb_affinity_set once the flow is admitted. */
+static __always_inline struct lace_backend *lb_choose(struct lace_service_key *key,
+						      const struct lace_service *fe,
+						      const struct lace_affinity_key *client,
+						      __u32 hash, __u32 *backend_id, int *pinned)
+{
+	__u32 id = 0;
+
+	*pinned = 0;
+	if (fe->flags & LACE_SVC_F_AFFINITY) {
+		id = lb_affinity_get(client, fe->affinity_timeout, key->family, bpf_ktime_get_coarse_ns());
+		*pinned = id != 0;
+	}
+	if (!*pinned)
+		id = lb_pick(key, fe, hash);
+	*backend_id = id;
+	return lb_backend(id, key->family);
+}
+
+/* Pin client to backend_id for the frontend's affinity timeout, from now. */
+static __always_inline void lb_affinity_set(const struct lace_affinity_key *client, __u32 backend_id)
+{
+	struct lace_affinity a = { .last_used_ns = bpf_ktime_get_coarse_ns(), .backend_id = backend_id };
+
+	bpf_map_update_elem(&lace_affinity, client, &a, BPF_ANY);
+}
+
+/* lb_choose, remembering a new affinity choice at once (the socket hooks: nothing can refuse the
+ * connection after the choice). */
 static __always_inline struct lace_backend *lb_select(struct lace_service_key *key,
 						      const struct lace_service *fe,
 						      const struct lace_affinity_key *client,
 						      __u32 hash, __u32 *backend_id)
 {
-	struct lace_affinity a = {};
 	struct lace_backend *b;
-	__u32 timeout = fe->affinity_timeout;
-	int affinity = fe->flags & LACE_SVC_F_AFFINITY;
-	__u64 now = 0;
-	__u32 id = 0;
-	int pinned = 0;
+	int pinned;
 
-	if (affinity) {
-		now = bpf_ktime_get_coarse_ns();
-		id = lb_affinity_get(client, timeout, key->family, now);
-		pinned = id != 0;
-	}
-	if (!pinned)
-		id = lb_pick(key, fe, hash);
-	b = lb_backend(id, key->family);
-	if (!b)
-		return NULL;
-	if (affinity && !pinned) {
-		a.last_used_ns = now;
-		a.backend_id = id;
-		bpf_map_update_elem(&lace_affinity, client, &a, BPF_ANY);
-	}
-	*backend_id = id;
+	b = lb_choose(key, fe, client, hash, backend_id, &pinned);
+	if (b && !pinned && (fe->flags & LACE_SVC_F_AFFINITY))
+		lb_affinity_set(client, *backend_id);
 	return b;
 }
 

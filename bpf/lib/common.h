@@ -49,6 +49,12 @@
 #define __always_inline inline __attribute__((always_inline))
 #endif
 
+/* A BPF-to-BPF function with its own stack frame: for paths whose buffers would not fit in the
+ * 512 bytes of the program's frame next to everything inlined there (the verifier counts the
+ * frames of a call chain together, so these hold the big transient buffers, not the long-lived
+ * state). */
+#define __lace_subprog static __attribute__((noinline))
+
 #define LACE_PIN __uint(pinning, LIBBPF_PIN_BY_NAME)
 
 static __always_inline void lace_copy16(__u8 *dst, const __u8 *src)
@@ -59,6 +65,29 @@ static __always_inline void lace_copy16(__u8 *dst, const __u8 *src)
 static __always_inline void lace_zero16(__u8 *dst)
 {
 	__builtin_memset(dst, 0, 16);
+}
+
+/* A 16-byte address the datapath keeps 8-byte aligned: struct lace_flow's addresses, the NAT
+ * address of a conntrack entry, a backend's address, and stack copies of them declared as this
+ * union. clang cannot see the alignment through a __u8 pointer and copies those byte by byte (a
+ * 16-byte copy then spills to the stack); the _a8 helpers move and compare them as two u64. Only
+ * for such addresses: the verifier rejects a misaligned 8-byte stack access. */
+union lace_addr {
+	__u8  b[16];
+	__u64 w[2];
+};
+
+static __always_inline void lace_copy16_a8(void *dst, const void *src)
+{
+	((__u64 *)dst)[0] = ((const __u64 *)src)[0];
+	((__u64 *)dst)[1] = ((const __u64 *)src)[1];
+}
+
+static __always_inline int lace_eq16_a8(const void *a, const void *b)
+{
+	const __u64 *x = a, *y = b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1])) == 0;
 }
 
 /* clang 14 does not lower __builtin_memcmp for BPF: compare by hand, fixed sizes only. */

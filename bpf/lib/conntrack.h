@@ -145,18 +145,20 @@ static __always_inline __u8 ct_initial_state(const struct lace_flow *f)
 }
 
 /* The entry an ICMP error relates to. The quoted packet was sent by the error's receiver: in a
- * flow's original direction (key under reply_network, the receiver's network) or in its reply
- * direction (key under src_network, reversed). */
+ * flow's original direction (key under reply_network, the receiver's network; *quoted_orig = 1)
+ * or in its reply direction (key under src_network, reversed; *quoted_orig = 0). */
 static __always_inline struct lace_ct_entry *
-ct_related(struct lace_flow *f, __u32 src_network, __u32 reply_network, __u64 now)
+ct_related(struct lace_flow *f, __u32 src_network, __u32 reply_network, __u64 now, int *quoted_orig)
 {
 	union lace_ct_key k;
 	struct lace_ct_entry *e;
 
+	*quoted_orig = 1;
 	ct_key(&k, f->family, reply_network, f->inner_proto, f->inner_saddr, f->inner_daddr,
 	       f->inner_sport, f->inner_dport);
 	e = ct_lookup(f->family, f->inner_proto, &k);
 	if (!e) {
+		*quoted_orig = 0;
 		ct_key(&k, f->family, src_network, f->inner_proto, f->inner_daddr, f->inner_saddr,
 		       f->inner_dport, f->inner_sport);
 		e = ct_lookup(f->family, f->inner_proto, &k);
@@ -239,31 +241,46 @@ ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
 	return e;
 }
 
-/* Record a new flow after policy allowed it. Returns 0 or a drop reason. */
-static __always_inline int ct_create(const struct lace_flow *f, __u64 now)
+/* A new entry for flow f, admitted by policy: its original direction seen once. */
+static __always_inline void ct_init(struct lace_ct_entry *e, const struct lace_flow *f, __u64 now)
+{
+	e->created_ns = now;
+	e->last_seen_ns = now;
+	e->state = ct_initial_state(f);
+	e->expires_ns = now + ct_timeout_ns(e->state);
+	e->packets_fwd = 1;
+	e->bytes_fwd = f->l3_len;
+	e->src_segment = f->src_segment;
+	e->dst_segment = f->dst_segment;
+	e->dst_network = f->dst_network;
+	e->tcp_flags_fwd = f->tcp_flags;
+	e->delivery = f->delivery;
+	if (f->audit)
+		e->flags |= LACE_CT_F_AUDIT;
+}
+
+/* Store entry e under (network, saddr -> daddr, sport -> dport) of f's family and protocol.
+ * BPF_ANY: a new flow replaces a stale entry of the same tuple (expired, or a reopened TCP port);
+ * an LRU table evicts rather than fails, so a failure here is a full table. Returns 0 or a drop
+ * reason. */
+static __always_inline int ct_store(const struct lace_flow *f, __u32 network, const __u8 *saddr,
+				    const __u8 *daddr, __be16 sport, __be16 dport, struct lace_ct_entry *e)
 {
 	union lace_ct_key k;
-	struct lace_ct_entry e = {};
 
-	ct_key(&k, f->family, f->src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
-	e.created_ns = now;
-	e.last_seen_ns = now;
-	e.state = ct_initial_state(f);
-	e.expires_ns = now + ct_timeout_ns(e.state);
-	e.packets_fwd = 1;
-	e.bytes_fwd = f->l3_len;
-	e.src_segment = f->src_segment;
-	e.dst_segment = f->dst_segment;
-	e.dst_network = f->dst_network;
-	e.tcp_flags_fwd = f->tcp_flags;
-	e.delivery = f->delivery;
-	if (f->audit)
-		e.flags |= LACE_CT_F_AUDIT;
-	/* BPF_ANY: a new flow replaces a stale entry of the same tuple (expired, or a reopened TCP
-	 * port); an LRU table evicts rather than fails, so a failure here is a full table */
-	if (ct_insert(f->family, f->proto, &k, &e) < 0)
+	ct_key(&k, f->family, network, f->proto, saddr, daddr, sport, dport);
+	if (ct_insert(f->family, f->proto, &k, e) < 0)
 		return LACE_DROP_CT_FULL;
 	return 0;
+}
+
+/* Record a new flow after policy allowed it. Returns 0 or a drop reason. */
+__lace_subprog int ct_create(const struct lace_flow *f, __u64 now)
+{
+	struct lace_ct_entry e = {};
+
+	ct_init(&e, f, now);
+	return ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
 }
 
 #endif

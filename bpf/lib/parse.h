@@ -154,6 +154,7 @@ static __always_inline int parse_icmp_inner(struct __sk_buff *skb, struct lace_f
 
 static __always_inline int parse_l4(struct __sk_buff *skb, struct lace_flow *f, __u32 off)
 {
+	f->l4_off = off;
 	switch (f->proto) {
 	case IPPROTO_TCP: {
 		struct lace_tcp_head buf;

@@ -48,9 +48,9 @@ static __always_inline void trace_emit(struct __sk_buff *skb, const struct lace_
 	e->sport = f->sport;
 	e->dport = f->dport;
 	e->policy_id = f->policy_id;
-	lace_zero16(e->nat_addr);
-	e->nat_port = 0;
-	e->nat_kind = LACE_NAT_NONE;
+	lace_copy16(e->nat_addr, f->nat_addr);
+	e->nat_port = f->nat_port;
+	e->nat_kind = f->nat_kind;
 	e->tcp_flags = f->tcp_flags;
 	e->delivery_ifindex = f->delivery_ifindex;
 	lace_copy16(e->sid, f->sid);

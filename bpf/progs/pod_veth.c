@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Attach point: tc ingress on the host side of each pod veth (traffic leaving the pod).
- * Walk: parse -> source validation -> conntrack -> routing -> segment -> egress policy ->
- * delivery (local pod with its ingress policy / remote node over SRv6 / host) -> trace. */
+ * Walk: parse -> source validation -> conntrack -> service (a new flow to a frontend: backend
+ * choice and DNAT, the backend's network instead of routing) -> routing -> segment -> egress
+ * policy -> delivery (local pod with its ingress policy / remote node over SRv6 / host) -> trace.
+ * Established service flows are translated from their conntrack entries (lib/service.h). */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -13,6 +15,8 @@
 #include "lib/conntrack.h"
 #include "lib/delivery.h"
 #include "lib/srv6.h"
+#include "lib/service.h"
+#include "lib/reject.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -38,11 +42,32 @@ static __always_inline int source_valid(struct __sk_buff *skb, const struct lace
 	return 0;
 }
 
-/* Hand the packet to its delivery target. */
-static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
-				   const struct lace_config *cfg, struct lace_delivery *d)
+/* Encapsulate for the remote node d and send it on the underlay. A function of its own: the outer
+ * header and the fib lookup's parameters need a frame apart from the walk's, which the verifier
+ * counts together with the deepest function the walk calls (512 bytes in all). */
+__lace_subprog int deliver_remote(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
+				  const struct lace_delivery *d)
 {
 	int reason, rc;
+
+	reason = ttl_decrement(skb, f->family);
+	if (reason)
+		return lace_drop(skb, f, reason);
+	reason = srv6_encap(skb, f, cfg, d);
+	if (reason)
+		return lace_drop(skb, f, reason);
+	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+	rc = srv6_forward(skb, f, cfg, &reason);
+	if (rc < 0)
+		return lace_drop(skb, f, reason);
+	return rc;
+}
+
+/* Hand the packet to its delivery target (d: its delivery entry, or NULL to look it up). */
+static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
+				   struct lace_delivery *d)
+{
+	int reason;
 
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
 		f->delivery = LACE_DELIVERY_OUTSIDE;
@@ -61,17 +86,7 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f,
 			return lace_drop(skb, f, reason);
 		return deliver_to_pod(skb, f, cfg, d);
 	case LACE_DELIVERY_REMOTE:
-		reason = ttl_decrement(skb, f->family);
-		if (reason)
-			return lace_drop(skb, f, reason);
-		reason = srv6_encap(skb, f, cfg, d);
-		if (reason)
-			return lace_drop(skb, f, reason);
-		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-		rc = srv6_forward(skb, f, cfg, &reason);
-		if (rc < 0)
-			return lace_drop(skb, f, reason);
-		return rc;
+		return deliver_remote(skb, f, cfg, d);
 	case LACE_DELIVERY_HOST:
 		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
 		return TC_ACT_OK;
@@ -111,17 +126,46 @@ static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_fl
 	return 0;
 }
 
+/* A new flow to the frontend svc (found under key): choose a backend and translate the packet to
+ * it; then segment, egress policy and (local backend) ingress policy of the backend in its own
+ * network, its delivery entry in *d. Returns 0 or a drop reason: SERVICE_NO_BACKEND when no
+ * backend is active. The caller creates the entries (service_ct_create) and delivers. */
+__lace_subprog int service_new_flow(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
+				    const struct lace_service *svc, struct lace_delivery **d)
+{
+	struct lace_affinity_key client;
+	struct lace_backend *b;
+	union lace_addr backend, seen;
+	int pinned, rc;
+
+	f->service_id = svc->service_id;
+	service_client(&client, f->service_id, f);
+	b = lb_choose(key, svc, &client, service_flow_hash(f, f->src_network), &f->backend_id, &pinned);
+	if (!b)
+		return LACE_DROP_SERVICE_NO_BACKEND;
+	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
+		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
+	lace_copy16_a8(&backend, b->addr);
+	rc = service_translate(skb, f, backend.b, b->port, b->network, seen.b);
+	if (rc)
+		return rc;
+	f->dst_segment = segment_resolve(f->dst_network, f->family, f->daddr);
+	return new_flow_policy(skb, f, d);
+}
+
 static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 {
 	struct lace_veth_key vk = { .ifindex = skb->ifindex };
+	struct lace_service_key skey;
 	struct lace_endpoint *ep;
 	struct lace_config *cfg;
 	struct lace_delivery *d = 0;
+	struct lace_service *svc;
 	struct lace_ct_entry *e;
 	struct lace_route *route;
 	__u32 zero = 0, src_net;
 	__u64 now;
-	int rc;
+	int rc, quoted_orig;
 
 	rc = parse_packet(skb, f);
 	if (rc == LACE_PARSE_PASS)
@@ -144,14 +188,32 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	if (!f->icmp_error) {
 		e = ct_classify(f, src_net, now);
 		if (e) {
-			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
+			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
+				rc = service_forward(skb, f, e, now);
+			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
 				f->dst_network = e->dst_network;
 				f->dst_segment = e->dst_segment;
 			} else {
+				if (e->flags & LACE_CT_F_DNAT)
+					rc = service_reply(skb, f, e, src_net, now);
 				f->dst_network = src_net;
 				f->dst_segment = e->src_segment;
 			}
+			if (rc)
+				return lace_drop(skb, f, rc);
 			return deliver(skb, f, cfg, 0);
+		}
+		/* a frontend in the source network: its backend's network, not a route */
+		svc = service_frontend(f, src_net, &skey);
+		if (svc) {
+			rc = service_new_flow(skb, f, &skey, svc, &d);
+			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
+				return lace_reject(skb, f, rc);
+			if (!rc)
+				rc = service_ct_create(f, now);
+			if (rc)
+				return lace_drop(skb, f, rc);
+			return deliver(skb, f, cfg, d);
 		}
 	}
 	route = route_lookup(src_net, f->family, f->daddr);
@@ -159,14 +221,24 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		return lace_drop(skb, f, LACE_DROP_NO_ROUTE);
 	f->dst_network = route->dst_network;
 	if (f->icmp_error) {
-		e = ct_related(f, src_net, f->dst_network, now);
+		e = ct_related(f, src_net, f->dst_network, now, &quoted_orig);
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
+		if (quoted_orig && (e->flags & LACE_CT_F_DNAT)) {
+			rc = service_icmp_error(skb, f, e);
+			if (rc)
+				return lace_drop(skb, f, rc);
+		}
 		return deliver(skb, f, cfg, 0);
 	}
 	if (f->dst_network != src_net) {
 		e = ct_reply(f, f->dst_network, now);
 		if (e) {
+			if (e->flags & LACE_CT_F_DNAT) {
+				rc = service_reply(skb, f, e, f->dst_network, now);
+				if (rc)
+					return lace_drop(skb, f, rc);
+			}
 			f->dst_segment = e->src_segment;
 			return deliver(skb, f, cfg, 0);
 		}
@@ -186,8 +258,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 SEC("tc")
 int lace_from_pod(struct __sk_buff *skb)
 {
-	struct lace_flow f = {};
+	struct lace_flow *f = flow_start(LACE_POINT_FROM_POD);
 
-	f.point = LACE_POINT_FROM_POD;
-	return from_pod(skb, &f);
+	if (!f)
+		return TC_ACT_SHOT;     /* unreachable (see flow_start); never pass unchecked */
+	return from_pod(skb, f);
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Attach point: tc ingress on the node's uplink (traffic arriving from the underlay).
  * Packets for this node's own locator are decapsulated; the SID names the destination network
- * (function) and the source network (argument); then conntrack, ingress policy of the
- * destination pod and delivery into it. Everything else goes to the node's stack untouched. */
+ * (function) and the source network (argument); then conntrack (a reply of a service flow this
+ * node translated gets its frontend back as the source), ingress policy of the destination pod
+ * and delivery into it. Everything else goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -13,6 +14,7 @@
 #include "lib/conntrack.h"
 #include "lib/delivery.h"
 #include "lib/srv6.h"
+#include "lib/service.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -25,10 +27,10 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	struct lace_config *cfg;
 	struct lace_delivery *d;
 	struct lace_ct_entry *e;
-	__u32 zero = 0, src_net, dst_net;
+	__u32 zero = 0, src_net, dst_net, ct_net = 0;
 	__u8 nexthdr;
 	__u64 now;
-	int rc, pv;
+	int rc, pv, quoted_orig;
 
 	if ((void *)(outer + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
 		return TC_ACT_OK;
@@ -55,16 +57,30 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 
 	now = ct_now();
 	if (f->icmp_error) {
-		e = ct_related(f, src_net, dst_net, now);
+		e = ct_related(f, src_net, dst_net, now, &quoted_orig);
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
+		if (quoted_orig && (e->flags & LACE_CT_F_DNAT)) {
+			rc = service_icmp_error(skb, f, e);
+			if (rc)
+				return lace_drop(skb, f, rc);
+		}
 	} else {
 		e = ct_classify(f, src_net, now);
-		if (!e && dst_net != src_net)
+		if (e)
+			ct_net = src_net;
+		if (!e && dst_net != src_net) {
 			e = ct_reply(f, dst_net, now);
+			ct_net = dst_net;
+		}
 	}
 	if (e) {
 		if (f->ct_status == LACE_CT_STATUS_REPLY) {
+			if (e->flags & LACE_CT_F_DNAT) {
+				rc = service_reply(skb, f, e, ct_net, now);
+				if (rc)
+					return lace_drop(skb, f, rc);
+			}
 			f->src_segment = e->dst_segment;
 			f->dst_segment = e->src_segment;
 		} else {
@@ -100,8 +116,9 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 SEC("tc")
 int lace_from_uplink(struct __sk_buff *skb)
 {
-	struct lace_flow f = {};
+	struct lace_flow *f = flow_start(LACE_POINT_FROM_UPLINK);
 
-	f.point = LACE_POINT_FROM_UPLINK;
-	return from_uplink(skb, &f);
+	if (!f)
+		return TC_ACT_SHOT;     /* unreachable (see flow_start); never pass unchecked */
+	return from_uplink(skb, f);
 }

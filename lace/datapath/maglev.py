@@ -14,8 +14,9 @@ BLAKE2b (not Python's per-process ``hash``), the same on every node and in every
 
 **Flow hash** (:func:`flow_hash`): the datapath hashes a new flow's tuple, takes entry
 ``hash % MAGLEV_SIZE`` of the frontend's table, or slot ``1 + hash % active_count`` when the
-frontend has no table. The function below is the C one (``service_flow_hash``) bit for bit, so
-tests and ``lace policy trace`` can predict the backend of any tuple.
+frontend has no table (:func:`pick`). Both are the C ones (``service_flow_hash`` in
+lib/service.h, ``lb_pick`` in lib/backend_select.h) bit for bit, so tests and ``lace policy
+trace`` can predict the backend of any tuple.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from lace.datapath.common import AddressLike, addr16, check_port, check_u32
 from lace.datapath.services import MAGLEV_SIZE
 
-__all__ = ["table", "flow_hash", "mix64", "FLOW_HASH_SEED"]
+__all__ = ["table", "flow_hash", "pick", "mix64", "FLOW_HASH_SEED"]
 
 _M64 = (1 << 64) - 1
 
@@ -144,3 +145,19 @@ def flow_hash(network: int, saddr: AddressLike, daddr: AddressLike, sport: int, 
     for (w,) in struct.iter_unpack("<Q", raw):
         h = mix64(h ^ w)
     return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+def pick(hash32: int, table: Sequence[int], active: Sequence[int]) -> int:
+    """The backend ID a new flow with this hash gets when no affinity entry decides (C: lb_pick):
+    entry ``hash % MAGLEV_SIZE`` of the frontend's Maglev ``table`` (its backend IDs; empty: none)
+    when that entry is set, else the backend of active slot ``1 + hash % len(active)`` (``active``:
+    the IDs of slots 1..active_count); 0 when no backend is active."""
+    if not active:
+        return 0
+    if table:
+        if len(table) != MAGLEV_SIZE:
+            raise ValueError(f"a Maglev table has {MAGLEV_SIZE} entries, not {len(table)}")
+        chosen = table[hash32 % MAGLEV_SIZE]
+        if chosen:
+            return chosen
+    return active[hash32 % len(active)]

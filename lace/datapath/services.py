@@ -12,6 +12,7 @@ backend it was sent to and the frontend it asked for.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from typing import Any
 
 from lace.bpf.layout import Layout
@@ -34,6 +35,15 @@ SOCK_REVNAT_MAX = 65536
 MAGLEV_SIZE = 1021  # a prime; Maglev balances well while it is > 100x a service's backends
 MAGLEV_TABLES = 1024
 MAGLEV_MAX = MAGLEV_SIZE * MAGLEV_TABLES
+
+
+#: Hairpin sources (LACE_HAIRPIN_*): a pod balanced to itself receives its service flow from
+#: these instead of its own address; backend conntrack entries of hairpin flows show them as the client.
+HAIRPIN_IPV4_INT = 0xA9FE2A01
+HAIRPIN_IPV6_HIGH = 0x0100000000000000
+HAIRPIN_IPV6_LOW = 0x00000000A9FE2A01
+HAIRPIN_IPV4 = ipaddress.IPv4Address(HAIRPIN_IPV4_INT)                              # 169.254.42.1
+HAIRPIN_IPV6 = ipaddress.IPv6Address(HAIRPIN_IPV6_HIGH << 64 | HAIRPIN_IPV6_LOW)   # 100::a9fe:2a01
 
 
 class ServiceFlag(enum.IntFlag):
@@ -163,6 +173,9 @@ C_MACROS: dict[str, int] = {
     "LACE_SVC_F_EXTERNAL_IP": ServiceFlag.EXTERNAL_IP,
     "LACE_BACKEND_F_ACTIVE": BackendFlag.ACTIVE,
     "LACE_BACKEND_F_TERMINATING": BackendFlag.TERMINATING,
+    "LACE_HAIRPIN_IPV4": HAIRPIN_IPV4_INT,
+    "LACE_HAIRPIN_IPV6_HIGH": HAIRPIN_IPV6_HIGH,
+    "LACE_HAIRPIN_IPV6_LOW": HAIRPIN_IPV6_LOW,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lace.datapath.maglev import flow_hash, mix64, table
+from lace.datapath.maglev import flow_hash, mix64, pick, table
 from lace.datapath.services import MAGLEV_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +152,16 @@ def test_flow_hash_rejects_mixed_families():
     with pytest.raises(ValueError):
         flow_hash(1, "10.1.1.10", "fd00::1", 1, 2, 6)
 
+
+
+def test_pick_follows_the_datapath_rules():
+    t = table([("a", 1), ("b", 2), ("c", 3)])
+    h = 123456789
+    assert pick(h, t, [1, 2, 3]) == t[h % MAGLEV_SIZE]                # the table decides
+    hole = list(t)
+    hole[h % MAGLEV_SIZE] = 0
+    assert pick(h, hole, [7, 8, 9]) == [7, 8, 9][h % 3]                # an empty entry: the slots
+    assert pick(h, [], [7, 8, 9]) == [7, 8, 9][h % 3]                  # no table: slot 1 + h % n
+    assert pick(h, t, []) == 0                                         # no active backend
+    with pytest.raises(ValueError):
+        pick(h, t[:100], [1])

@@ -27,6 +27,18 @@
 #define LACE_BACKEND_F_ACTIVE      0x1
 #define LACE_BACKEND_F_TERMINATING 0x2
 
+/* Hairpin: a pod whose service flow is balanced to itself receives it from a reserved source
+ * instead of its own address (a kernel drops a packet from one of its own addresses arriving on
+ * an interface), and its replies to that source are written back. The addresses are never a
+ * pod's, a service's or a node's, and pods route them through their default gateway (no
+ * neighbour resolution): IPv4 169.254.42.1 (link-local; pods hold /32s and a host route to their
+ * gateway only) and IPv6 100::a9fe:2a01 (in the discard-only prefix 100::/64, RFC 6666; not
+ * link-local, which pods would try to resolve on eth0). Backend conntrack entries of hairpin
+ * flows carry them as the client address. */
+#define LACE_HAIRPIN_IPV4      0xa9fe2a01u            /* 169.254.42.1, host order */
+#define LACE_HAIRPIN_IPV6_HIGH 0x0100000000000000ull  /* 100::a9fe:2a01, first 8 bytes, big endian */
+#define LACE_HAIRPIN_IPV6_LOW  0x00000000a9fe2a01ull  /* last 8 bytes, big endian */
+
 /* Slot 0 is the frontend itself; slots 1..backend_count point at backends, the active ones first
  * (1..active_count take new flows; the rest are terminating: kept for their established flows and
  * shown by `node bpf show services --endpoints`). */

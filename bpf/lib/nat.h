@@ -1,0 +1,119 @@
+/* Address and port translation in place: rewrite a packet's source or destination address and
+ * port, keeping the IPv4 header checksum and the TCP/UDP (and ICMPv6) checksum valid.
+ *
+ * Checksums are updated incrementally by the kernel's helpers, which also get partial checksums
+ * right: a pod's stack hands over TCP/UDP with CHECKSUM_PARTIAL (the field holds only the
+ * pseudo-header sum and the device completes it), so an address change — part of the pseudo
+ * header — is applied with BPF_F_PSEUDO_HDR, while a port change is applied only when the
+ * checksum is complete (the helpers skip it for a partial one; the final sum will cover the new
+ * port anyway). UDP over IPv4 may carry no checksum (0): BPF_F_MARK_MANGLED_0 leaves it at 0 and
+ * writes an update that comes out 0 as 0xffff. ICMPv4 has no pseudo header: an address change
+ * leaves it alone. SCTP (CRC32c over the whole packet, no incremental update) is not translated. */
+#ifndef LACE_LIB_NAT_H
+#define LACE_LIB_NAT_H
+
+#include "lib/common.h"
+#include "lib/parse.h"
+
+#define NAT_SRC 0
+#define NAT_DST 1
+
+#define IPV4_CSUM_OFF (ETH_HLEN + 10)
+
+static __always_inline __u32 nat_addr_off(__u8 family, int dst)
+{
+	if (family == LACE_FAMILY_IPV4)
+		return ETH_HLEN + 12 + (dst ? 4 : 0);
+	return ETH_HLEN + 8 + (dst ? 16 : 0);
+}
+
+/* The offset of the checksum covering the transport header at l4_off, 0 when proto has none
+ * that lace updates. */
+static __always_inline __u32 nat_l4_csum_off(__u8 proto, __u32 l4_off)
+{
+	switch (proto) {
+	case IPPROTO_TCP:    return l4_off + 16;
+	case IPPROTO_UDP:    return l4_off + 6;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: return l4_off + 2;
+	default:             return 0;
+	}
+}
+
+static __always_inline __u64 nat_l4_flags(__u8 proto)
+{
+	return proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+}
+
+/* Write to (4 or 16 bytes by family) over the source (NAT_SRC) or destination (NAT_DST) address,
+ * which holds from; both are 8-byte aligned addresses (union lace_addr in common.h). 0, or
+ * LACE_DROP_NAT_FAILED when a helper refuses. */
+static __always_inline int nat_rewrite_addr(struct __sk_buff *skb, __u8 family, __u8 proto, __u32 l4_off,
+					    int dst, const __u8 *from, const __u8 *to)
+{
+	__u32 csum_off = nat_l4_csum_off(proto, l4_off);
+	__u64 l4flags = nat_l4_flags(proto) | BPF_F_PSEUDO_HDR;
+	__u32 off = nat_addr_off(family, dst);
+
+	if (family == LACE_FAMILY_IPV4) {
+		__be32 old, new;
+
+		__builtin_memcpy(&old, from, 4);
+		__builtin_memcpy(&new, to, 4);
+		if (old == new)
+			return 0;
+		if (bpf_l3_csum_replace(skb, IPV4_CSUM_OFF, old, new, sizeof(new)) < 0)
+			return LACE_DROP_NAT_FAILED;
+		if (csum_off && proto != IPPROTO_ICMP &&
+		    bpf_l4_csum_replace(skb, csum_off, old, new, l4flags | sizeof(new)) < 0)
+			return LACE_DROP_NAT_FAILED;
+		if (bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+		return 0;
+	}
+	union lace_addr new6;
+	__s64 diff;
+
+	lace_copy16_a8(&new6, to);
+	if (lace_eq16_a8(from, &new6))
+		return 0;
+	if (csum_off) {
+		/* a 16-byte change: the helper takes the precomputed difference (size 0) */
+		diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)new6.b, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, l4flags) < 0)
+			return LACE_DROP_NAT_FAILED;
+	}
+	if (bpf_skb_store_bytes(skb, off, new6.b, 16, 0) < 0)
+		return LACE_DROP_NAT_FAILED;
+	return 0;
+}
+
+/* Write to over the source or destination port of the TCP/UDP header at l4_off, which holds from. */
+static __always_inline int nat_rewrite_port(struct __sk_buff *skb, __u8 proto, __u32 l4_off, int dst,
+					    __be16 from, __be16 to)
+{
+	__u32 csum_off = nat_l4_csum_off(proto, l4_off);
+
+	if (from == to)
+		return 0;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return LACE_DROP_NAT_FAILED;
+	if (bpf_l4_csum_replace(skb, csum_off, from, to, nat_l4_flags(proto) | sizeof(to)) < 0)
+		return LACE_DROP_NAT_FAILED;
+	if (bpf_skb_store_bytes(skb, l4_off + (dst ? 2 : 0), &to, sizeof(to), 0) < 0)
+		return LACE_DROP_NAT_FAILED;
+	return 0;
+}
+
+/* Both at once: address and port of one side of the packet's tuple. */
+static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct lace_flow *f, int dst,
+				       const __u8 *from_addr, const __u8 *to_addr, __be16 from_port, __be16 to_port)
+{
+	int rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, dst, from_addr, to_addr);
+
+	if (rc)
+		return rc;
+	return nat_rewrite_port(skb, f->proto, f->l4_off, dst, from_port, to_port);
+}
+
+#endif

@@ -1,0 +1,321 @@
+/* Service load balancing on the packet path: a pod's flow to a frontend (VIP:port/proto in its
+ * source network) is translated to a backend, and the backend's replies back to the frontend.
+ *
+ * A new flow (no conntrack entry) to a frontend gets a backend by lib/backend_select.h's rules
+ * (ClientIP affinity, else the Maglev table, else an active slot) on service_flow_hash, its
+ * destination is rewritten to the backend and the walk continues in the backend's network with
+ * the translated packet: segment, egress policy of the source and ingress policy of the backend
+ * see the backend's address and port (policy after DNAT, as in Kubernetes). Once it is forwarded,
+ * the flow gets two conntrack entries (abi/conntrack.h):
+ *   frontend entry (SERVICE): (src network, client -> VIP:port), nat = backend:port,
+ *                             dst_network = the backend's network
+ *   backend entry  (DNAT):    (src network, client -> backend:port), nat = VIP:port
+ * both with rev_nat_id = service ID. Later packets to the VIP find the frontend entry and go to its
+ * backend whatever the services map says by then (a deleted, changed or terminating backend keeps
+ * its established flows); they advance the backend entry, which sees both directions and whose
+ * state and expiry the frontend entry follows. Replies find the backend entry (as any reply, under
+ * the network they are routed back into) and leave with the VIP:port as their source — in
+ * pod_veth.c for a local backend, in uplink.c after decapsulation for a backend on another node.
+ * ICMP errors quoting a client -> backend packet are written back to the frontend too.
+ *
+ * Hairpin (the backend is the client pod itself): the translated packet also gets the reserved
+ * source LACE_HAIRPIN_* (abi/services.h); the backend entry is keyed by that source, and a reply
+ * addressed to it goes back to the pod's own address (its source) from the VIP.
+ *
+ * Trace events of a translated packet carry nat_kind DNAT, and in both directions the event's
+ * addresses are the backend side of the flow while nat_addr:nat_port is the frontend it stands
+ * for: forward saddr:sport = client, daddr:dport = backend; reply saddr:sport = backend,
+ * daddr:dport = client; nat_addr:nat_port = VIP:port. (A hairpin flow shows the client's own
+ * address, not the reserved source.)
+ *
+ * Only TCP and UDP frontends are looked up: SCTP's CRC32c cannot be updated incrementally. */
+#ifndef LACE_LIB_SERVICE_H
+#define LACE_LIB_SERVICE_H
+
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/flow.h"
+#include "lib/conntrack.h"
+#include "lib/nat.h"
+#include "lib/backend_select.h"
+
+/* lace_flow.svc_flags of a new service flow */
+#define LACE_SVC_FLOW_HAIRPIN  0x1   /* its source is translated to the hairpin address */
+#define LACE_SVC_FLOW_AFFINITY 0x2   /* a new ClientIP affinity choice, remembered once admitted */
+
+/* Fixed, never random per boot: a flow must hash the same on every node and after a restart, so
+ * that a flow whose conntrack entry was lost lands on the same backend. */
+#define LACE_FLOW_HASH_SEED 0x6c61636500000000ull
+
+/* The hash a new flow picks its backend with; lace.datapath.maglev.flow_hash is the same
+ * function in Python. Input: 40 bytes — source address, destination address (16 bytes each, IPv4
+ * in the first 4), source and destination port (network order), the source network (u32, host
+ * order) — read as five little-endian u64 words w0..w4 (the host order of every machine lace
+ * runs on); then h = SEED ^ proto, h = fmix64(h ^ w) for each word, hash = low 32 bits of
+ * h ^ (h >> 32). Five multiply-xorshift rounds: a few ns, and every input bit reaches every
+ * output bit, so hash % LACE_MAGLEV_SIZE and hash % active_count are both evenly spread. */
+static __always_inline __u32 service_flow_hash(const struct lace_flow *f, __u32 network)
+{
+	/* direct 8-byte loads: struct lace_flow keeps its addresses 8-byte aligned (a byte-wise
+	 * copy would spill 32 bytes to the stack) */
+	const __u64 *s = (const __u64 *)f->saddr, *d = (const __u64 *)f->daddr;
+	/* word 4: sport and dport as they sit in the packet, then the network, read little-endian */
+	__u64 ports = (__u64)f->sport | (__u64)f->dport << 16 | (__u64)network << 32;
+	__u64 h = LACE_FLOW_HASH_SEED ^ f->proto;
+
+	h = lb_mix64(h ^ s[0]);
+	h = lb_mix64(h ^ s[1]);
+	h = lb_mix64(h ^ d[0]);
+	h = lb_mix64(h ^ d[1]);
+	h = lb_mix64(h ^ ports);
+	return (__u32)(h ^ (h >> 32));
+}
+
+/* The reserved hairpin source of family (abi/services.h), into an 8-byte aligned address. */
+static __always_inline void service_hairpin_addr(__u8 family, __u8 *out)
+{
+	__u64 *w = (__u64 *)out;
+
+	if (family == LACE_FAMILY_IPV4) {
+		w[0] = bpf_htonl(LACE_HAIRPIN_IPV4);   /* the address in the first 4 bytes */
+		w[1] = 0;
+	} else {
+		w[0] = bpf_cpu_to_be64(LACE_HAIRPIN_IPV6_HIGH);
+		w[1] = bpf_cpu_to_be64(LACE_HAIRPIN_IPV6_LOW);
+	}
+}
+
+/* The frontend f's destination is in network (filling key for the backend choice), or NULL. */
+static __always_inline struct lace_service *service_frontend(const struct lace_flow *f, __u32 network,
+							     struct lace_service_key *key)
+{
+	if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP)
+		return 0;
+	__builtin_memset(key, 0, sizeof(*key));
+	key->network = network;
+	lace_copy16(key->addr, f->daddr);
+	key->port = f->dport;
+	key->proto = f->proto;
+	key->family = f->family;
+	return lb_frontend(key);
+}
+
+/* The ClientIP affinity key of f's source for service_id. */
+static __always_inline void service_client(struct lace_affinity_key *k, __u32 service_id,
+					   const struct lace_flow *f)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->service_id = service_id;
+	k->network = f->src_network;
+	lace_copy16(k->addr, f->saddr);
+	k->family = f->family;
+}
+
+/* Whether a flow from f's source to backend (in backend_network) comes back to its own pod. */
+static __always_inline int service_is_hairpin(const struct lace_flow *f, const __u8 *backend,
+					      __u32 backend_network)
+{
+	return backend_network == f->src_network && lace_eq16_a8(backend, f->saddr);
+}
+
+/* Translate the packet of f to backend:bport: its destination, and its source to the hairpin
+ * address when it comes back to its own pod (LACE_SVC_FLOW_HAIRPIN set in f, seen = the source the
+ * backend sees). f becomes the backend flow: daddr:dport = backend, nat_addr:nat_port = the
+ * frontend. */
+static __always_inline int service_translate(struct __sk_buff *skb, struct lace_flow *f, const __u8 *backend,
+					     __be16 bport, __u32 backend_network, __u8 *seen)
+{
+	int rc;
+
+	rc = nat_rewrite(skb, f, NAT_DST, f->daddr, backend, f->dport, bport);
+	if (rc)
+		return rc;
+	if (service_is_hairpin(f, backend, backend_network)) {
+		f->svc_flags |= LACE_SVC_FLOW_HAIRPIN;
+		service_hairpin_addr(f->family, seen);
+		rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_SRC, f->saddr, seen);
+		if (rc)
+			return rc;
+	} else {
+		lace_copy16_a8(seen, f->saddr);
+	}
+	lace_copy16_a8(f->nat_addr, f->daddr);
+	f->nat_port = f->dport;
+	f->nat_kind = LACE_NAT_DNAT;
+	lace_copy16_a8(f->daddr, backend);
+	f->dport = bport;
+	f->dst_network = backend_network;
+	return 0;
+}
+
+/* The two entries of a new service flow, once it is admitted and translated (f is the backend
+ * flow, nat_addr:nat_port the frontend), and its affinity choice. */
+__lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
+{
+	struct lace_ct_entry e = {};
+	union lace_addr seen;
+	int rc;
+
+	if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
+		service_hairpin_addr(f->family, seen.b);
+	else
+		lace_copy16_a8(&seen, f->saddr);
+	ct_init(&e, f, now);
+	e.rev_nat_id = f->service_id;
+	e.flags |= LACE_CT_F_DNAT;
+	lace_copy16_a8(e.nat_addr, f->nat_addr);
+	e.nat_port = f->nat_port;
+	rc = ct_store(f, f->src_network, seen.b, f->daddr, f->sport, f->dport, &e);
+	if (rc)
+		return rc;
+	e.flags = (e.flags & ~LACE_CT_F_DNAT) | LACE_CT_F_SERVICE;
+	lace_copy16_a8(e.nat_addr, f->daddr);
+	e.nat_port = f->dport;
+	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
+	if (rc)
+		return rc;
+	if (f->svc_flags & LACE_SVC_FLOW_AFFINITY) {
+		struct lace_affinity_key client;
+
+		service_client(&client, f->service_id, f);
+		lb_affinity_set(&client, f->backend_id);
+	}
+	return 0;
+}
+
+/* The frontend entry follows the backend entry, which sees both directions of the flow. */
+static __always_inline void service_follow(struct lace_ct_entry *fe, const struct lace_ct_entry *be)
+{
+	fe->state = be->state;
+	fe->expires_ns = be->expires_ns;
+	fe->flags |= be->flags & LACE_CT_F_SEEN_REPLY;
+}
+
+/* An established packet to a frontend, found by its frontend entry fe (already advanced): send it
+ * to fe's backend and advance the backend entry (rebuilt from fe if it was evicted). Sets the
+ * flow's destination network and segment; returns 0 or a drop reason. */
+__lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *fe,
+				   __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *be;
+	union lace_addr backend, seen;
+	int rc;
+
+	lace_copy16_a8(&backend, fe->nat_addr);
+	rc = service_translate(skb, f, backend.b, fe->nat_port, fe->dst_network, seen.b);
+	if (rc)
+		return rc;
+	f->dst_segment = fe->dst_segment;
+	ct_key(&k, f->family, f->src_network, f->proto, seen.b, f->daddr, f->sport, f->dport);
+	be = ct_lookup(f->family, f->proto, &k);
+	if (be) {
+		ct_advance(be, f, 0, now);
+		service_follow(fe, be);
+		return 0;
+	}
+	/* the backend entry was evicted: rebuild it from the frontend entry (copied map to map, then
+	 * turned into a backend entry in place: no 100-byte copy on the stack) */
+	if (ct_insert(f->family, f->proto, &k, fe) < 0)
+		return LACE_DROP_CT_FULL;
+	be = ct_lookup(f->family, f->proto, &k);
+	if (be) {
+		be->flags = (be->flags & ~LACE_CT_F_SERVICE) | LACE_CT_F_DNAT;
+		lace_copy16_a8(be->nat_addr, f->nat_addr);
+		be->nat_port = f->nat_port;
+	}
+	return 0;
+}
+
+/* A reply found by entry e under network: for a backend entry, write the frontend back as its
+ * source (and the client's own address as the destination of a hairpin flow) and let the frontend
+ * entry follow the backend entry. Other entries: nothing to do. Returns 0 or a drop reason. */
+__lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *e,
+				 __u32 network, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *fe;
+	union lace_addr hairpin;
+	int rc;
+
+	if (!(e->flags & LACE_CT_F_DNAT))
+		return 0;
+	service_hairpin_addr(f->family, hairpin.b);
+	if (lace_eq16_a8(f->daddr, &hairpin)) {
+		rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, hairpin.b, f->saddr);
+		if (rc)
+			return rc;
+		lace_copy16_a8(f->daddr, f->saddr);
+	}
+	rc = nat_rewrite(skb, f, NAT_SRC, f->saddr, e->nat_addr, f->sport, e->nat_port);
+	if (rc)
+		return rc;
+	lace_copy16_a8(f->nat_addr, e->nat_addr);
+	f->nat_port = e->nat_port;
+	f->nat_kind = LACE_NAT_DNAT;
+	ct_key(&k, f->family, network, f->proto, f->daddr, f->nat_addr, f->dport, f->nat_port);
+	fe = ct_lookup(f->family, f->proto, &k);
+	if (fe && (fe->flags & LACE_CT_F_SERVICE)) {
+		service_follow(fe, e);
+		fe->last_seen_ns = now;
+		fe->packets_rev++;
+		fe->bytes_rev += f->l3_len;
+	}
+	return 0;
+}
+
+/* An ICMP error related to a backend entry e through a quoted client -> backend packet (sent by
+ * the backend or a hop on its way): the quoted destination becomes the frontend again, and so does
+ * the error's source when the backend itself sent it — the client's socket knows only the VIP.
+ * The quoted IPv4 header checksum is updated (which leaves the ICMP checksum's sum unchanged);
+ * the quoted transport checksum is left as it was (ICMP receivers match on addresses and ports).
+ * Hairpin flows' errors are not translated. Returns 0 or a drop reason. */
+__lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *e)
+{
+	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, daddr_off;
+	union lace_addr vip;
+	__be16 vport = e->nat_port, bport = f->inner_dport;
+
+	if (!(e->flags & LACE_CT_F_DNAT))
+		return 0;
+	lace_copy16_a8(&vip, e->nat_addr);
+	if (f->family == LACE_FAMILY_IPV4) {
+		__be32 from, to;
+		__u8 ver_ihl;
+
+		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
+			return LACE_DROP_PKT_TRUNCATED;
+		inner_l4 = inner + (ver_ihl & 0xf) * 4;
+		daddr_off = inner + 16;
+		__builtin_memcpy(&from, f->inner_daddr, 4);
+		__builtin_memcpy(&to, vip.b, 4);
+		if (bpf_l3_csum_replace(skb, inner + 10, from, to, sizeof(to)) < 0 ||
+		    bpf_skb_store_bytes(skb, daddr_off, &to, sizeof(to), 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	} else {
+		__s64 diff;
+
+		inner_l4 = inner + sizeof(struct lace_ip6hdr);
+		daddr_off = inner + 24;
+		diff = bpf_csum_diff((__be32 *)f->inner_daddr, 16, (__be32 *)vip.b, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, daddr_off, vip.b, 16, 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	}
+	if (bport != vport &&
+	    (bpf_l4_csum_replace(skb, csum_off, bport, vport, sizeof(vport)) < 0 ||
+	     bpf_skb_store_bytes(skb, inner_l4 + 2, &vport, sizeof(vport), 0) < 0))
+		return LACE_DROP_NAT_FAILED;
+	if (lace_eq16_a8(f->saddr, f->inner_daddr)) {
+		int rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_SRC, f->saddr, vip.b);
+
+		if (rc)
+			return rc;
+	}
+	lace_copy16_a8(f->nat_addr, &vip);
+	f->nat_port = vport;
+	f->nat_kind = LACE_NAT_DNAT;
+	return 0;
+}
+
+#endif
