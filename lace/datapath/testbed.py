@@ -7,6 +7,10 @@ neighbour let bpf_fib_lookup succeed.  The namespace and its devices are made wi
 Needs root and bpffs; the packet builders (:meth:`Testbed.l3`, :meth:`Testbed.encap`,
 :func:`icmp_echo`, :meth:`Result.packet`) need scapy (the ``test`` extra), imported when called.
 
+Services are programmed as the agent does (frontend slot 0, backend slots active first, backends,
+a Maglev table for two or more active backends) by :meth:`Testbed.service`, which returns a
+:class:`Service` that predicts the backend the datapath gives a new flow.
+
 The base topology, reset before every row:
 
   node 1: locator 2001:db8:1::/48, underlay 2001:db8:f::1 on up0 (uplink)
@@ -22,6 +26,7 @@ import os
 import struct
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from lace import netlink
@@ -30,7 +35,9 @@ from lace.bpf import BPFFS, Map, RingBuffer, ensure_bpffs, enter_netns, test_run
 # held at module level as declared by that module's ABI header.
 from lace.datapath import config as cfgmod
 from lace.datapath import delivery as dlv
+from lace.datapath import maglev
 from lace.datapath import registry
+from lace.datapath import services as svc
 from lace.datapath import trace as trc
 from lace.datapath.common import mac_bytes, Direction
 from lace.datapath.delivery import DeliveryKind, delivery_key
@@ -72,6 +79,43 @@ class Pod:
 REMOTE = {"ipv4": "10.1.2.20", "ipv6": "fd10:1:0:2::20", "segment": 259}
 
 
+@dataclass(frozen=True)
+class Backend:
+    """A service backend: address, port and the network it lives in (identity for Maglev)."""
+
+    addr: str
+    port: int
+    network: int = NET1
+
+    def name(self, proto: int) -> str:
+        """The stable identity Maglev hashes, spelled as the service programmer does."""
+        return f"{self.network}/{ipaddress.ip_address(self.addr)}/{self.port}/{proto}"
+
+
+@dataclass
+class Service:
+    """A frontend as :meth:`Testbed.service` programmed it, and the backend choice it implies."""
+
+    network: int
+    vip: str
+    port: int
+    proto: int
+    service_id: int
+    active: list[Backend]
+    terminating: list[Backend]
+    ids: dict[Backend, int]
+    table: int            # Maglev table number (0: none)
+    entries: list[int]    # the Maglev table's backend IDs ([] without a table)
+
+    def by_id(self, backend_id: int) -> Backend:
+        return next(b for b, i in self.ids.items() if i == backend_id)
+
+    def predict(self, client: str, sport: int) -> Backend:
+        """The backend a new flow from client:sport gets when no affinity entry decides."""
+        h = maglev.flow_hash(self.network, client, self.vip, sport, self.port, self.proto)
+        return self.by_id(maglev.pick(h, self.entries, [self.ids[b] for b in self.active]))
+
+
 @dataclass
 class Result:
     """What one test run returned: the program's verdict, the packet as it left, the trace events."""
@@ -104,6 +148,8 @@ class Testbed:
         self.pods: dict[str, Pod] = {}
         self.events: list[bytes] = []
         self.ifindex: dict[str, int] = {}
+        self._backend_ids: dict[tuple[Backend, int], int] = {}
+        self._maglev_tables: set[int] = set()
         self._made_netns = self._made_pin_root = False
         try:
             if netlink.netns_exists(self.netns):
@@ -213,18 +259,23 @@ class Testbed:
         return self.loaded.map(cli_name)
 
     def clear(self) -> None:
+        """Empty every map: hash-like maps deleted, arrays zeroed; of the maglev array only the
+        tables written through :meth:`maglev_table` (write Maglev entries through it)."""
         for cli, mdef in registry.MAPS.items():
-            if mdef.map_type != "ringbuf":
+            if mdef.map_type != "ringbuf" and cli != "maglev":
                 self.m(cli).clear()
+        # zeroing the whole maglev array (1M slots) takes ~0.3 s: only the tables written here
+        for table in sorted(self._maglev_tables):
+            self.maglev_table(table, [0] * svc.MAGLEV_SIZE)
+        self._maglev_tables.clear()
+        self._backend_ids.clear()
         self._ring().consume()
         self.events.clear()
 
     def reset(self) -> None:
         """Clear every map and program the base topology."""
         self.clear()
-        self.m("config").update(cfgmod.config_key(), cfgmod.config_value(
-            locator=LOCATOR1, underlay_addr=UNDERLAY1, node_id=1,
-            uplink_ifindex=self.ifindex["up0"], mtu=1460))
+        self.configure()
         for net in (NET1, NET2):
             self.route(net, "10.1.0.0/16", net)
             self.route(net, "fd10:1::/48", net)
@@ -242,6 +293,12 @@ class Testbed:
                                          segment_value(pod.segment, local=True))
         for fam in ("ipv4", "ipv6"):
             self.m("segment").update(segment_key(NET1, REMOTE[fam]), segment_value(REMOTE["segment"]))
+
+    def configure(self, trace_all: bool = False) -> None:
+        """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops."""
+        self.m("config").update(cfgmod.config_key(), cfgmod.config_value(
+            locator=LOCATOR1, underlay_addr=UNDERLAY1, node_id=1,
+            uplink_ifindex=self.ifindex["up0"], mtu=1460, flags=cfgmod.ConfigFlag.TRACE_ALL if trace_all else 0))
 
     def route(self, src_net: int, cidr: str, dst_net: int, masquerade: bool = False) -> None:
         self.m("routing").update(routing_key(src_net, cidr), route_value(dst_net, masquerade=masquerade))
@@ -271,6 +328,51 @@ class Testbed:
 
     def prefix_segment(self, net: int, cidr: str, segment: int) -> None:
         self.m("prefix-segment").update(prefix_segment_key(net, cidr), segment_value(segment))
+
+    def backend_id(self, b: Backend, proto: int) -> int:
+        """The backend ID of b for proto: stable until the next reset, one per (backend, proto)."""
+        return self._backend_ids.setdefault((b, proto), len(self._backend_ids) + 1)
+
+    def maglev_table(self, table: int, entries: Sequence[int]) -> None:
+        """Write Maglev table ``table`` (``MAGLEV_SIZE`` backend IDs); reset zeroes it again."""
+        if len(entries) != svc.MAGLEV_SIZE:
+            raise ValueError(f"a Maglev table has {svc.MAGLEV_SIZE} entries, not {len(entries)}")
+        base = table * svc.MAGLEV_SIZE
+        keys = struct.pack(f"<{svc.MAGLEV_SIZE}I", *range(base, base + svc.MAGLEV_SIZE))
+        self.m("maglev").update_batch(keys, struct.pack(f"<{svc.MAGLEV_SIZE}I", *entries), svc.MAGLEV_SIZE)
+        self._maglev_tables.add(table)
+
+    def service(self, vip: str, port: int, active: Sequence[Backend], *, terminating: Sequence[Backend] = (),
+                network: int = NET1, proto: int = 6, service_id: int = 1, maglev_table: int | None = None,
+                affinity_timeout: int = 0, flags: int = 0) -> Service:
+        """Program frontend vip:port/proto in ``network`` as the agent does: the backends, their
+        slots (``active`` first, then ``terminating``) and slot 0 last; a Maglev table (number
+        ``maglev_table``, default ``service_id``; 0 for none) when two or more are active.
+        ``affinity_timeout`` > 0 turns on ClientIP affinity. Reprogramming a frontend with fewer
+        backends leaves its old slots behind (the datapath never reads past backend_count)."""
+        ids = {b: self.backend_id(b, proto) for b in [*active, *terminating]}
+        for b in active:
+            self.m("backends").update(svc.backend_key(ids[b]), svc.backend_value(
+                b.addr, b.port, proto, b.network, svc.BackendFlag.ACTIVE))
+        for b in terminating:
+            self.m("backends").update(svc.backend_key(ids[b]), svc.backend_value(
+                b.addr, b.port, proto, b.network, svc.BackendFlag.TERMINATING))
+        table = service_id if maglev_table is None else maglev_table
+        entries: list[int] = []
+        if len(active) >= 2 and table:
+            entries = maglev.table([(b.name(proto), ids[b]) for b in active])
+            self.maglev_table(table, entries)
+        else:
+            table = 0
+        for slot, b in enumerate([*active, *terminating], start=1):
+            self.m("services").update(svc.service_key(network, vip, port, proto, slot),
+                                      svc.service_value(service_id=service_id, backend_id=ids[b]))
+        if affinity_timeout:
+            flags |= svc.ServiceFlag.AFFINITY
+        self.m("services").update(svc.service_key(network, vip, port, proto), svc.service_value(
+            service_id=service_id, backend_count=len(active) + len(terminating), active_count=len(active),
+            flags=flags, affinity_timeout=affinity_timeout, maglev=table))
+        return Service(network, vip, port, proto, service_id, list(active), list(terminating), ids, table, entries)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -331,5 +433,5 @@ def icmp_echo(family: int, ident: int = 0x77, reply: bool = False):
     return (ICMPv6EchoReply if reply else ICMPv6EchoRequest)(id=ident, seq=1)
 
 
-__all__ = ["Testbed", "Pod", "Result", "REMOTE", "icmp_echo", "TC_ACT_OK", "TC_ACT_SHOT", "TC_ACT_REDIRECT",
+__all__ = ["Testbed", "Pod", "Result", "Backend", "Service", "REMOTE", "icmp_echo", "TC_ACT_OK", "TC_ACT_SHOT", "TC_ACT_REDIRECT",
            "NET1", "NET2", "LOCATOR1", "LOCATOR2", "UNDERLAY1", "UNDERLAY2", "NEIGH_MAC", "UPLINK_MAC"]

@@ -1,0 +1,637 @@
+"""Service load balancing in the datapath through BPF_PROG_TEST_RUN: DNAT of new flows to a backend
+(Maglev, slots, affinity), established flows through the frontend entry, reverse translation of
+replies on the local and the uplink path, refusals when no backend is active, hairpin, network
+scoping, and policy applied to the backend after translation. IPv4 and IPv6 where it applies."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, UDPerror
+from scapy.layers.inet6 import ICMPv6DestUnreach, IPv6, IPerror6
+from scapy.packet import Raw
+
+from lace.datapath.common import Direction, Verdict, addr_str, mac_bytes
+from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
+from lace.datapath.delivery import DeliveryKind
+from lace.datapath.maglev import flow_hash
+from lace.datapath.reasons import DropReason
+from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV_SIZE, affinity_key,
+                                    service_key)
+from lace.datapath.testbed import (NET1, NET2, REMOTE, TC_ACT_REDIRECT, TC_ACT_SHOT, Backend, icmp_echo)
+from lace.datapath.trace import NatKind
+
+FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
+PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]
+ING, EGR = Direction.INGRESS, Direction.EGRESS
+VIP = {4: "10.96.0.10", 6: "fd00:10:96::a"}
+HAIRPIN = {4: str(HAIRPIN_IPV4), 6: str(HAIRPIN_IPV6)}
+PORT, TARGET = 80, 8080
+CLOCK_MONOTONIC_COARSE = 6
+
+
+def fam_ip(family):
+    return IP if family == 4 else IPv6
+
+
+def remote(family: int, host: int = 20) -> str:
+    """An address in node 2's pod block of network 1 (delivered remotely)."""
+    return f"10.1.2.{host}" if family == 4 else f"fd10:1:0:2::{host:x}"
+
+
+def l4(proto: int, sport: int, dport: int, flags: str = "S", payload: bytes = b""):
+    layer = TCP(sport=sport, dport=dport, flags=flags, seq=1000) if proto == 6 else UDP(sport=sport, dport=dport)
+    return layer / Raw(payload) if payload else layer
+
+
+def ct(dp, net, src, dst, sport, dport, proto):
+    fam, key = ct_key(net, src, dst, sport, dport, proto)
+    name = {6: "tcp", 17: "udp"}[proto]
+    raw = dp.m(f"ct-{name}-v{int(fam)}").lookup(key)
+    return CT_ENTRY.unpack(raw) if raw is not None else None
+
+
+def ct_count(dp) -> int:
+    return sum(len(list(dp.m(t).keys())) for t in ("ct-tcp-v4", "ct-udp-v4", "ct-tcp-v6", "ct-udp-v6"))
+
+
+def nat_of(entry, family) -> tuple[str, int]:
+    return addr_str(family, entry["nat_addr"]), entry["nat_port"]
+
+
+def ev_addr(ev, field: str) -> str:
+    return addr_str(ev["family"], ev[field])
+
+
+def checksums_valid(l3: bytes) -> bool:
+    """Scapy recomputes the IPv4 header, TCP/UDP and ICMP/ICMPv6 checksums of the outer packet; a
+    packet whose checksums were right is rebuilt byte for byte."""
+    cls = IP if l3[0] >> 4 == 4 else IPv6
+    pkt = cls(l3)
+    for layer, field in ((IP, "chksum"), (TCP, "chksum"), (UDP, "chksum"), (ICMP, "chksum"),
+                         (ICMPv6DestUnreach, "cksum")):
+        if pkt.haslayer(layer):
+            delattr(pkt.getlayer(layer), field)
+    return bytes(pkt) == l3
+
+
+def assert_to_pod(res, dp, pod: str):
+    """Redirected into pod (its MAC from its gateway); returns the IP packet."""
+    p = dp.pods[pod]
+    assert res.retval == TC_ACT_REDIRECT, f"expected a redirect, got {res.retval} {res.events}"
+    assert res.data[0:6] == mac_bytes(p.mac) and res.data[6:12] == mac_bytes(p.host_mac)
+    return res.data[14:]
+
+
+def assert_dropped(res, reason: DropReason):
+    assert res.retval == TC_ACT_SHOT, f"expected drop {reason.name}, got {res.retval} {res.events}"
+    assert res.events and res.events[-1]["verdict"] == Verdict.DROP
+    assert DropReason(res.events[-1]["reason"]) == reason, DropReason(res.events[-1]["reason"])
+
+
+def one_backend(dp, family, proto=6, backend: str = "b", **kw):
+    return dp.service(VIP[family], PORT, [Backend(dp.pods[backend].ip(family), TARGET)], proto=proto, **kw)
+
+
+# -- DNAT of a new flow ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_new_flow_is_translated_to_the_backend(dp, family, proto):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, proto, service_id=42)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / l4(proto, 40000, PORT, payload=b"hello"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "b"))
+    assert out.src == a.ip(family) and out.dst == b.ip(family)
+    assert out.sport == 40000 and out.dport == TARGET and bytes(out.payload.payload) == b"hello"
+    assert checksums_valid(bytes(out)), "address and port rewrite keep every checksum valid"
+    # the frontend entry (client -> VIP) holds the backend, the backend entry the frontend
+    fe = ct(dp, NET1, a.ip(family), VIP[family], 40000, PORT, proto)
+    be = ct(dp, NET1, a.ip(family), b.ip(family), 40000, TARGET, proto)
+    assert fe and be
+    assert fe["flags"] & CtFlag.SERVICE and not fe["flags"] & CtFlag.DNAT
+    assert be["flags"] & CtFlag.DNAT and not be["flags"] & CtFlag.SERVICE
+    assert nat_of(fe, family) == (b.ip(family), TARGET) and nat_of(be, family) == (VIP[family], PORT)
+    assert fe["rev_nat_id"] == be["rev_nat_id"] == 42
+    assert fe["dst_network"] == be["dst_network"] == NET1
+    assert fe["dst_segment"] == be["dst_segment"] == b.segment
+    assert be["state"] == (CtState.SYN_SENT if proto == 6 else CtState.UNREPLIED)
+    # the event: backend side of the flow, the frontend in nat_*
+    ev = res.events[-1]
+    assert ev["verdict"] == Verdict.FORWARD and ev["ct_status"] == CtStatus.NEW
+    assert ev["nat_kind"] == NatKind.DNAT
+    assert ev_addr(ev, "saddr") == a.ip(family) and ev["sport"] == 40000
+    assert ev_addr(ev, "daddr") == b.ip(family) and ev["dport"] == TARGET
+    assert ev_addr(ev, "nat_addr") == VIP[family] and ev["nat_port"] == PORT
+    assert ev["dst_segment"] == b.segment and ev["delivery_ifindex"] == b.ifindex
+
+
+def test_port_rewrite_checksums_across_values(dp):
+    """Incremental checksum updates stay valid whatever the checksum was (carries included)."""
+    a = dp.pods["a"]
+    one_backend(dp, 4, 17)
+    for i, payload in enumerate(bytes([x, y]) for x in range(0, 256, 37) for y in range(0, 256, 53)):
+        res = dp.from_pod(a, dp.l3(a, VIP[4], 4, id=i * 977) / UDP(sport=30000 + i, dport=PORT) / Raw(payload))
+        assert checksums_valid(assert_to_pod(res, dp, "b")), payload
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reply_from_a_local_backend_leaves_from_the_vip(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41000, dport=PORT, flags="S", seq=7))
+    dp.configure(trace_all=True)
+    res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=41000, flags="SA", seq=99, ack=8))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert out.src == VIP[family] and out.sport == PORT and out.dst == a.ip(family) and out.dport == 41000
+    assert checksums_valid(bytes(out))
+    ev = res.events[-1]
+    assert ev["ct_status"] == CtStatus.REPLY and ev["nat_kind"] == NatKind.DNAT
+    assert ev_addr(ev, "saddr") == b.ip(family) and ev["sport"] == TARGET       # backend side ...
+    assert ev_addr(ev, "daddr") == a.ip(family) and ev["dport"] == 41000
+    assert ev_addr(ev, "nat_addr") == VIP[family] and ev["nat_port"] == PORT    # ... for the frontend
+    # both entries move on: the frontend entry follows the backend entry
+    be = ct(dp, NET1, a.ip(family), b.ip(family), 41000, TARGET, 6)
+    fe = ct(dp, NET1, a.ip(family), VIP[family], 41000, PORT, 6)
+    assert be["state"] == fe["state"] == CtState.SYN_RECV
+    assert fe["flags"] & CtFlag.SEEN_REPLY and fe["packets_rev"] == be["packets_rev"] == 1
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41000, dport=PORT, flags="A", seq=8, ack=100))
+    assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
+    assert ct(dp, NET1, a.ip(family), VIP[family], 41000, PORT, 6)["state"] == CtState.ESTABLISHED
+    ev = res.events[-1]          # an established forward packet: the same sides as the new flow's
+    assert ev["ct_status"] == CtStatus.ESTABLISHED and ev["nat_kind"] == NatKind.DNAT
+    assert ev_addr(ev, "saddr") == a.ip(family) and ev_addr(ev, "daddr") == b.ip(family)
+    assert ev_addr(ev, "nat_addr") == VIP[family] and ev["nat_port"] == PORT
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_udp_reply_translated_and_entries_replied(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, 17)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=5353, dport=PORT) / Raw(b"q"))
+    res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / UDP(sport=TARGET, dport=5353) / Raw(b"answer"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert (out.src, out.sport, bytes(out[UDP].payload)) == (VIP[family], PORT, b"answer")
+    assert checksums_valid(bytes(out))
+    assert ct(dp, NET1, a.ip(family), VIP[family], 5353, PORT, 17)["state"] == CtState.REPLIED
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_remote_backend_encapsulated_and_reply_translated_after_decap(dp, family):
+    a = dp.pods["a"]
+    R = REMOTE["ipv4" if family == 4 else "ipv6"]
+    dp.service(VIP[family], PORT, [Backend(R, TARGET)])
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=42000, dport=PORT, flags="S"))
+    assert res.retval == TC_ACT_REDIRECT, res.events
+    outer = IPv6(res.data[14:])
+    assert outer.dst == "2001:db8:2:0:1:0:1:0", "to node 2's SID for network 1"
+    inner = fam_ip(family)(res.data[54:])
+    assert inner.dst == R and inner.dport == TARGET and checksums_valid(bytes(inner))
+    assert res.events[-1]["delivery"] == DeliveryKind.REMOTE and res.events[-1]["nat_kind"] == NatKind.DNAT
+    # node 2's backend answers; its reply arrives encapsulated and leaves from the VIP
+    reply = fam_ip(family)(src=R, dst=a.ip(family)) / TCP(sport=TARGET, dport=42000, flags="SA")
+    res = dp.from_uplink(dp.encap(reply, NET1, NET1))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert out.src == VIP[family] and out.sport == PORT and out.dport == 42000
+    assert checksums_valid(bytes(out))
+    assert ct(dp, NET1, a.ip(family), VIP[family], 42000, PORT, 6)["state"] == CtState.SYN_RECV
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_non_service_replies_from_the_uplink_are_untouched(dp, family):
+    # a plain flow's reply through the same code path keeps its source
+    a = dp.pods["a"]
+    R = REMOTE["ipv4" if family == 4 else "ipv6"]
+    dp.from_pod(a, dp.l3(a, R, family) / UDP(sport=7000, dport=53))
+    reply = fam_ip(family)(src=R, dst=a.ip(family)) / UDP(sport=53, dport=7000)
+    out = fam_ip(family)(assert_to_pod(dp.from_uplink(dp.encap(reply, NET1, NET1)), dp, "a"))
+    assert out.src == R and out.sport == 53
+
+
+# -- established flows follow their frontend entry -----------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_established_flow_survives_the_service_changing_and_going(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    R = REMOTE["ipv4" if family == 4 else "ipv6"]
+    one_backend(dp, family)
+    syn = dp.l3(a, VIP[family], family) / TCP(sport=43000, dport=PORT, flags="S")
+    ack = dp.l3(a, VIP[family], family) / TCP(sport=43000, dport=PORT, flags="A")
+    assert_to_pod(dp.from_pod(a, syn), dp, "b")
+    # the service now points at the remote backend only: the flow stays, new flows go there
+    dp.service(VIP[family], PORT, [Backend(R, TARGET)])
+    res = dp.from_pod(a, ack)
+    assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
+    assert not res.events, "an established packet is not traced by default"
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=43001, dport=PORT, flags="S"))
+    assert fam_ip(family)(res.data[54:]).dst == R
+    # the service is gone altogether: the flow still reaches its backend
+    dp.m("services").clear()
+    res = dp.from_pod(a, ack)
+    out = fam_ip(family)(assert_to_pod(res, dp, "b"))
+    assert out.dst == b.ip(family) and out.dport == TARGET and checksums_valid(bytes(out))
+    assert ct(dp, NET1, a.ip(family), b.ip(family), 43000, TARGET, 6)["packets_fwd"] == 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lost_backend_entry_is_rebuilt_from_the_frontend_entry(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, 17)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=6000, dport=PORT))
+    fam, key = ct_key(NET1, a.ip(family), b.ip(family), 6000, TARGET, 17)
+    assert dp.m(f"ct-udp-v{family}").delete(key)
+    assert_to_pod(dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=6000, dport=PORT)), dp, "b")
+    be = ct(dp, NET1, a.ip(family), b.ip(family), 6000, TARGET, 17)
+    assert be and be["flags"] & CtFlag.DNAT and not be["flags"] & CtFlag.SERVICE
+    assert nat_of(be, family) == (VIP[family], PORT)
+    out = fam_ip(family)(assert_to_pod(
+        dp.from_pod(b, dp.l3(b, a.ip(family), family) / UDP(sport=TARGET, dport=6000)), dp, "a"))
+    assert out.src == VIP[family] and out.sport == PORT
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_closed_flow_reopened_chooses_again(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    R = REMOTE["ipv4" if family == 4 else "ipv6"]
+    one_backend(dp, family)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=44000, dport=PORT, flags="S"))
+    dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=44000, flags="R"))
+    assert ct(dp, NET1, a.ip(family), VIP[family], 44000, PORT, 6)["state"] == CtState.CLOSED
+    dp.service(VIP[family], PORT, [Backend(R, TARGET)])
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=44000, dport=PORT, flags="S"))
+    assert res.events[-1]["ct_status"] == CtStatus.NEW
+    assert fam_ip(family)(res.data[54:]).dst == R, "a SYN on a closed tuple is a new flow: today's backend"
+
+
+# -- backend choice ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_maglev_choice_is_the_python_prediction(dp, family, proto):
+    a, b = dp.pods["a"], dp.pods["b"]
+    backends = [Backend(b.ip(family), TARGET)] + [Backend(remote(family, h), TARGET) for h in (20, 21, 22)]
+    svc = dp.service(VIP[family], PORT, backends, proto=proto, maglev_table=7)
+    assert svc.table == 7
+    seen = set()
+    rnd = random.Random(family * 100 + proto)
+    for sport in rnd.sample(range(1024, 65536), 120):
+        res = dp.from_pod(a, dp.l3(a, VIP[family], family) / l4(proto, sport, PORT))
+        assert res.retval == TC_ACT_REDIRECT, res.events
+        ev = res.events[-1]
+        got = Backend(ev_addr(ev, "daddr"), ev["dport"])
+        assert got == svc.predict(a.ip(family), sport), sport
+        seen.add(got)
+    assert seen == set(backends), "120 flows over 4 backends reach every one"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_slot_choice_without_a_table_is_the_python_prediction(dp, family):
+    a = dp.pods["a"]
+    backends = [Backend(remote(family, h), TARGET) for h in (30, 31, 32)]
+    svc = dp.service(VIP[family], PORT, backends, maglev_table=0)
+    assert svc.table == 0
+    for sport in range(20000, 20060):
+        ev = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S")).events[-1]
+        assert Backend(ev_addr(ev, "daddr"), ev["dport"]) == svc.predict(a.ip(family), sport)
+
+
+def test_c_flow_hash_is_the_python_flow_hash(dp):
+    """A Maglev table naming MAGLEV_SIZE different backends (one entry each: ports 1..SIZE on a
+    remote address) shows hash % MAGLEV_SIZE of every flow exactly."""
+    backends = {4: [Backend(remote(4, 40), p) for p in range(1, MAGLEV_SIZE + 1)],
+                6: [Backend(remote(6, 40), p) for p in range(1, MAGLEV_SIZE + 1)]}
+    rnd = random.Random(5)
+    checked = 0
+    for family in (4, 6):
+        for proto in (6, 17):
+            for pod, net in (("a", NET1), ("c", NET2)):
+                svc = dp.service(VIP[family], PORT, backends[family], proto=proto, network=net,
+                                 service_id=family * 100 + proto + net)
+                assert sorted(svc.entries) == sorted(svc.ids.values()), "a permutation of the backends"
+                position = {bid: i for i, bid in enumerate(svc.entries)}
+                p = dp.pods[pod]
+                for sport in rnd.sample(range(1, 65536), 25):
+                    ev = dp.from_pod(p, dp.l3(p, VIP[family], family) / l4(proto, sport, PORT)).events[-1]
+                    chosen = svc.ids[Backend(ev_addr(ev, "daddr"), ev["dport"])]
+                    h = flow_hash(net, p.ip(family), VIP[family], sport, PORT, proto)
+                    assert position[chosen] == h % MAGLEV_SIZE, (family, proto, net, sport)
+                    checked += 1
+    assert checked == 200
+
+
+def _coarse_now() -> int:
+    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_client_ip_affinity_is_honoured_and_expires(dp, family):
+    a = dp.pods["a"]
+    backends = [Backend(remote(family, h), TARGET) for h in (50, 51, 52, 53)]
+    svc = dp.service(VIP[family], PORT, backends, affinity_timeout=60, service_id=9)
+    first = svc.predict(a.ip(family), 1000)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=1000, dport=PORT, flags="S"))
+    assert fam_ip(family)(res.data[54:]).dst == first.addr
+    akey = affinity_key(9, NET1, a.ip(family))
+    pinned = AFFINITY.unpack(dp.m("affinity").lookup(akey))
+    assert pinned["backend_id"] == svc.ids[first]
+    # flows that Maglev would send elsewhere go to the pinned backend
+    others = [p for p in range(1001, 1400) if svc.predict(a.ip(family), p) != first][:20]
+    assert len(others) == 20
+    for sport in others:
+        res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+        assert fam_ip(family)(res.data[54:]).dst == first.addr, sport
+    # another client is not pinned by a's entry
+    b = dp.pods["b"]
+    sport = next(p for p in range(2000, 3000) if svc.predict(b.ip(family), p) != first)
+    res = dp.from_pod(b, dp.l3(b, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+    assert fam_ip(family)(res.data[54:]).dst == svc.predict(b.ip(family), sport).addr
+    # an entry older than the timeout no longer pins: Maglev decides and the entry is renewed
+    dp.m("affinity").update(akey, AFFINITY.pack(last_used_ns=_coarse_now() - 61 * 10**9,
+                                                backend_id=svc.ids[first], reserved=0))
+    sport = next(p for p in range(1400, 2000) if svc.predict(a.ip(family), p) != first)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+    now_chosen = svc.predict(a.ip(family), sport)
+    assert fam_ip(family)(res.data[54:]).dst == now_chosen.addr != first.addr
+    assert AFFINITY.unpack(dp.m("affinity").lookup(akey))["backend_id"] == svc.ids[now_chosen]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_affinity_to_a_backend_no_longer_active_is_ignored(dp, family):
+    a = dp.pods["a"]
+    backends = [Backend(remote(family, h), TARGET) for h in (60, 61, 62)]
+    svc = dp.service(VIP[family], PORT, backends, affinity_timeout=300, service_id=11)
+    gone = backends[0]
+    akey = affinity_key(11, NET1, a.ip(family))
+    dp.m("affinity").update(akey, AFFINITY.pack(last_used_ns=_coarse_now(), backend_id=svc.ids[gone], reserved=0))
+    sport = next(p for p in range(3000, 4000) if svc.predict(a.ip(family), p) != gone)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+    assert fam_ip(family)(res.data[54:]).dst == gone.addr, "active and fresh: the entry pins"
+    # the pinned backend is terminating now: the entry no longer decides, and is replaced
+    svc = dp.service(VIP[family], PORT, backends[1:], terminating=[gone], affinity_timeout=300, service_id=11)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=4000, dport=PORT, flags="S"))
+    chosen = svc.predict(a.ip(family), 4000)
+    assert fam_ip(family)(res.data[54:]).dst == chosen.addr != gone.addr
+    assert AFFINITY.unpack(dp.m("affinity").lookup(akey))["backend_id"] == svc.ids[chosen]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_affinity_entry_for_a_refused_flow(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, affinity_timeout=60, service_id=12)
+    dp.select(b.segment, ING)
+    assert_dropped(dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=1, dport=PORT, flags="S")),
+                   DropReason.POLICY_INGRESS)
+    assert dp.m("affinity").lookup(affinity_key(12, NET1, a.ip(family))) is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_terminating_backend_keeps_its_flows_and_gets_no_new_ones(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    B, R = Backend(b.ip(family), TARGET), Backend(REMOTE["ipv4" if family == 4 else "ipv6"], TARGET)
+    dp.service(VIP[family], PORT, [B])
+    assert_to_pod(dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=45000, dport=PORT, flags="S")), dp, "b")
+    dp.service(VIP[family], PORT, [R], terminating=[B])
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=45000, dport=PORT, flags="A"))
+    assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family), "its established flow goes on"
+    res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=45000, flags="A"))
+    assert fam_ip(family)(assert_to_pod(res, dp, "a")).src == VIP[family]
+    for sport in range(46000, 46040):
+        res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+        assert res.events[-1]["delivery"] == DeliveryKind.REMOTE, "no new flow to the terminating backend"
+        assert ev_addr(res.events[-1], "daddr") == R.addr
+
+
+# -- no backend: refused with an answer ------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_backend_answers_a_syn_with_a_reset(dp, family):
+    a = dp.pods["a"]
+    # only a terminating backend: no active one
+    dp.service(VIP[family], PORT, [], terminating=[Backend(remote(family, 70), TARGET)])
+    syn = dp.l3(a, VIP[family], family) / TCP(sport=47000, dport=PORT, flags="S", seq=123456,
+                                             options=[("MSS", 1460), ("WScale", 7)])
+    res = dp.from_pod(a, syn)
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert checksums_valid(bytes(out)), "a valid RST"
+    assert out.src == VIP[family] and out.dst == a.ip(family)
+    t = out[TCP]
+    assert (t.sport, t.dport) == (PORT, 47000)
+    assert t.flags == "RA" and t.seq == 0 and t.ack == 123457
+    assert t.dataofs == 5 and not bytes(t.payload)
+    assert len(bytes(out)) == (20 if family == 4 else 40) + 20
+    ev = res.events[-1]
+    assert ev["verdict"] == Verdict.DROP and DropReason(ev["reason"]) == DropReason.SERVICE_NO_BACKEND
+    assert ev_addr(ev, "daddr") == VIP[family] and ev["nat_kind"] == NatKind.NONE
+    assert ct_count(dp) == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_backend_reset_for_a_segment_with_data_and_for_an_ack(dp, family):
+    a = dp.pods["a"]
+    dp.service(VIP[family], PORT, [])
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=1, dport=PORT, flags="S", seq=10) / Raw(b"x" * 7))
+    t = fam_ip(family)(assert_to_pod(res, dp, "a"))[TCP]
+    assert t.flags == "RA" and t.ack == 10 + 1 + 7
+    # a segment with ACK (a flow whose backends are gone): the reset takes its sequence from the ACK
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=2, dport=PORT, flags="PA", seq=5, ack=999) /
+                      Raw(b"data"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert checksums_valid(bytes(out))
+    assert out[TCP].flags == "R" and out[TCP].seq == 999
+    # a reset is never answered
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=3, dport=PORT, flags="R"))
+    assert_dropped(res, DropReason.SERVICE_NO_BACKEND)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_backend_answers_udp_with_port_unreachable(dp, family):
+    a = dp.pods["a"]
+    dp.service(VIP[family], 53, [], proto=17)
+    query = dp.l3(a, VIP[family], family) / UDP(sport=33333, dport=53) / Raw(b"Q" * 200)
+    sent = bytes(query)[14:]
+    res = dp.from_pod(a, query)
+    raw = assert_to_pod(res, dp, "a")
+    out = fam_ip(family)(raw)
+    assert checksums_valid(raw), "a valid ICMP error"
+    assert out.src == VIP[family] and out.dst == a.ip(family)
+    if family == 4:
+        assert (out[ICMP].type, out[ICMP].code) == (3, 3)
+        quoted = bytes(out[ICMP].payload)
+        inner, inner_l4 = out[IPerror], out[UDPerror]
+    else:
+        assert (out[ICMPv6DestUnreach].type, out[ICMPv6DestUnreach].code) == (1, 4)
+        quoted = bytes(out[ICMPv6DestUnreach].payload)
+        inner, inner_l4 = out[IPerror6], out[UDPerror]
+    assert quoted == sent[:128], "the error quotes the start of the refused datagram"
+    assert inner.src == a.ip(family) and inner.dst == VIP[family]
+    assert (inner_l4.sport, inner_l4.dport) == (33333, 53)
+    ev = res.events[-1]
+    assert ev["verdict"] == Verdict.DROP and DropReason(ev["reason"]) == DropReason.SERVICE_NO_BACKEND
+    assert ct_count(dp) == 0
+
+
+def test_no_backend_short_udp_quotes_it_whole(dp):
+    a = dp.pods["a"]
+    dp.service(VIP[4], 53, [], proto=17)
+    query = dp.l3(a, VIP[4], 4) / UDP(sport=1, dport=53)
+    raw = assert_to_pod(dp.from_pod(a, query), dp, "a")
+    assert checksums_valid(raw)
+    assert bytes(IP(raw)[ICMP].payload) == bytes(query)[14:]
+
+
+# -- hairpin -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hairpin_flow_comes_back_from_the_reserved_address(dp, family, proto):
+    a = dp.pods["a"]
+    one_backend(dp, family, proto, backend="a")
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / l4(proto, 48000, PORT))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert out.src == HAIRPIN[family] and out.dst == a.ip(family)
+    assert (out.sport, out.dport) == (48000, TARGET) and checksums_valid(bytes(out))
+    ev = res.events[-1]
+    assert ev_addr(ev, "saddr") == a.ip(family) and ev_addr(ev, "daddr") == a.ip(family)
+    assert ev_addr(ev, "nat_addr") == VIP[family] and ev["delivery_ifindex"] == a.ifindex
+    be = ct(dp, NET1, HAIRPIN[family], a.ip(family), 48000, TARGET, proto)
+    assert be and be["flags"] & CtFlag.DNAT and nat_of(be, family) == (VIP[family], PORT)
+    assert ct(dp, NET1, a.ip(family), VIP[family], 48000, PORT, proto)["flags"] & CtFlag.SERVICE
+    # the pod answers the reserved address: back to itself, from the VIP
+    reply = dp.l3(a, HAIRPIN[family], family) / l4(proto, TARGET, 48000, flags="SA")
+    out = fam_ip(family)(assert_to_pod(dp.from_pod(a, reply), dp, "a"))
+    assert out.src == VIP[family] and out.dst == a.ip(family)
+    assert (out.sport, out.dport) == (PORT, 48000) and checksums_valid(bytes(out))
+    # and its next packet to the VIP is translated the same way
+    nxt = dp.l3(a, VIP[family], family) / l4(proto, 48000, PORT, flags="A")
+    out = fam_ip(family)(assert_to_pod(dp.from_pod(a, nxt), dp, "a"))
+    assert out.src == HAIRPIN[family] and out.dport == TARGET and checksums_valid(bytes(out))
+
+
+# -- networks ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vip_of_one_network_is_not_visible_from_another(dp, family):
+    c = dp.pods["c"]
+    one_backend(dp, family)                         # network 1 only
+    res = dp.from_pod(c, dp.l3(c, VIP[family], family) / TCP(sport=49000, dport=PORT, flags="S"))
+    assert_dropped(res, DropReason.NO_ROUTE)
+    ev = res.events[-1]
+    assert ev["src_network"] == NET2 and ev["nat_kind"] == NatKind.NONE
+    assert ev_addr(ev, "daddr") == VIP[family]
+    assert ct_count(dp) == 0 and not list(dp.m("affinity").keys())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_vip_in_two_networks_reaches_each_networks_backend(dp, family):
+    a, b, c, d = (dp.pods[n] for n in "abcd")
+    dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET1, service_id=1)
+    dp.service(VIP[family], PORT, [Backend(d.ip(family), TARGET, NET2)], network=NET2, service_id=2)
+    out = fam_ip(family)(assert_to_pod(
+        dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=50000, dport=PORT, flags="S")), dp, "b"))
+    assert out.dst == b.ip(family)
+    # c has a's addresses in network 2: the same tuple, another network, another backend
+    res = dp.from_pod(c, dp.l3(c, VIP[family], family) / TCP(sport=50000, dport=PORT, flags="S"))
+    assert fam_ip(family)(assert_to_pod(res, dp, "d")).dst == d.ip(family)
+    assert res.events[-1]["dst_network"] == NET2
+    assert ct(dp, NET1, a.ip(family), VIP[family], 50000, PORT, 6)["rev_nat_id"] == 1
+    assert ct(dp, NET2, c.ip(family), VIP[family], 50000, PORT, 6)["rev_nat_id"] == 2
+    # each reply goes back into its own network
+    res = dp.from_pod(d, dp.l3(d, c.ip(family), family) / TCP(sport=TARGET, dport=50000, flags="SA"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "c"))
+    assert out.src == VIP[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vip_offered_to_another_network_goes_to_the_backends_network(dp, family):
+    # network 2 imports network 1's service: no route from 2 into 1, the backend's network decides
+    c, b = dp.pods["c"], dp.pods["b"]
+    dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET2, service_id=3)
+    res = dp.from_pod(c, dp.l3(c, VIP[family], family) / TCP(sport=51000, dport=PORT, flags="S"))
+    assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
+    ev = res.events[-1]
+    assert ev["src_network"] == NET2 and ev["dst_network"] == NET1
+    fe = ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)
+    assert fe["dst_network"] == NET1 and ct(dp, NET2, c.ip(family), b.ip(family), 51000, TARGET, 6)
+
+
+# -- policy applies to the backend ---------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_backend_ingress_policy_after_translation(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family)
+    dp.select(b.segment, ING, policy_id=31)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=52000, dport=PORT, flags="S"))
+    assert_dropped(res, DropReason.POLICY_INGRESS)
+    ev = res.events[-1]
+    assert ev["policy_id"] == 31 and ev["dst_segment"] == b.segment
+    assert ev_addr(ev, "daddr") == b.ip(family) and ev["dport"] == TARGET, "policy saw the backend"
+    assert ev["nat_kind"] == NatKind.DNAT and ev_addr(ev, "nat_addr") == VIP[family]
+    assert ct_count(dp) == 0, "no entry for a dropped flow"
+    # a rule for the service port does not open the backend; one for the target port does
+    dp.allow(b.segment, a.segment, ING, proto=6, port=PORT)
+    assert_dropped(dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=52001, dport=PORT, flags="S")),
+                   DropReason.POLICY_INGRESS)
+    dp.allow(b.segment, a.segment, ING, proto=6, port=TARGET, policy_id=32)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=52002, dport=PORT, flags="S"))
+    assert_to_pod(res, dp, "b")
+    assert res.events[-1]["policy_id"] == 32
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_source_egress_policy_sees_the_backend(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, 17)
+    dp.select(a.segment, EGR)
+    dp.prefix_segment(NET1, "10.96.0.0/16" if family == 4 else "fd00:10:96::/112", 5000)
+    dp.allow(a.segment, 5000, EGR, proto=17, port=PORT)          # the VIP's own range: not enough
+    assert_dropped(dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=1, dport=PORT)), DropReason.POLICY_EGRESS)
+    dp.allow(a.segment, b.segment, EGR, proto=17, port=TARGET)
+    assert_to_pod(dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=2, dport=PORT)), dp, "b")
+
+
+# -- ICMP errors about a service flow ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_backend_icmp_error_is_written_back_to_the_frontend(dp, family):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, 17)
+    req = dp.l3(a, VIP[family], family) / UDP(sport=53000, dport=PORT) / Raw(b"ping")
+    forwarded = assert_to_pod(dp.from_pod(a, req), dp, "b")       # what b received: a -> b:8080
+    if family == 4:
+        err = dp.l3(b, a.ip(family), 4) / ICMP(type=3, code=3) / Raw(forwarded)
+    else:
+        err = dp.l3(b, a.ip(family), 6) / ICMPv6DestUnreach(code=4) / Raw(forwarded)
+    res = dp.from_pod(b, err)
+    raw = assert_to_pod(res, dp, "a")
+    out = fam_ip(family)(raw)
+    assert checksums_valid(raw), "the ICMP checksum covers the rewritten quote"
+    assert out.src == VIP[family], "the backend's own error comes from the VIP"
+    inner = out[IPerror] if family == 4 else out[IPerror6]
+    inner_udp = out[UDPerror] if family == 4 else out[UDPerror]
+    assert inner.src == a.ip(family) and inner.dst == VIP[family]
+    assert (inner_udp.sport, inner_udp.dport) == (53000, PORT)
+    if family == 4:
+        hdr = bytes(inner)[:20]
+        total = sum(int.from_bytes(hdr[i:i + 2], "big") for i in range(0, 20, 2))
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        assert total == 0xFFFF, "the quoted IPv4 header checksum is rewritten too"
+    assert res.events == [] or res.events[-1]["ct_status"] == CtStatus.RELATED
+
+
+def test_icmp_echo_to_a_vip_is_not_translated(dp):
+    a = dp.pods["a"]
+    one_backend(dp, 4)
+    res = dp.from_pod(a, dp.l3(a, VIP[4], 4) / icmp_echo(4))
+    assert_dropped(res, DropReason.NO_ROUTE)
+
+
+def test_frontend_keys_are_per_protocol_and_port(dp):
+    a = dp.pods["a"]
+    one_backend(dp, 4, 6)
+    assert dp.m("services").lookup(service_key(NET1, VIP[4], PORT, 6)) is not None
+    assert_dropped(dp.from_pod(a, dp.l3(a, VIP[4], 4) / UDP(sport=1, dport=PORT)), DropReason.NO_ROUTE)
+    assert_dropped(dp.from_pod(a, dp.l3(a, VIP[4], 4) / TCP(sport=1, dport=81, flags="S")), DropReason.NO_ROUTE)
