@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Datapath cost per packet, from BPF_PROG_TEST_RUN, net of a trivial pass program measured in
-the same run, for each path (established, new flow allowed, policy drop, encap) with conntrack
-filled to 1k, 100k and 1M entries and 16k policy entries.
+the same run, for each path (established, new flow allowed, new flow to a service VIP, policy
+drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries.
 
 Run as root after `make install`:  .venv/bin/python bench/datapath.py [--quick]
 Targets (DESIGN): established <= 60 ns, new flow <= 500 ns, <= 10% growth from 1k to 1M.
@@ -28,7 +28,7 @@ from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState  # noqa: E402
 from lace.datapath.registry import bpf_dir  # noqa: E402
-from lace.datapath.testbed import REMOTE, Testbed  # noqa: E402
+from lace.datapath.testbed import REMOTE, Backend, Testbed  # noqa: E402
 
 POLICY_FILL = 16_384
 CT_SIZES = (1_000, 100_000, 1_000_000)
@@ -85,9 +85,13 @@ def measure(prog, frames: list[bytes], ctx: bytes, netns: str, repeat: int = 1) 
 WARM_REPEAT = 100
 # the measured flows' ports; new flows take source ports below them, one per flow
 EST_SPORT, ENC_SPORT, DENY_SPORT = 60001, 60002, 60003
+# "service new": a SYN to this VIP:80 of a service with two backends on pod b (ports 80 and 8080,
+# so every flow is delivered locally like "new flow") and a Maglev table
+VIP, SVC_TARGETS = "10.96.0.10", (80, 8080)
 
 
-def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes) -> None:
+def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes,
+                svc_new: bytes) -> None:
     """Fail unless each measured packet takes the path its row is named after, every repetition."""
     from scapy.layers.l2 import Ether
 
@@ -118,6 +122,10 @@ def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: byt
     res, events = run(enc)
     assert res.retval == TC_ACT_REDIRECT and Ether(res.data_out).haslayer("IPv6"), \
         f"encap: verdict {res.retval}: not encapsulated and redirected"
+    res, events = run(svc_new)
+    assert res.retval == TC_ACT_REDIRECT and len(events) == 1 and events[0]["ct_status"] == CtStatus.NEW \
+        and events[0]["nat_kind"] == 1 and events[0]["dport"] in SVC_TARGETS, \
+        f"service new flow: verdict {res.retval}, events {events}: not a new flow translated to a backend"
 
 
 def load_pass_program():
@@ -145,7 +153,10 @@ def run(quick: bool) -> int:
             fill_conntrack(dp, size)
             fill_policy(dp, POLICY_FILL)
             dp.select(b.segment, Direction.INGRESS)
-            dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=80)
+            for port in SVC_TARGETS:
+                dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=port)
+            svc = dp.service(VIP, 80, [Backend(b.ipv4, p) for p in SVC_TARGETS])
+            assert svc.table, "two active backends get a Maglev table"
             est = bytes(dp.l3(a, b.ipv4, 4, ttl=255) / TCP(sport=EST_SPORT, dport=80, flags="A"))
             enc = bytes(dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=ENC_SPORT, dport=80, flags="A"))
             dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=EST_SPORT, dport=80, flags="S"))
@@ -153,17 +164,18 @@ def run(quick: bool) -> int:
             deny = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=DENY_SPORT, dport=81, flags="S"))
             flow = 1
 
-            def new_flow() -> bytes:
+            def new_flow(dst: str = b.ipv4) -> bytes:
                 nonlocal flow
                 flow += 1
                 assert flow < EST_SPORT, "more new flows than source ports"
-                return bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=flow, dport=80, flags="S"))
+                return bytes(dp.l3(a, dst, 4) / TCP(sport=flow, dport=80, flags="S"))
 
-            check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow())
-            names = ("pass warm", "pass once", "established", "new flow", "policy drop", "encap")
+            check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP))
+            names = ("pass warm", "pass once", "established", "new flow", "service new", "policy drop", "encap")
             samples: dict[str, list[float]] = {k: [] for k in names}
             for rnd in range(rounds + 1):
                 news = [new_flow() for _ in range(calls)]    # a new source port per run: every flow new
+                svc_news = [new_flow(VIP) for _ in range(calls)]
                 few = max(10, calls // 20)
                 samples["pass warm"].append(measure(base, [est] * few, ctx_a, dp.netns, WARM_REPEAT))
                 samples["established"].append(measure(dp.prog_pod, [est] * few, ctx_a, dp.netns, WARM_REPEAT))
@@ -173,6 +185,7 @@ def run(quick: bool) -> int:
                 dp.events.clear()
                 samples["pass once"].append(measure(base, [est] * calls, ctx_a, dp.netns))
                 samples["new flow"].append(measure(dp.prog_pod, news, ctx_a, dp.netns))
+                samples["service new"].append(measure(dp.prog_pod, svc_news, ctx_a, dp.netns))
                 samples["encap"].append(measure(dp.prog_pod, [enc] * calls, ctx_a, dp.netns))
                 dp.ring.consume()
                 dp.events.clear()
@@ -183,6 +196,7 @@ def run(quick: bool) -> int:
                 "established": med["established"] - med["pass warm"],
                 "policy drop": med["policy drop"] - med["pass warm"],
                 "new flow": med["new flow"] - med["pass once"],
+                "service new": med["service new"] - med["pass once"],
                 "encap": med["encap"] - med["pass once"],
                 "pass warm": med["pass warm"],
                 "pass once": med["pass once"],
@@ -191,14 +205,15 @@ def run(quick: bool) -> int:
         passobj.close()
         dp.close()
 
-    paths = ["established", "new flow", "policy drop", "encap"]
+    paths = ["established", "new flow", "service new", "policy drop", "encap"]
     first = sizes[0]
     print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN; median of {rounds} interleaved rounds; "
           f"policy map {POLICY_FILL:,} entries)")
     print(f"{'path':<14}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
-    targets = {"established": "<= 60", "new flow": "<= 500", "policy drop": "", "encap": ""}
+    targets = {"established": "<= 60", "new flow": "<= 500", "service new": "", "policy drop": "", "encap": ""}
     how = {"established": f"warm x{WARM_REPEAT}", "policy drop": f"warm x{WARM_REPEAT}",
            "new flow": "once/call, cold (cannot repeat: run 2 would be established)",
+           "service new": "once/call, cold: SYN to a VIP, 2 backends, Maglev",
            "encap": "once/call, cold (cannot repeat: run 2 would see the outer header)"}
     for p in paths:
         row = "".join(f"{results[s][p]:>12.0f}" for s in sizes)
