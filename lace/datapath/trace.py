@@ -17,7 +17,12 @@ METRICS_MAX = 4 << 11
 
 
 class NatKind(enum.IntEnum):
-    """Address translation applied to a traced packet (C: enum lace_nat_kind)."""
+    """Address translation applied to a traced packet (C: enum lace_nat_kind).
+
+    DNAT (a service flow), in both directions: the event's addresses and ports are the backend
+    side of the flow (forward: client -> backend, reply: backend -> client) and
+    ``nat_addr``:``nat_port`` the frontend (VIP:port) it stands for.
+    """
 
     NONE = 0
     DNAT = 1

@@ -37,6 +37,9 @@ struct lace_trace_event {
 	__be16 sport;
 	__be16 dport;
 	__u32  policy_id;       /* policy whose rule allowed it (0: none or not evaluated) */
+	/* DNAT (a service flow), in both directions: saddr..dport are the backend side of the flow
+	 * (forward: client -> backend, reply: backend -> client) and nat_addr:nat_port is the
+	 * frontend (VIP:port) it stands for */
 	__u8   nat_addr[16];
 	__be16 nat_port;
 	__u8   nat_kind;        /* enum lace_nat_kind */
