@@ -1,6 +1,6 @@
-"""A lab cluster's lifecycle: bring up (topology, store, node registration, one agent per node,
-the kubelet, the controllers), report status, run commands in pods, restart agents, and tear
-everything down."""
+"""A lab cluster's lifecycle: bring up (topology, store, node registration and the cluster DNS
+objects, one agent per node, the kubelet, the controllers), report status, run commands in pods,
+restart agents, and tear everything down."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lace.store import STORE_FILE
 from lace.store import kinds as K
 from lace.store import SqliteStore
 
-from . import controllers, procs, topology
+from . import controllers, dns, procs, topology
 from .kubelet import Sandboxes
 
 Progress = Callable[[str], None]
@@ -89,6 +89,8 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
         store = SqliteStore(os.path.join(state_dir, STORE_FILE))
         try:
             register_nodes(store, lab)
+            # kube-system/kube-dns and its pod, as a cluster's addons (lace.lab.dns)
+            store.apply_all(dns.cluster_objects())
         finally:
             store.close()
         for n in lab.nodes:

@@ -2,13 +2,22 @@
 
 For every Pod: pick a node when it has none (fewest pods first), create its network namespace,
 call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
-configuration on stdin, the result on stdout) from inside the node's namespace, start the pod's
-servers (HTTP answering with the pod's name on each TCP containerPort, UDP echo on each UDP port)
-and report the pod Running with its addresses. A Pod deleted gracefully (``metadata.deletionTimestamp``
-set by the store) is stopped — its servers get SIGTERM and, after its grace period, SIGKILL — then
-gets CNI DEL, loses its namespace, and the kubelet removes the Pod object (grace period 0). A Pod
-removed at once is stopped the same way afterwards. Sandboxes are recorded on disk, so a restarted
-kubelet adopts what is running.
+configuration on stdin, the result on stdout) from inside the node's namespace, start what the
+pod runs and report the pod Running with its addresses. A Pod deleted
+gracefully (``metadata.deletionTimestamp`` set by the store) is stopped — its processes get SIGTERM
+and, after its grace period, SIGKILL — then gets CNI DEL, loses its namespace and files, and the
+kubelet removes the Pod object (grace period 0). A Pod removed at once is stopped the same way
+afterwards. Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
+
+The lab has no image registry: the first container's ``image`` names what a pod runs, in the pod's
+network namespace:
+
+- ``lace/dnsmasq``: dnsmasq as the cluster DNS server (``lace.lab.dns.dnsmasq_argv``: port 53 on
+  the pod's addresses, the records in ``<state>/dns/hosts``, nothing of the machine's), followed by
+  the container's ``args``; ready once its pid file exists (it writes it after binding).
+- any other image (``lace/podserver`` by convention): ``lace.lab.podserver``, HTTP answering with the
+  pod's name on each TCP containerPort and UDP echo on each UDP port; a pod without ports runs
+  nothing.
 
 ``python -m lace.lab.kubelet --lab NAME --state-dir DIR`` runs it (``lace lab up`` does).
 """
@@ -21,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -36,7 +46,7 @@ from lace.store.errors import Conflict, Gone, NotFound, StoreError
 from lace.store.kinds import pod_network
 from lace.store import SqliteStore
 
-from . import procs
+from . import dns, procs
 from .files import write_json
 
 log = logging.getLogger("lace.lab.kubelet")
@@ -49,6 +59,18 @@ def _now() -> str:
 
 def sandbox_netns(lab: str, uid: str) -> str:
     return f"lace-{lab}-p-{hashlib.sha256(uid.encode()).hexdigest()[:10]}"
+
+
+def pod_image(pod: dict) -> str:
+    """The image of the pod's first container ("" without one): what the lab runs for it."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return containers[0].get("image") or ""
+
+
+def pod_args(pod: dict) -> list[str]:
+    """The first container's ``args``."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return [str(a) for a in containers[0].get("args") or ()]
 
 
 def pod_ports(pod: dict) -> tuple[list[int], list[int]]:
@@ -104,6 +126,8 @@ class Kubelet:
         # a short poll: a new pod is picked up within a few ms of its apply
         self.store = SqliteStore(Path(state_dir) / STORE_FILE, poll_interval=0.005)
         self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
+        self.dns_dir = os.path.join(state_dir, dns.DNS_DIR)
+        os.makedirs(self.dns_dir, exist_ok=True)
         self.stopping = threading.Event()
         self.cni_bin = Path(sys.executable).parent
         #: uid -> (failures, monotonic time of the next attempt): failed pods retry with backoff
@@ -176,24 +200,19 @@ class Kubelet:
             self.backoff[uid] = (fails + 1, time.monotonic() + min(0.2 * 2 ** fails, 10.0))
             self._fail(pod, str(e))
             return
-        self.backoff.pop(uid, None)
         ips = [ip["address"].split("/")[0] for ip in (result or {}).get("ips", [])]
-        tcp, udp = pod_ports(pod)
-        if tcp or udp:   # a pod without ports has nothing to serve
-            ready = os.path.join(self.state_dir, "kubelet", f"{uid}.ready")
-            argv = [sys.executable, "-m", "lace.lab.podserver", "--name", f"{rec['namespace']}/{rec['name']}",
-                    "--ready-file", ready]
-            for p in tcp:
-                argv += ["--tcp", str(p)]
-            for p in udp:
-                argv += ["--udp", str(p)]
-            procs.spawn(argv, netns=rec["netns"], name=rec["proc"], state_dir=self.state_dir,
-                        log_path=os.path.join(self.state_dir, "logs", f"{rec['proc']}.log"))
-            deadline = time.monotonic() + 10
-            while not os.path.exists(ready) and time.monotonic() < deadline:
-                time.sleep(0.002)
+        rec.update(ips=ips)
+        self.sandboxes.put(rec)
         t_cni = time.monotonic()
-        rec.update(ready=True, ips=ips)
+        problem = self.run_containers(pod, rec, ips)
+        if problem is not None:
+            log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], problem)
+            self.backoff[uid] = (fails + 1, time.monotonic() + min(0.2 * 2 ** fails, 10.0))
+            self._fail(pod, problem, reason="RunContainerError")
+            return
+        self.backoff.pop(uid, None)
+        t_run = time.monotonic()
+        rec.update(ready=True)
         self.sandboxes.put(rec)
         # status.network (a lace extension): the network the pod is attached to, so that
         # `lace get pods -o json` shows it for pods that rely on the default
@@ -206,16 +225,58 @@ class Kubelet:
         except NotFound:
             self.stop_pod(rec)
             return
-        log.info("pod %s/%s running on %s: netns %.0f ms, CNI ADD %.0f ms, servers and status %.0f ms",
+        log.info("pod %s/%s running on %s: netns %.0f ms, CNI ADD %.0f ms, servers %.0f ms, status %.0f ms",
                  rec["namespace"], rec["name"], node, (t_ns - t0) * 1000, (t_cni - t_ns) * 1000,
-                 (time.monotonic() - t_cni) * 1000)
+                 (t_run - t_cni) * 1000, (time.monotonic() - t_run) * 1000)
 
-    def _fail(self, pod: dict, message: str) -> None:
+    def run_containers(self, pod: dict, rec: dict, ips: list[str]) -> str | None:
+        """Start what the pod's image names (see the module docstring) and wait until it is ready;
+        returns what went wrong, or None."""
+        what = "dnsmasq" if pod_image(pod) == dns.DNSMASQ_IMAGE else "podserver"
+        if what == "dnsmasq":
+            ready = os.path.join(self.dns_dir, dns.pid_file_name(rec["uid"]))
+            # Debian installs it in /usr/sbin, which a caller's PATH may lack
+            binary = shutil.which("dnsmasq", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+            if binary is None:
+                return "dnsmasq is not installed (`make install` installs dnsmasq-base)"
+            argv = dns.dnsmasq_argv(ips, os.path.join(self.dns_dir, dns.HOSTS_FILE), ready, pod_args(pod), binary)
+        else:
+            tcp, udp = pod_ports(pod)
+            if not tcp and not udp:   # a pod without ports has nothing to serve
+                return None
+            ready = os.path.join(self.state_dir, "kubelet", f"{rec['uid']}.ready")
+            argv = [sys.executable, "-m", "lace.lab.podserver", "--name", f"{rec['namespace']}/{rec['name']}",
+                    "--ready-file", ready]
+            for p in tcp:
+                argv += ["--tcp", str(p)]
+            for p in udp:
+                argv += ["--udp", str(p)]
+        log_path = os.path.join(self.state_dir, "logs", f"{rec['proc']}.log")
+        try:
+            pid = procs.spawn(argv, netns=rec["netns"], name=rec["proc"], state_dir=self.state_dir,
+                              log_path=log_path)
+        except procs.ProcError as e:
+            return str(e)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(ready):
+            if not procs.alive(pid):
+                tail = ""
+                try:
+                    tail = Path(log_path).read_text()[-400:].strip()
+                except OSError:
+                    pass
+                return f"{what} exited at start; log {log_path}: {tail}"
+            if time.monotonic() > deadline:
+                return f"{what} not ready after 10 s; log {log_path}"
+            time.sleep(0.002)
+        return None
+
+    def _fail(self, pod: dict, message: str, reason: str = "NetworkSetupFailed") -> None:
         meta = pod["metadata"]
         try:
             self.store.update_status("pods", meta["name"], meta["namespace"], {
                 "phase": "Pending", "conditions": [{"type": "Ready", "status": "False",
-                                                    "reason": "NetworkSetupFailed", "message": message}]})
+                                                    "reason": reason, "message": message}]})
         except NotFound:
             pass
         rec = self.sandboxes.get(meta["uid"])
@@ -229,9 +290,10 @@ class Kubelet:
         except Exception as e:
             log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
         netlink.netns.delete(rec["netns"])
-        for suffix in (".ready",):
+        for path in (os.path.join(self.state_dir, "kubelet", rec["uid"] + ".ready"),
+                     os.path.join(self.dns_dir, dns.pid_file_name(rec["uid"]))):
             try:
-                os.unlink(os.path.join(self.state_dir, "kubelet", rec["uid"] + suffix))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         self.sandboxes.remove(rec["uid"])
