@@ -1,8 +1,9 @@
 """lace.lab: a multi-node lace cluster on one machine, out of network namespaces.
 
 ``topology`` builds and destroys the namespaces, links and addresses; ``procs`` runs the lab's
-long-lived processes inside them; ``podserver`` is what a lab pod runs.  Names are loaded on
-first use so that ``python -m lace.lab.podserver`` starts without importing pyroute2 or libbpf.
+long-lived processes inside them; ``podserver`` is what a lab pod runs, and dnsmasq what the
+cluster DNS pod runs (``dns``, fed by ``dnsfeed``).  Names are loaded on first use so that
+``python -m lace.lab.podserver`` starts without importing pyroute2 or libbpf.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A lab cluster's lifecycle: bring up (topology, store, node registration and the cluster DNS
-objects, one agent per node, the kubelet, the controllers), report status, run commands in pods,
-restart agents, and tear everything down."""
+objects, one agent per node, the kubelet, the controllers, the DNS feeder), report status, run
+commands in pods, restart agents, and tear everything down."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lace.store import STORE_FILE
 from lace.store import kinds as K
 from lace.store import SqliteStore
 
-from . import controllers, dns, procs, topology
+from . import controllers, dns, dnsfeed, procs, topology
 from .kubelet import Sandboxes
 
 Progress = Callable[[str], None]
@@ -105,6 +105,11 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
                     log_path=os.path.join(state_dir, "logs", "kubelet.log"))
         progress("starting the controllers")
         controllers.start(state_dir)
+        progress(f"starting cluster DNS ({dns.SERVICE_REF} at {', '.join(dns.CLUSTER_IPS)})")
+        # not waited for, like the kubelet: the DNS pod, the kubelet's first, runs a few hundred ms
+        # after `lab up` returns (a pod asking before then gets no answer, as in a cluster whose
+        # DNS is still starting); waiting would add the kubelet's start and a CNI ADD to every up
+        dnsfeed.start(state_dir)
     except BaseException:
         down(name, state_dir)
         raise
@@ -139,7 +144,7 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
     k = running.get("kubelet")
     return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
             "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
-            "controllersPid": controllers.pid(state_dir)}
+            "controllersPid": controllers.pid(state_dir), "dnsFeederPid": dnsfeed.pid(state_dir)}
 
 
 def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -> int:

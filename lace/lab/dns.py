@@ -4,23 +4,36 @@ A real cluster runs CoreDNS behind the Service ``kube-system/kube-dns`` (10.96.0
 dnsmasq from Debian in the same place: ``lace lab up`` writes that Service (fixed ClusterIPs
 10.96.0.10 and fd00:10:96::a, ports 53/UDP ``dns`` and 53/TCP ``dns-tcp``) and one Pod behind it,
 ``kube-system/kube-dns-1`` (label ``k8s-app: kube-dns``, image ``lace/dnsmasq``), which the lab's
-kubelet runs as dnsmasq (``dnsmasq_argv``) in the pod's network namespace. dnsmasq answers names
-under cluster.local only from the hosts-format file ``<state>/dns/hosts`` (re-read on SIGHUP) and
-never forwards: names outside cluster.local are NXDOMAIN at once, so no query leaves the lab.
+kubelet runs as dnsmasq (``dnsmasq_argv``) in the pod's network namespace. dnsmasq answers only
+from a hosts-format file that the DNS feeder (``lace.lab.dnsfeed``) keeps current from the store:
 
-Plain values and no I/O: the kubelet, ``lace lab up`` and the unit tests share them.
+- ``SERVICE.NAMESPACE.svc.cluster.local``: the Service's ClusterIPs (A and AAAA); for a headless
+  Service (``clusterIP: None``) the ready addresses of its EndpointSlices instead, and
+  ``HOSTNAME.SERVICE.NAMESPACE.svc.cluster.local`` for an endpoint that has a hostname;
+- ``POD-IP-DASHED.NAMESPACE.pod.cluster.local``: each running pod's addresses
+  (``10-244-0-5``, ``fd00-10-244--5``).
+
+Names are cluster-wide, as namespaces are: a Service of network ``red`` has its record like any
+other, and pods that cannot reach its VIP simply get no answer from it. ExternalName Services get
+no record (a hosts file holds no CNAME). dnsmasq never forwards: names outside cluster.local
+are NXDOMAIN at once, so no query leaves the lab.
+
+Plain values and no I/O: the kubelet, the feeder, ``lace lab up`` and the unit tests share them.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lace.store import kinds as K
 
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE = "kube-system"
 SERVICE = "kube-dns"
+#: how Network.spec.importServices names the DNS Service
+SERVICE_REF = f"{NAMESPACE}/{SERVICE}"
 #: the DNS Service's ClusterIPs, fixed as in a kubeadm cluster (the tenth address of each range)
 CLUSTER_IPS = ("10.96.0.10", "fd00:10:96::a")
 LABELS = {"k8s-app": "kube-dns"}
@@ -68,6 +81,13 @@ def cluster_objects() -> list[dict]:
     return [service, pod]
 
 
+# ---- records ---------------------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
 def _addresses(values: Iterable[Any]) -> list[str]:
     """The valid IP addresses among ``values``, normalised (``None`` and junk are skipped)."""
     out = []
@@ -77,6 +97,69 @@ def _addresses(values: Iterable[Any]) -> list[str]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+def dashed(ip: str) -> str | None:
+    """A pod address as a DNS label (``10-244-0-5``, ``fd00-10-244--5``), or None when the
+    result cannot be one (an IPv6 address starting or ending with ``::``)."""
+    label = str(ipaddress.ip_address(ip)).replace(".", "-").replace(":", "-")
+    return None if label.startswith("-") or label.endswith("-") else label
+
+
+def _ready(endpoint: Mapping[str, Any]) -> bool:
+    # Kubernetes: a missing ready condition is to be read as ready
+    return (endpoint.get("conditions") or {}).get("ready") is not False
+
+
+def _slices_by_service(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for s in slices:
+        meta = _meta(s)
+        owner = (meta.get("labels") or {}).get(K.SERVICE_NAME_LABEL)
+        if owner:
+            out.setdefault((meta.get("namespace", ""), owner), []).append(s)
+    return out
+
+
+def records(services: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
+            pods: Iterable[Mapping[str, Any]], domain: str = CLUSTER_DOMAIN) -> list[tuple[str, str]]:
+    """Every (name, address) the cluster DNS answers, sorted by name, then IPv4 before IPv6."""
+    by_service = _slices_by_service(slices)
+    out: set[tuple[str, str]] = set()
+    for svc in services:
+        meta, spec = _meta(svc), svc.get("spec") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        if not ns or not name or spec.get("type") == "ExternalName":
+            continue
+        fqdn = f"{name}.{ns}.svc.{domain}"
+        cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+        if cluster_ips[:1] != ["None"]:
+            out.update((fqdn, ip) for ip in _addresses(cluster_ips))
+            continue
+        for s in by_service.get((ns, name), ()):
+            for ep in s.get("endpoints") or ():
+                if not _ready(ep):
+                    continue
+                for ip in _addresses(ep.get("addresses") or ()):
+                    out.add((fqdn, ip))
+                    if ep.get("hostname"):
+                        out.add((f"{ep['hostname']}.{fqdn}", ip))
+    for pod in pods:
+        meta, status = _meta(pod), pod.get("status") or {}
+        if status.get("phase") != "Running" or meta.get("deletionTimestamp"):
+            continue
+        ips = [e.get("ip") for e in status.get("podIPs") or ()] or [status.get("podIP")]
+        for ip in _addresses(ips):
+            label = dashed(ip)
+            if label:
+                out.add((f"{label}.{meta.get('namespace', '')}.pod.{domain}", ip))
+    return sorted(out, key=lambda r: (r[0], ipaddress.ip_address(r[1]).version, ipaddress.ip_address(r[1])))
+
+
+def hosts_text(recs: Sequence[tuple[str, str]]) -> str:
+    """``recs`` as the hosts-format file dnsmasq reads (``--addn-hosts``): one address and name a line."""
+    head = "# the lab's cluster DNS records, written by lace.lab.dnsfeed from the store: do not edit\n"
+    return head + "".join(f"{ip} {name}\n" for name, ip in recs)
 
 
 # ---- the server --------------------------------------------------------------------------------

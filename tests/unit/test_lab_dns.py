@@ -1,11 +1,152 @@
-"""The lab's cluster DNS as plain values: the dnsmasq command line and the objects `lace lab up`
-writes (accepted by a real store, as written)."""
+"""The lab's cluster DNS as plain values: the records the store yields (services of both families,
+headless services, pods, deletions), the hosts file, the dnsmasq command line, and the objects
+`lace lab up` writes (accepted by a real store, as written)."""
 
 from __future__ import annotations
+
+import pytest
 
 from lace.lab import dns
 from lace.lab.kubelet import pod_args, pod_image
 from lace.store import SqliteStore
+from lace.store import kinds as K
+
+
+def service(name, ns="shop", cluster_ips=("10.96.0.20",), **spec):
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterIP": cluster_ips[0], "clusterIPs": list(cluster_ips), "ports": [{"port": 80}], **spec}}
+
+
+def headless(name, ns="shop"):
+    return service(name, ns, cluster_ips=("None",))
+
+
+def endpoint(ip, ready=True, hostname=None):
+    ep = {"addresses": [ip], "conditions": {"ready": ready}}
+    if ready is None:
+        del ep["conditions"]["ready"]
+    if hostname:
+        ep["hostname"] = hostname
+    return ep
+
+
+def slice_(service_name, family, *endpoints, ns="shop", name=None):
+    return {"apiVersion": K.DISCOVERY_API_VERSION, "kind": "EndpointSlice",
+            "metadata": {"name": name or f"{service_name}-{family.lower()}", "namespace": ns,
+                         "labels": {K.SERVICE_NAME_LABEL: service_name}},
+            "addressType": family, "endpoints": list(endpoints), "ports": [{"port": 80}]}
+
+
+def pod(name, *ips, ns="shop", phase="Running", deleting=False):
+    meta = {"name": name, "namespace": ns}
+    if deleting:
+        meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "status": {"phase": phase, "podIPs": [{"ip": ip} for ip in ips]}}
+
+
+def names(recs):
+    out = {}
+    for name, ip in recs:
+        out.setdefault(name, []).append(ip)
+    return out
+
+
+# ---- records -----------------------------------------------------------------------------------
+
+def test_a_dual_stack_service_gets_both_cluster_ips_ipv4_first():
+    recs = dns.records([service("web", cluster_ips=("fd00:10:96::14", "10.96.0.20"))], [], [])
+    assert recs == [("web.shop.svc.cluster.local", "10.96.0.20"), ("web.shop.svc.cluster.local", "fd00:10:96::14")]
+
+
+def test_a_single_stack_service_gets_its_one_address():
+    recs = dns.records([service("db", ns="data", cluster_ips=("fd00:10:96::7",))], [], [])
+    assert recs == [("db.data.svc.cluster.local", "fd00:10:96::7")]
+
+
+def test_a_service_with_only_clusterip_set_still_gets_it():
+    svc = service("old")
+    del svc["spec"]["clusterIPs"]
+    assert dns.records([svc], [], []) == [("old.shop.svc.cluster.local", "10.96.0.20")]
+
+
+def test_a_headless_service_gets_the_ready_addresses_of_its_slices():
+    slices = [slice_("hl", "IPv4", endpoint("10.244.1.5"), endpoint("10.244.2.5", ready=False),
+                     endpoint("10.244.3.5", ready=None)),
+              slice_("hl", "IPv6", endpoint("fd00:10:244::1:5")),
+              # another service's slice, and a slice of the same name in another namespace
+              slice_("web", "IPv4", endpoint("10.244.9.9")),
+              slice_("hl", "IPv4", endpoint("10.244.8.8"), ns="other")]
+    recs = names(dns.records([headless("hl"), service("web")], slices, []))
+    # not ready: left out; no ready condition at all reads as ready (Kubernetes' rule)
+    assert recs["hl.shop.svc.cluster.local"] == ["10.244.1.5", "10.244.3.5", "fd00:10:244::1:5"]
+    assert recs["web.shop.svc.cluster.local"] == ["10.96.0.20"], "a service with a VIP ignores its slices"
+    assert "hl.other.svc.cluster.local" not in recs, "no Service hl in namespace other"
+
+
+def test_headless_endpoints_with_a_hostname_get_their_own_name():
+    slices = [slice_("db", "IPv4", endpoint("10.244.1.5", hostname="db-0"), endpoint("10.244.2.5"))]
+    recs = names(dns.records([headless("db")], slices, []))
+    assert recs["db-0.db.shop.svc.cluster.local"] == ["10.244.1.5"]
+    assert recs["db.shop.svc.cluster.local"] == ["10.244.1.5", "10.244.2.5"]
+
+
+def test_a_headless_service_without_ready_endpoints_has_no_record():
+    recs = dns.records([headless("hl")], [slice_("hl", "IPv4", endpoint("10.244.1.5", ready=False))], [])
+    assert recs == []
+
+
+def test_a_deleted_service_takes_its_records_along():
+    slices = [slice_("hl", "IPv4", endpoint("10.244.1.5"))]
+    before = names(dns.records([service("web"), headless("hl")], slices, []))
+    assert set(before) == {"web.shop.svc.cluster.local", "hl.shop.svc.cluster.local"}
+    # the store lists no Service any more; the slices may outlive it for a moment
+    after = names(dns.records([service("web")], slices, []))
+    assert set(after) == {"web.shop.svc.cluster.local"}
+
+
+def test_externalname_services_have_no_record():
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ext", "namespace": "shop"},
+           "spec": {"type": "ExternalName", "externalName": "db.example.com"}}
+    assert dns.records([svc], [], []) == []
+
+
+def test_running_pods_get_dashed_address_records_in_their_namespace():
+    pods = [pod("a", "10.244.1.5", "fd00:10:244::1:5"), pod("b", "10.244.2.5", phase="Pending"),
+            pod("c", "10.244.3.5", deleting=True), pod("d", "10.10.0.1", ns="alpha")]
+    recs = names(dns.records([], [], pods))
+    assert recs == {"10-244-1-5.shop.pod.cluster.local": ["10.244.1.5"],
+                    "fd00-10-244--1-5.shop.pod.cluster.local": ["fd00:10:244::1:5"],
+                    "10-10-0-1.alpha.pod.cluster.local": ["10.10.0.1"]}
+
+
+@pytest.mark.parametrize("ip,label", [("10.244.0.1", "10-244-0-1"), ("fd00:10:244::1", "fd00-10-244--1"),
+                                      ("FD00:0010::0001", "fd00-10--1"), ("::1", None), ("fe80::", None)])
+def test_dashed_labels(ip, label):
+    assert dns.dashed(ip) == label
+
+
+def test_records_are_sorted_deduplicated_and_skip_junk_addresses():
+    svc = service("web", cluster_ips=("10.96.0.20", "not-an-ip"))
+    twins = [pod("a", "10.244.1.5"), pod("a2", "10.244.1.5")]   # same address, two networks
+    recs = dns.records([svc, service("api")], [], twins)
+    assert recs == sorted(set(recs)) and len(recs) == len(set(recs))
+    assert [r for r in recs if r[0].endswith(".svc.cluster.local")] == [
+        ("api.shop.svc.cluster.local", "10.96.0.20"), ("web.shop.svc.cluster.local", "10.96.0.20")]
+    assert recs.count(("10-244-1-5.shop.pod.cluster.local", "10.244.1.5")) == 1
+
+
+def test_another_cluster_domain():
+    assert dns.records([service("web")], [], [], domain="lab.test") == [("web.shop.svc.lab.test", "10.96.0.20")]
+
+
+def test_hosts_text_is_one_address_and_name_a_line():
+    text = dns.hosts_text([("web.shop.svc.cluster.local", "10.96.0.20"),
+                           ("web.shop.svc.cluster.local", "fd00:10:96::14")])
+    lines = text.splitlines()
+    assert lines[0].startswith("#")
+    assert lines[1:] == ["10.96.0.20 web.shop.svc.cluster.local", "fd00:10:96::14 web.shop.svc.cluster.local"]
+    assert dns.hosts_text([]).count("\n") == 1
 
 
 # ---- the server and its objects -----------------------------------------------------------------

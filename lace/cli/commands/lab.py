@@ -121,7 +121,7 @@ def run_status(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     con = inv.console()
     con.print(t)
     con.print(f"fabric {st['fabric']}   outside {st['outside']}   kubelet pid {st['kubeletPid'] or '-'}"
-              f"   controllers pid {st.get('controllersPid') or '-'}")
+              f"   controllers pid {st.get('controllersPid') or '-'}   dns feeder pid {st.get('dnsFeederPid') or '-'}")
     healthy = all(n["agent"] == "healthy" for n in st["nodes"])
     return ExitStatus.OK if healthy else ExitStatus.UNAVAILABLE
 
