@@ -160,8 +160,13 @@ def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -
     return pid
 
 
-def pod_netns(state_dir: str, namespace: str, name: str) -> str:
+def pod_sandbox(state_dir: str, namespace: str, name: str) -> dict:
+    """The kubelet's record of a running pod: ``netns``, ``resolv_conf`` (its file), ``ips`` ..."""
     rec = Sandboxes(os.path.join(state_dir, "kubelet")).find(namespace, name)
     if rec is None or not rec.get("ready"):
         raise LabError(f"pod {namespace}/{name} is not running in this lab (lace get pods -n {namespace})")
-    return rec["netns"]
+    return rec
+
+
+def pod_netns(state_dir: str, namespace: str, name: str) -> str:
+    return pod_sandbox(state_dir, namespace, name)["netns"]

@@ -1,4 +1,4 @@
-"""The lab's cluster DNS: what it serves and how its server is started.
+"""The lab's cluster DNS: what it serves, who may use it, and how its server is started.
 
 A real cluster runs CoreDNS behind the Service ``kube-system/kube-dns`` (10.96.0.10); the lab runs
 dnsmasq from Debian in the same place: ``lace lab up`` writes that Service (fixed ClusterIPs
@@ -17,6 +17,12 @@ Names are cluster-wide, as namespaces are: a Service of network ``red`` has its 
 other, and pods that cannot reach its VIP simply get no answer from it. ExternalName Services get
 no record (a hosts file holds no CNAME). dnsmasq never forwards: names outside cluster.local
 are NXDOMAIN at once, so no query leaves the lab.
+
+Pods get ``/etc/resolv.conf`` as a kubelet writes it for ``dnsPolicy: ClusterFirst``
+(``resolv_conf``), but only where the DNS Service can be reached: from its own network
+(``default``) and from networks that import ``kube-system/kube-dns`` (``Network.spec.
+importServices``). Other pods get no nameserver at all — a lookup fails at once instead of
+waiting on an address the datapath will never deliver — and none of the machine's resolvers.
 
 Plain values and no I/O: the kubelet, the feeder, ``lace lab up`` and the unit tests share them.
 """
@@ -160,6 +166,36 @@ def hosts_text(recs: Sequence[tuple[str, str]]) -> str:
     """``recs`` as the hosts-format file dnsmasq reads (``--addn-hosts``): one address and name a line."""
     head = "# the lab's cluster DNS records, written by lace.lab.dnsfeed from the store: do not edit\n"
     return head + "".join(f"{ip} {name}\n" for name, ip in recs)
+
+
+# ---- resolv.conf -----------------------------------------------------------------------------
+
+
+def reaches_cluster_dns(network: Mapping[str, Any] | None, service_network: str = K.DEFAULT_NETWORK) -> bool:
+    """Whether pods of ``network`` (a Network object; None: it does not exist) can reach the DNS
+    Service's VIPs: it is the Service's own network or imports the Service."""
+    if network is None:
+        return False
+    if _meta(network).get("name") == service_network:
+        return True
+    return SERVICE_REF in ((network.get("spec") or {}).get("importServices") or ())
+
+
+def resolv_conf(namespace: str, pod_ips: Iterable[str], *, reachable: bool,
+                nameservers: Sequence[str] = CLUSTER_IPS, domain: str = CLUSTER_DOMAIN) -> str:
+    """The pod's /etc/resolv.conf, as a kubelet writes it for ``dnsPolicy: ClusterFirst``: the
+    cluster DNS addresses of the families the pod has an address in, the namespace's search path
+    and ``ndots:5``; without a nameserver (and so without a search path) when ``reachable`` is
+    false, so that lookups fail at once instead of timing out."""
+    families = {ipaddress.ip_address(ip).version for ip in _addresses(pod_ips)}
+    servers = [ns for ns in nameservers if ipaddress.ip_address(ns).version in families] if reachable else []
+    if not servers:
+        return ("# written by the lace lab kubelet: this pod's network cannot reach the cluster DNS\n"
+                f"# ({SERVICE_REF}: neither its network nor imported), so it has no nameserver\n")
+    return ("# written by the lace lab kubelet (dnsPolicy ClusterFirst)\n"
+            f"search {namespace}.svc.{domain} svc.{domain} {domain}\n"
+            + "".join(f"nameserver {ns}\n" for ns in servers)
+            + "options ndots:5\n")
 
 
 # ---- the server --------------------------------------------------------------------------------

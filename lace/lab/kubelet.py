@@ -2,15 +2,16 @@
 
 For every Pod: pick a node when it has none (fewest pods first), create its network namespace,
 call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
-configuration on stdin, the result on stdout) from inside the node's namespace, start what the
-pod runs and report the pod Running with its addresses. A Pod deleted
+configuration on stdin, the result on stdout) from inside the node's namespace, write the pod's
+resolv.conf, start what the pod runs and report the pod Running with its addresses. A Pod deleted
 gracefully (``metadata.deletionTimestamp`` set by the store) is stopped — its processes get SIGTERM
 and, after its grace period, SIGKILL — then gets CNI DEL, loses its namespace and files, and the
 kubelet removes the Pod object (grace period 0). A Pod removed at once is stopped the same way
 afterwards. Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
 
 The lab has no image registry: the first container's ``image`` names what a pod runs, in the pod's
-network namespace:
+network namespace and with the pod's resolv.conf over /etc/resolv.conf (a mount namespace of its
+own, see ``mountns``):
 
 - ``lace/dnsmasq``: dnsmasq as the cluster DNS server (``lace.lab.dns.dnsmasq_argv``: port 53 on
   the pod's addresses, the records in ``<state>/dns/hosts``, nothing of the machine's), followed by
@@ -18,6 +19,11 @@ network namespace:
 - any other image (``lace/podserver`` by convention): ``lace.lab.podserver``, HTTP answering with the
   pod's name on each TCP containerPort and UDP echo on each UDP port; a pod without ports runs
   nothing.
+
+A pod's resolv.conf (``<state>/kubelet/<uid>.resolv.conf``) is ``lace.lab.dns.resolv_conf``:
+the cluster DNS VIPs, the namespace's search path and ``ndots:5`` when the pod's network can reach
+``kube-system/kube-dns`` (it is ``default`` or imports it), no nameserver otherwise. It is decided
+when the pod starts, as a kubelet does; ``lace lab exec`` runs commands with it too.
 
 ``python -m lace.lab.kubelet --lab NAME --state-dir DIR`` runs it (``lace lab up`` does).
 """
@@ -201,7 +207,7 @@ class Kubelet:
             self._fail(pod, str(e))
             return
         ips = [ip["address"].split("/")[0] for ip in (result or {}).get("ips", [])]
-        rec.update(ips=ips)
+        rec.update(ips=ips, resolv_conf=self.write_resolv_conf(pod, rec, ips))
         self.sandboxes.put(rec)
         t_cni = time.monotonic()
         problem = self.run_containers(pod, rec, ips)
@@ -229,6 +235,20 @@ class Kubelet:
                  rec["namespace"], rec["name"], node, (t_ns - t0) * 1000, (t_cni - t_ns) * 1000,
                  (t_run - t_cni) * 1000, (time.monotonic() - t_run) * 1000)
 
+    def write_resolv_conf(self, pod: dict, rec: dict, ips: list[str]) -> str:
+        """Write the pod's resolv.conf (see the module docstring); returns its path."""
+        try:
+            network = self.store.get("Network", pod_network(pod))
+        except NotFound:
+            network = None
+        path = os.path.join(self.state_dir, "kubelet", f"{rec['uid']}.resolv.conf")
+        text = dns.resolv_conf(rec["namespace"], ips, reachable=dns.reaches_cluster_dns(network))
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return path
+
     def run_containers(self, pod: dict, rec: dict, ips: list[str]) -> str | None:
         """Start what the pod's image names (see the module docstring) and wait until it is ready;
         returns what went wrong, or None."""
@@ -254,7 +274,7 @@ class Kubelet:
         log_path = os.path.join(self.state_dir, "logs", f"{rec['proc']}.log")
         try:
             pid = procs.spawn(argv, netns=rec["netns"], name=rec["proc"], state_dir=self.state_dir,
-                              log_path=log_path)
+                              log_path=log_path, resolv_conf=rec["resolv_conf"])
         except procs.ProcError as e:
             return str(e)
         deadline = time.monotonic() + 10
@@ -291,6 +311,7 @@ class Kubelet:
             log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
         netlink.netns.delete(rec["netns"])
         for path in (os.path.join(self.state_dir, "kubelet", rec["uid"] + ".ready"),
+                     os.path.join(self.state_dir, "kubelet", rec["uid"] + ".resolv.conf"),
                      os.path.join(self.dns_dir, dns.pid_file_name(rec["uid"]))):
             try:
                 os.unlink(path)

@@ -3,7 +3,9 @@
 Each process runs in its own session (so a signal to its process group reaches its children too),
 with stdin from /dev/null and stdout/stderr appended to a log file.  It enters its network
 namespace in the child between fork and exec (setns on /run/netns/NAME), so no ``ip netns exec``
-wrapper sits between us and it and the recorded pid is the program itself.
+wrapper sits between us and it and the recorded pid is the program itself.  A pod's processes
+also get a private mount namespace there, with the pod's resolv.conf over /etc/resolv.conf
+(``mountns``).
 
 The record is ``<state_dir>/procs.json``: ``{name: {pid, argv, started, netns, log_path,
 starttime}}``, rewritten atomically under an flock so concurrent writers do not lose entries.
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from lace import nsenter
+
+from .mountns import PrivateFile
 
 PROCS_FILE = "procs.json"
 _LOCK_FILE = ".procs.lock"
@@ -123,11 +127,13 @@ def spawn(
     log_path: str | os.PathLike[str],
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    resolv_conf: str | os.PathLike[str] | None = None,
 ) -> int:
     """Start ``argv`` detached inside NETNS (None: the caller's namespace) as ``name``; return its pid.
 
-    A process already recorded under ``name`` and still running is an error (stop it first); a
-    dead one's record is replaced.
+    With ``resolv_conf`` the process sees that file as /etc/resolv.conf (a mount namespace of
+    its own).  A process already recorded under ``name`` and still running is an error (stop it
+    first); a dead one's record is replaced.
     """
     if not argv:
         raise ProcError(f"cannot start {name}: empty command")
@@ -142,13 +148,20 @@ def spawn(
         except OSError as exc:
             raise ProcError(f"cannot start {name} in netns {netns}: {exc.strerror}") from None
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    private = PrivateFile(resolv_conf) if resolv_conf is not None else None
+
+    def enter() -> None:
+        # runs between fork and exec: setns(2), and unshare(2) and two mount(2)s for a resolv.conf
+        if ns_fd is not None:
+            nsenter.setns(ns_fd)
+        if private is not None:
+            private.enter()
     try:
         with open(log_path, "ab", buffering=0) as log, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
                 list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 close_fds=True, env=dict(env) if env is not None else None, cwd=cwd,
-                # runs between fork and exec: one setns(2) and nothing else
-                preexec_fn=(lambda: nsenter.setns(ns_fd)) if ns_fd is not None else None,  # type: ignore[arg-type]
+                preexec_fn=enter if ns_fd is not None or private is not None else None,
             )
     except (OSError, subprocess.SubprocessError) as exc:
         where = f" in netns {netns}" if netns else ""

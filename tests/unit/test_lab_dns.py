@@ -1,13 +1,15 @@
 """The lab's cluster DNS as plain values: the records the store yields (services of both families,
-headless services, pods, deletions), the hosts file, the dnsmasq command line, and the objects
-`lace lab up` writes (accepted by a real store, as written)."""
+headless services, pods, deletions), the hosts file, resolv.conf per network, the dnsmasq command
+line, and the objects `lace lab up` writes (accepted by a real store, as written)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from lace.lab import dns
-from lace.lab.kubelet import pod_args, pod_image
+from lace.lab.kubelet import Kubelet, pod_args, pod_image
 from lace.store import SqliteStore
 from lace.store import kinds as K
 
@@ -147,6 +149,65 @@ def test_hosts_text_is_one_address_and_name_a_line():
     assert lines[0].startswith("#")
     assert lines[1:] == ["10.96.0.20 web.shop.svc.cluster.local", "fd00:10:96::14 web.shop.svc.cluster.local"]
     assert dns.hosts_text([]).count("\n") == 1
+
+
+# ---- resolv.conf ---------------------------------------------------------------------------------
+
+def network(name, imports=()):
+    return {"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": name},
+            "spec": {"cidrs": ["10.10.0.0/16"], "importServices": list(imports)}}
+
+
+def test_who_reaches_the_cluster_dns():
+    assert dns.reaches_cluster_dns(network("default"))
+    assert dns.reaches_cluster_dns(network("red", ["alpha/web", "kube-system/kube-dns"]))
+    assert not dns.reaches_cluster_dns(network("blue", ["alpha/web"]))
+    assert not dns.reaches_cluster_dns(network("green"))
+    assert not dns.reaches_cluster_dns(None)
+
+
+def test_resolv_conf_of_a_dual_stack_pod():
+    text = dns.resolv_conf("shop", ["10.244.1.5", "fd00:10:244::1:5"], reachable=True)
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines == ["search shop.svc.cluster.local svc.cluster.local cluster.local",
+                     "nameserver 10.96.0.10", "nameserver fd00:10:96::a", "options ndots:5"]
+
+
+def test_resolv_conf_names_only_the_servers_of_the_pods_families():
+    v4 = dns.resolv_conf("shop", ["10.244.1.5"], reachable=True)
+    v6 = dns.resolv_conf("shop", ["fd00:10:244::1:5"], reachable=True)
+    assert [line for line in v4.splitlines() if line.startswith("nameserver")] == ["nameserver 10.96.0.10"]
+    assert [line for line in v6.splitlines() if line.startswith("nameserver")] == ["nameserver fd00:10:96::a"]
+
+
+def test_resolv_conf_without_a_reachable_server_has_no_nameserver_nor_search():
+    for text in (dns.resolv_conf("shop", ["10.10.0.1", "fd10:10::1"], reachable=False),
+                 dns.resolv_conf("shop", [], reachable=True)):
+        assert all(line.startswith("#") for line in text.splitlines()), text
+        assert "kube-system/kube-dns" in text
+
+
+@pytest.mark.parametrize("net,imports,expect", [("default", None, True), ("red", ["kube-system/kube-dns"], True),
+                                                ("blue", [], False), ("missing", None, False)])
+def test_the_kubelet_writes_resolv_conf_by_the_pods_network(tmp_path, net, imports, expect):
+    (tmp_path / "lab.json").write_text(json.dumps({"nodes": [{"name": "worker-1", "netns": "n1"}]}))
+    store = SqliteStore(tmp_path / "store.db")
+    store.apply_all(dns.cluster_objects()[:1])   # the Service must exist before a Network imports it
+    if imports is not None and net != "default":
+        store.apply({"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": net},
+                     "spec": {"cidrs": ["10.10.0.0/16", "fd10:10::/64"], "importServices": imports}})
+    kubelet = Kubelet("t", str(tmp_path))
+    try:
+        p = {"metadata": {"name": "p", "namespace": "shop", "annotations": {K.NETWORK_ANNOTATION: net}}}
+        path = kubelet.write_resolv_conf(p, {"uid": "u1", "namespace": "shop"}, ["10.10.0.1", "fd10:10::1"])
+        text = open(path).read()
+    finally:
+        kubelet.pool.shutdown()
+        kubelet.store.close()
+        store.close()
+    assert path == str(tmp_path / "kubelet" / "u1.resolv.conf")
+    assert ("nameserver 10.96.0.10" in text) == expect and ("nameserver fd00:10:96::a" in text) == expect
+    assert ("search shop.svc.cluster.local" in text) == expect
 
 
 # ---- the server and its objects -----------------------------------------------------------------

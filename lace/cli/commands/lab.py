@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", choices=("json",), default=None)
     p.set_defaults(handler=run_status)
     p = sub.add_parser("exec", help="run a command inside a pod's network namespace",
-                       description="Run CMD inside NAMESPACE/POD's network namespace; its exit status is returned.")
+                       description="Run CMD inside NAMESPACE/POD's network namespace, with the pod's "
+                                   "resolv.conf as /etc/resolv.conf; its exit status is returned.")
     cli_args.add_lab_option(p)
     p.add_argument("pod", metavar="NAMESPACE/POD")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
@@ -129,6 +130,7 @@ def run_status(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
 def run_exec(args: argparse.Namespace, inv: Invocation) -> ExitStatus | int:
     from lace import netlink
     from lace.lab import cluster
+    from lace.lab.mountns import PrivateFile
     name = _selected(args, inv)
     ns, sep, pod = args.pod.partition("/")
     if not sep or not ns or not pod:
@@ -137,14 +139,18 @@ def run_exec(args: argparse.Namespace, inv: Invocation) -> ExitStatus | int:
     if not cmd:
         raise UsageError("say what to run after --", hint=f"lace lab exec {args.pod} -- ip addr")
     try:
-        netns = cluster.pod_netns(str(lab_context(name, inv.env).dir), ns, pod)
+        rec = cluster.pod_sandbox(str(lab_context(name, inv.env).dir), ns, pod)
     except cluster.LabError as e:
         raise NotFoundError(str(e)) from None
-    path = netlink.netns.path(netns)
+    path = netlink.netns.path(rec["netns"])
+    # the pod's resolv.conf over /etc/resolv.conf, in a mount namespace of the command's own
+    private = PrivateFile(rec["resolv_conf"]) if rec.get("resolv_conf") else None
 
     def enter() -> None:
         from pyroute2.netns import setns
         setns(path)
+        if private is not None:
+            private.enter()
     # a terminal's streams go straight to the command; in-process callers (tests) get its output
     io_kw: dict[str, Any] = {}
     if inv.stdin is not sys.stdin:
@@ -155,6 +161,10 @@ def run_exec(args: argparse.Namespace, inv: Invocation) -> ExitStatus | int:
         res = subprocess.run(cmd, preexec_fn=enter, **io_kw)
     except FileNotFoundError:
         raise NotFoundError(f"command not found in pod {args.pod}: {cmd[0]}") from None
+    except subprocess.SubprocessError:
+        raise CliError(f"cannot enter pod {args.pod}: joining its network namespace or mounting its "
+                       f"resolv.conf ({rec.get('resolv_conf')}) failed",
+                       hint=f"`lace get pod {pod} -n {ns}` shows whether it still runs") from None
     if inv.stdout is not sys.stdout:
         inv.stdout.write(res.stdout.decode(errors="replace"))
         inv.stderr.write(res.stderr.decode(errors="replace"))
