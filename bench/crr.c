@@ -9,7 +9,8 @@
  *   crr client CPU NETNS ADDR PORT WARMUP SECONDS
  *       from inside NETNS, loops connect / send 1 byte / read 1 byte / close for WARMUP seconds
  *       (not counted), then SECONDS more, and prints one line:
- *       "conns=N errors=E seconds=S backends=c0,c1,..." (connections answered by each backend).
+ *       "conns=N errors=E seconds=S waited=W backends=c0,c1,..." (W: seconds the client waited
+ *       for its CPU while counting; c0..: connections answered by each backend).
  *
  * Both pin themselves to CPU and never sleep: the client spins on its non-blocking socket, the
  * server on epoll_wait with a zero timeout. On the 2-vCPU VMs this runs on, waking a thread on the
@@ -172,6 +173,21 @@ static int server(int argc, char **argv)
 	}
 }
 
+/* Seconds this thread has spent runnable but not running (another task had its CPU): the second
+ * field of /proc/self/schedstat. */
+static double run_delay(void)
+{
+	unsigned long long ran = 0, delay = 0;
+	FILE *f = fopen("/proc/thread-self/schedstat", "r");
+
+	if (f) {
+		if (fscanf(f, "%llu %llu", &ran, &delay) != 2)
+			delay = 0;
+		fclose(f);
+	}
+	return delay / 1e9;
+}
+
 #define TIMEOUT 2.0   /* seconds a connection may take before it counts as failed */
 
 /* Connect, write one byte, read one back on non-blocking socket S, spinning (never sleeping)
@@ -207,6 +223,7 @@ static int client(char **argv)
 	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
 	double warmup = atof(argv[6]), seconds = atof(argv[7]), t0, start, end;
 	unsigned long conns = 0, errors = 0, per[256] = { 0 };
+	double waited = 0;
 	int one = 1, counting = 0, top = 0;
 
 	enter_netns(argv[3]);
@@ -224,6 +241,7 @@ static int client(char **argv)
 			break;
 		if (!counting && t >= start) {
 			counting = 1;
+			waited = run_delay();
 			conns = errors = 0;
 			memset(per, 0, sizeof(per));
 		}
@@ -242,7 +260,8 @@ static int client(char **argv)
 		}
 		close(s);
 	}
-	printf("conns=%lu errors=%lu seconds=%.6f backends=", conns, errors, now() - start);
+	printf("conns=%lu errors=%lu seconds=%.6f waited=%.6f backends=", conns, errors, now() - start,
+	       run_delay() - waited);
 	for (int i = 0; i < top; i++)
 		printf("%s%lu", i ? "," : "", per[i]);
 	printf("\n");
