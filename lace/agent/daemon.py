@@ -25,6 +25,7 @@ from .desired import OWNED_MAPS, desired_maps
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
+from .hostdev import HostDevice
 from .metrics import AgentMetrics
 from .socklb import SockLB
 from .state import NotRegistered, build_snapshot
@@ -60,6 +61,7 @@ class Agent:
         self.datapath = NodeDatapath(pin_root)
         # the host cgroup's socket hooks: the node's own processes reach service frontends
         self.socklb = SockLB(cgroup, self.datapath.links_dir) if cgroup else None
+        self.hostdev = HostDevice(node, store, self.datapath, mtu)
         self.policy = PolicyProgrammer(node)
         self.services = ServiceProgrammer()
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
@@ -87,6 +89,7 @@ class Agent:
         if up is None:
             raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
         self.datapath.attach_uplink(up.ifindex)
+        self.hostdev.ensure()
         self._adopt_pod_links()
         # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"))
@@ -137,6 +140,8 @@ class Agent:
         """One level-triggered pass; returns the number of entries changed per map. A resync
         reads every map back from the kernel instead of trusting what this agent last wrote."""
         with self._reconcile_lock, netlink.reuse():
+            if resync:
+                self.hostdev.ensure()
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
@@ -156,6 +161,7 @@ class Agent:
                 log.info("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
             self._log_policy_pressure()
             self._log_service_pressure()
+            self._export_pressure()
             return changed
 
     def _log_policy_pressure(self) -> None:
@@ -171,6 +177,13 @@ class Agent:
                         pr.desired, pr.dropped,
                         ", ".join(f"{k}: {v}" for k, v in sorted(pr.dropped_by_policy.items())),
                         pr.prefix_dropped)
+
+    def _export_pressure(self) -> None:
+        pol, svc = self.policy.pressure, self.services.pressure
+        self.metrics.left_out.labels("policy").set(pol.dropped if pol else 0)
+        self.metrics.left_out.labels("prefix-segment").set(pol.prefix_dropped if pol else 0)
+        self.metrics.left_out.labels("services").set(svc.frontends - svc.programmed if svc else 0)
+        self.metrics.left_out.labels("maglev").set(svc.without_table if svc else 0)
 
     def _log_service_pressure(self) -> None:
         """Warn once per change of what full service maps leave out (MAP_FULL)."""

@@ -4,7 +4,7 @@ from the per-CPU metrics map at scrape time), map fill, and the agent's own reco
 from __future__ import annotations
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lace.datapath.common import Verdict
@@ -63,6 +63,10 @@ class AgentMetrics:
                                         registry=self.registry)
         self.map_writes = Counter("lace_agent_map_writes", "Map entries written or deleted", ["map"],
                                   registry=self.registry)
+        self.left_out = Gauge("lace_agent_map_left_out",
+                              "What the desired state holds that a full map could not take: policy entries "
+                              "(policy, prefix-segment), service frontends (services), frontends without a "
+                              "Maglev table (maglev)", ["map"], registry=self.registry)
         self.registry.register(DatapathCollector(datapath, capacities))
 
     def exposition(self) -> bytes:

@@ -186,3 +186,29 @@ def test_policy_applies_to_the_backend_after_translation(lab, ns):
     guarded4 = ips(lab.pods(ns)["guarded"])[0]
     flows = node_json(lab, "worker-3", "trace", "flow", "--last", "300", "--verdict", "drop", "--ip", guarded4)
     assert any(f["reason"] == "policy-ingress" for f in flows["flows"]), flows
+
+
+def test_agent_sigkill_keeps_a_stream_through_a_service(lab, ns):
+    lab.apply([pod("far", ns, "worker-2", labels={"app": "far"}), pod("near", ns, "worker-1")])
+    lab.wait(ns, ["far", "near"])
+    lab.apply([service("far", ns, {"app": "far"})])
+    v4 = vips(lab, ns, "far")[0]
+    programmed(lab, v4, 1, nodes=("worker-1",))
+    before = node_json(lab, "worker-1", "bpf", "show", "services", "-n")["entries"]
+    result: dict = {}
+
+    def stream() -> None:
+        result["rc"], result["out"] = lab.exec(f"{ns}/near", *NETCHECK, "hold", v4, "80", "4")
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(1.0)   # the stream runs through the VIP: crash the agent of the client's node
+    old_pid = lab.node("worker-1")["agentPid"]
+    lab.lace("lab", "restart-agent", "worker-1", "--kill")
+    t.join(timeout=30)
+    assert result.get("rc") == 0 and f"answered by {ns}/far" in result["out"], f"the stream broke: {result}"
+    assert lab.node("worker-1")["agentPid"] not in (None, old_pid)
+    after = node_json(lab, "worker-1", "bpf", "show", "services", "-n")["entries"]
+    key = lambda e: (e["network"], e["addr"], e["port"], e["proto"])   # noqa: E731
+    assert sorted(map(key, after)) == sorted(map(key, before)), "the restarted agent adopted the services"
+    assert answers(lab, f"{ns}/near", v4, 2) == [f"{ns}/far"] * 2
