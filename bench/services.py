@@ -604,13 +604,14 @@ class Lace:
         self.pin_root = f"/sys/fs/bpf/lsvc-{tag}"
         self.loaded = None
         self.links: list = []
-        self.capacity: dict[str, int] = {}
+        self.capacity: dict[str, int] = {}     # map capacities past the defaults, as loaded
+        self.grown: dict[str, int] = {}        # the largest of those over the run, for the report
 
     def unavailable(self) -> str | None:
         return lace_translation_missing()
 
     def _load(self, max_entries: dict[str, int]) -> None:
-        """Load (or reload with larger maps) pod_veth.o/uplink.o and attach to every pod veth."""
+        """Load (or reload with larger maps) lace's objects and attach to every pod veth."""
         from lace.bpf import attach_tcx, ensure_bpffs
         from lace.datapath.node import load_objects
 
@@ -619,6 +620,8 @@ class Lace:
         os.mkdir(self.pin_root)
         self.loaded = load_objects(self.pin_root, max_entries)
         self.capacity = dict(max_entries)
+        for k, v in max_entries.items():
+            self.grown[k] = max(v, self.grown.get(k, 0))
         prog = self.loaded.program("lace_from_pod")
         for pod in self.topo.pods:
             self.links.append(attach_tcx(prog, pod.host_ifindex, "ingress", netns=self.topo.node))
@@ -824,8 +827,8 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
         row += f"{fmt_ratio(rate('lace', n), rate('nftables', n)):>10}"
         row += f"{fmt_ratio(rate('lace', n), lace0):>14}"
         print(row)
-    print("\nsetup: programming N services from empty (the one iptables-restore / nft -f run; "
-          "lace: map writes incl. Maglev tables)")
+    print("\nsetup: programming N services from empty (the one iptables-restore / nft -f run, rendering "
+          "the rules not counted; lace: Maglev tables and batched map writes, packing the entries not counted)")
     print(f"{'services':>9}" + "".join(f"{n:>17}" for n in names))
     for n in counts:
         print(f"{n:>9,}" + "".join(f"{fmt_setup(cells, b, n):>17}" for b in names))
@@ -835,6 +838,15 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
             took = ", ".join(f"{n:,}: {fmt_secs(t)}" for n, t in loaded)
             print(f"{plane.name} past {exact_max:,} services (est. = that setup time at the largest count loaded "
                   f"kube-proxy's way, x (n/that)^2): {plane.inexact()}; that load took {took}")
+    for plane in planes:
+        if isinstance(plane, Lace):
+            from lace.datapath import registry
+            print(f"lace: objects from {registry.bpf_dir()}")
+        if isinstance(plane, Lace) and plane.grown:
+            from lace.datapath import registry
+            sizes = ", ".join(f"{k} {v:,} entries (default {registry.MAPS[k].max_entries:,})"
+                              for k, v in plane.grown.items())
+            print(f"lace: maps sized past their defaults to hold the services: {sizes}")
     notes = [(b, n, c.note) for (b, n), c in cells.items() if c.note]
     for b, why in skipped.items():
         print(f"{b}: {why}")
