@@ -31,6 +31,7 @@ from .links import (
     move_link,
     rename,
     routes,
+    set_arp,
     set_down,
     set_mac,
     set_master,
@@ -47,7 +48,7 @@ __all__ = [
     "create_netns", "delete_netns", "netns_exists", "netns_inode", "netns_path", "list_netns",
     "entered", "ipr", "run_in", "sysctl",
     "LinkInfo", "RouteInfo", "link", "links", "wait_link", "veth_pair", "bridge", "set_master", "set_up",
-    "set_down", "rename", "set_mtu", "set_mac", "move_link", "delete_link",
+    "set_down", "rename", "set_mtu", "set_mac", "set_arp", "move_link", "delete_link",
     "add_address", "del_address", "addresses", "add_route", "del_route", "routes",
     "add_neighbor", "del_neighbor",
 ]  # fmt: skip

@@ -25,10 +25,11 @@ from .neighbors import add_neighbor, del_neighbor
 from .routes import RouteInfo, add_route, del_route, routes
 
 _IFF_UP = 0x1
+_IFF_NOARP = 0x80
 
 __all__ = [
     "LinkInfo", "link", "links", "wait_link", "veth_pair", "bridge", "set_master", "set_up", "set_down",
-    "rename", "set_mtu", "set_mac", "move_link", "delete_link",
+    "rename", "set_mtu", "set_mac", "set_arp", "move_link", "delete_link",
     "add_address", "del_address", "addresses", "add_route", "del_route", "routes", "RouteInfo",
     "add_neighbor", "del_neighbor",
 ]  # fmt: skip
@@ -39,8 +40,9 @@ class LinkInfo:
     """One interface as the kernel reports it (RTM_NEWLINK / struct ifinfomsg + IFLA_* attributes).
 
     ``state`` is the operational state in lower case ("up", "down", "unknown" for lo, ...);
-    ``admin_up`` is the IFF_UP flag.  ``peer_ifindex`` is the veth peer's ifindex (in the peer's
-    namespace), None for other kinds.  ``master`` is the bridge's ifindex when enslaved.
+    ``admin_up`` is the IFF_UP flag, ``arp`` the absence of IFF_NOARP.  ``peer_ifindex`` is the veth
+    peer's ifindex (in the peer's namespace), None for other kinds.  ``master`` is the bridge's
+    ifindex when enslaved.
     """
 
     ifindex: int
@@ -52,6 +54,7 @@ class LinkInfo:
     peer_ifindex: int | None
     master: int | None = None
     admin_up: bool = False
+    arp: bool = True
 
 
 def _info(msg: Any) -> LinkInfo:
@@ -68,6 +71,7 @@ def _info(msg: Any) -> LinkInfo:
         peer_ifindex=int(peer) if peer else None,
         master=int(master) if master else None,
         admin_up=bool(msg["flags"] & _IFF_UP),
+        arp=not msg["flags"] & _IFF_NOARP,
     )
 
 
@@ -254,6 +258,16 @@ def set_mtu(ifname: str | int, mtu: int, netns: str | None = None) -> None:
 def set_mac(ifname: str | int, mac: str, netns: str | None = None) -> None:
     """Set the MAC address of ``ifname``."""
     _set(f"set mac {mac} on", ifname, netns, address=mac)
+
+
+def set_arp(ifname: str | int, on: bool, netns: str | None = None) -> None:
+    """Turn neighbour resolution on ``ifname`` on or off (IFF_NOARP, as ``ip link set arp off``).
+
+    Without it the kernel resolves every neighbour on the interface to the interface's own MAC
+    (NUD_NOARP) instead of asking by ARP or neighbour discovery."""
+    with handle(f"set arp {'on' if on else 'off'} on", where(str(ifname), netns), netns) as ip:
+        ip.link("set", index=index_of(ip, ifname, "set arp", netns), flags=0 if on else _IFF_NOARP,
+                change=_IFF_NOARP)
 
 
 def rename(ifname: str, new: str, netns: str | None = None) -> None:

@@ -100,7 +100,9 @@ def del_route(dst: str, *, netns: str | None = None, via: str | None = None, dev
     op = "delete route"
     target = where(_describe(dst, via, dev), netns)
     with handle(op, target, netns) as ip:
-        spec = _spec(ip, dst, op, target, netns, via, dev, None, False, table, None, None, family)
+        # scope "nowhere" matches a route of any scope, as `ip route del` does: the kernel deletes
+        # an IPv4 route only when the request's scope is its own or RT_SCOPE_NOWHERE
+        spec = _spec(ip, dst, op, target, netns, via, dev, "nowhere", False, table, None, None, family)
         spec.pop("proto")
         try:
             ip.route("del", **spec)

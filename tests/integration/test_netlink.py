@@ -187,6 +187,30 @@ def test_bridge_and_master(ns: str) -> None:
         nl.bridge("p2", ns)
 
 
+def test_arp_off_resolves_neighbours_to_the_own_mac(ns: str) -> None:
+    """A NOARP interface sends every routed packet to its own MAC, without asking (as lace_host)."""
+    nl.veth_pair("na0", "na1", netns=ns, mac="02:00:5e:00:02:00")
+    assert nl.link("na0", ns).arp  # type: ignore[union-attr]
+    nl.set_arp("na0", False, ns)
+    nl.set_arp("na0", False, ns)   # ensure
+    assert not nl.link("na0", ns).arp  # type: ignore[union-attr]
+    assert "NOARP" in ipj(ns, "link", "show", "na0")[0]["flags"]
+    for dev in ("na0", "na1"):
+        nl.set_up(dev, ns)
+    nl.add_address("na0", "10.77.0.1/32", ns)
+    nl.add_route("10.88.0.0/16", netns=ns, dev="na0", src="10.77.0.1")
+    with nl.entered(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.sendto(b"x", ("10.88.0.9", 9))
+        finally:
+            s.close()
+    neigh = [n for n in ipj(ns, "neigh", "show", "nud", "all", "dev", "na0") if n["dst"] == "10.88.0.9"]
+    assert neigh and neigh[0]["lladdr"] == "02:00:5e:00:02:00" and neigh[0]["state"] == ["NOARP"]
+    nl.set_arp("na0", True, ns)
+    assert nl.link("na0", ns).arp  # type: ignore[union-attr]
+
+
 def test_move_link(pair: tuple[str, str]) -> None:
     a, b = pair
     nl.veth_pair("m0", "m1", netns=a)
