@@ -18,6 +18,9 @@ POLICY_PREFIX_ANY_PROTO = 72
 POLICY_PREFIX_PROTO = 80
 POLICY_PREFIX_FULL = 96
 _PORT_BITS = POLICY_PREFIX_FULL - POLICY_PREFIX_PROTO
+#: the rule number of the entry that lets the node's host into a pod selected for ingress
+#: (policy 0; lace.policy.resolve writes one per such segment)
+HOST_RULE = 0xFFFE
 
 
 class PolicyFlag(enum.IntFlag):

@@ -12,6 +12,12 @@ of the world it reads, so one policy change re-resolves one policy):
   on the destination pod: the subject for ingress, the peer for egress) -> allow entries tagged with
   (policy ID, rule index).
 
+The node's host reaches the pods of its node whatever policy selects them, as Kubernetes expects
+(kubelet probes come from the node; Calico and Cilium allow the host by default too): every
+segment selected for ingress also gets an allow entry for peer HOST, any protocol and port
+(policy 0, rule HOST_RULE). It is kept, like the markers, whatever the map's capacity. Other nodes'
+hosts are ordinary peers (segment REMOTE_NODE): a policy must allow them.
+
 Assembly (cheap, per node): the union of every policy's entries. For one (segment, direction), if
 any policy selecting it enforces, only enforcing policies' rules are programmed; if all of them are
 in audit mode (policy or namespace annotation ``lace.dev/audit: "true"``), their rules are
@@ -38,8 +44,8 @@ import ipaddress
 import logging
 from dataclasses import dataclass, field
 
-from lace.datapath.common import SEGMENT_ANY, Direction
-from lace.datapath.policy import POLICY_MAX, PolicyFlag, policy_entry, policy_keys, selected_key
+from lace.datapath.common import SEGMENT_ANY, SEGMENT_HOST, Direction
+from lace.datapath.policy import HOST_RULE, POLICY_MAX, PolicyFlag, policy_entry, policy_keys, selected_key
 from lace.datapath.segment import PREFIX_SEGMENT_MAX, prefix_segment_key, segment_value
 from lace.datapath.common import NETWORK_OUTSIDE
 
@@ -146,6 +152,11 @@ class Resolution:
             flags = PolicyFlag.SELECTED | (0 if enf else PolicyFlag.AUDIT)
             out[selected_key(s, d)] = policy_entry(owner.policy_id, MARKER_RULE, flags)
         pr.markers = len(out)
+        host = policy_entry(0, HOST_RULE)
+        for s, d in groups:
+            if d == DIR[INGRESS]:
+                for key in policy_keys(s, SEGMENT_HOST, d, None):
+                    out[key] = host
         n = len(out)
         desired = set(out)
         for s, d in groups:

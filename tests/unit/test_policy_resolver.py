@@ -1,13 +1,13 @@
 """The resolver without a kernel: policyTypes defaulting, policy IDs, ports (SCTP, ranges as LPM
-blocks, named), ipBlock CIDR segments, audit markers, the per-policy cache, per-node restriction and
-a full map reported with MAP_FULL."""
+blocks, named), ipBlock CIDR segments, audit markers, the host allowed into pods selected for
+ingress, the per-policy cache, per-node restriction and a full map reported with MAP_FULL."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from lace.datapath.common import SEGMENT_ANY, Direction
-from lace.datapath.policy import decode_policy_entry, decode_policy_key, selected_key
+from lace.datapath.common import SEGMENT_ANY, SEGMENT_HOST, Direction
+from lace.datapath.policy import HOST_RULE, decode_policy_entry, decode_policy_key, selected_key
 from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, Resolver, parse_policy, policy_ids
 from lace.policy.ids import base_policy_id, cidr_from_label, cidr_label_value
 from lace.policy.resolve import MAP_FULL, resolve
@@ -36,12 +36,23 @@ def decoded(entries):
 
 
 def allows(entries):
+    """The allow entries policies' rules made (not the markers, not the host's default entries)."""
     out = []
     for k, v in entries.items():
         dk = decode_policy_key(k)
-        if not dk["selected"]:
+        if not dk["selected"] and decode_policy_entry(v)["rule"] != HOST_RULE:
             out.append((dk["segment"], dk["direction"], dk["peer"], dk["proto"], dk["port"], dk["end_port"]))
     return sorted(out, key=repr)
+
+
+def host_entries(entries):
+    """(segment, direction, peer, proto, policy ID) of the host's default entries."""
+    out = []
+    for k, v in entries.items():
+        dk, dv = decode_policy_key(k), decode_policy_entry(v)
+        if not dk["selected"] and dv["rule"] == HOST_RULE:
+            out.append((dk["segment"], dk["direction"], dk["peer"], dk["proto"], dv["policy_id"]))
+    return sorted(out)
 
 
 def test_policy_types_defaulting():
@@ -70,7 +81,7 @@ def test_marker_and_any_peer_any_port():
     m = decode_policy_entry(entries[selected_key(300, Direction.INGRESS)])
     assert "selected" in m["flags"] and "audit" not in m["flags"] and m["policy_id"] == base_policy_id("x", "p")
     assert allows(entries) == [(300, "ingress", SEGMENT_ANY, None, None, None)]
-    assert pr.markers == 1 and pr.programmed == 2 and pr.reason is None
+    assert pr.markers == 1 and pr.programmed == 3 and pr.reason is None   # marker, host, the rule
 
 
 def test_sctp_udp_ranges_and_named_ports():
@@ -150,7 +161,23 @@ def test_per_node_entries_and_full_map_is_reported():
     assert {decode_policy_key(k)["segment"] for k in n1} == {300}
     entries, pr = res.entries(None, capacity=10)
     assert len(entries) == 10 and pr.reason == MAP_FULL
-    assert pr.markers == 2 and pr.dropped == pr.desired - 10 == 22 - 10
+    # 2 markers, 2 host entries, 10 policies x 2 subjects
+    assert pr.markers == 2 and pr.dropped == pr.desired - 10 == 24 - 10
     assert sum(pr.dropped_by_policy.values()) == pr.dropped
-    # markers are kept (fail closed): every subject stays default deny
+    # markers are kept (fail closed): every subject stays default deny; and the host stays allowed
     assert all(selected_key(s, Direction.INGRESS) in entries for s in (300, 301))
+    assert [h[0] for h in host_entries(entries)] == [300, 301]
+
+
+def test_host_allowed_into_every_pod_selected_for_ingress():
+    """A pod selected for ingress keeps its node's host (kubelet probes) with one entry: peer HOST,
+    any protocol and port, policy 0, whatever the rules say; egress selection adds none."""
+    deny_all = pol("deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
+    res = resolve(inputs(deny_all))
+    entries, _ = res.entries()
+    assert allows(entries) == []
+    assert host_entries(entries) == [(s, "ingress", SEGMENT_HOST, None, 0) for s in (300, 301)]
+    egress_only = pol("eg", {"podSelector": {}, "policyTypes": ["Egress"]})
+    assert host_entries(resolve(inputs(egress_only)).entries()[0]) == []
+    n2, _ = res.entries({301})
+    assert host_entries(n2) == [(301, "ingress", SEGMENT_HOST, None, 0)]

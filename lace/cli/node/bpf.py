@@ -20,6 +20,7 @@ from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
+from lace.datapath.policy import HOST_RULE
 from lace.datapath.registry import MapDef
 
 
@@ -278,8 +279,11 @@ def view_policy(entries: list[Entry], res: NumericResolver, names: Names, args: 
             else:
                 ports = f'{k["port"]}-{k["end_port"]}'
         pol = res.policy(val["policy_id"]) if val["policy_id"] else "-"
-        v.rows.append([res.segment(k["segment"]), k["direction"], peer, proto, ports, pol,
-                       val["rule"], val["hits"]])
+        rule = val["rule"]
+        if not k["selected"] and rule == HOST_RULE:
+            rule = "host-default"   # the node's host into a pod selected for ingress (lace.policy.resolve)
+            doc["host_default"] = True
+        v.rows.append([res.segment(k["segment"]), k["direction"], peer, proto, ports, pol, rule, val["hits"]])
         if not res.numeric:
             doc["segment_name"] = res.segment(k["segment"])
             if not k["selected"]:
