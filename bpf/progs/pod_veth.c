@@ -15,6 +15,7 @@
 #include "lib/conntrack.h"
 #include "lib/delivery.h"
 #include "lib/srv6.h"
+#include "lib/forward.h"
 #include "lib/service.h"
 #include "lib/reject.h"
 
@@ -42,37 +43,13 @@ static __always_inline int source_valid(struct __sk_buff *skb, const struct lace
 	return 0;
 }
 
-/* Encapsulate for the remote node d and send it on the underlay. A function of its own: the outer
- * header and the fib lookup's parameters need a frame apart from the walk's, which the verifier
- * counts together with the deepest function the walk calls (512 bytes in all). */
-__lace_subprog int deliver_remote(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
-				  const struct lace_delivery *d)
-{
-	int reason, rc;
-
-	reason = ttl_decrement(skb, f->family);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	reason = srv6_encap(skb, f, cfg, d);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-	rc = srv6_forward(skb, f, cfg, &reason);
-	if (rc < 0)
-		return lace_drop(skb, f, reason);
-	return rc;
-}
-
 /* Hand the packet to its delivery target (d: its delivery entry, or NULL to look it up). */
 static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
 				   struct lace_delivery *d)
 {
-	int reason;
-
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
 		f->delivery = LACE_DELIVERY_OUTSIDE;
-		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-		return TC_ACT_OK;
+		return forward_host(skb, f, cfg);
 	}
 	if (!d)
 		d = delivery_lookup(f->dst_network, f->family, f->daddr);
@@ -81,15 +58,11 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 	f->delivery = d->kind;
 	switch (d->kind) {
 	case LACE_DELIVERY_LOCAL:
-		reason = ttl_decrement(skb, f->family);
-		if (reason)
-			return lace_drop(skb, f, reason);
-		return deliver_to_pod(skb, f, cfg, d);
+		return forward_local(skb, f, cfg, d);
 	case LACE_DELIVERY_REMOTE:
-		return deliver_remote(skb, f, cfg, d);
+		return forward_remote(skb, f, cfg, d);
 	case LACE_DELIVERY_HOST:
-		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-		return TC_ACT_OK;
+		return forward_host(skb, f, cfg);
 	default:
 		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 	}

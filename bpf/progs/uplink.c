@@ -3,7 +3,8 @@
  * Packets for this node's own locator are decapsulated; the SID names the destination network
  * (function) and the source network (argument); then conntrack (a reply of a service flow this
  * node translated gets its frontend back as the source), ingress policy of the destination pod
- * and delivery into it. Everything else goes to the node's stack untouched. */
+ * and delivery into it — or, for this node's host address, into the node's stack (ingress policy
+ * of segment HOST, which no policy selects). Everything else goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -14,6 +15,7 @@
 #include "lib/conntrack.h"
 #include "lib/delivery.h"
 #include "lib/srv6.h"
+#include "lib/forward.h"
 #include "lib/service.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -93,7 +95,7 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	if (!d)
 		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 	f->delivery = d->kind;
-	if (d->kind != LACE_DELIVERY_LOCAL)
+	if (d->kind != LACE_DELIVERY_LOCAL && d->kind != LACE_DELIVERY_HOST)
 		return lace_drop(skb, f, LACE_DROP_NOT_LOCAL);
 
 	if (!e) {
@@ -110,6 +112,8 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 			return lace_drop(skb, f, rc);
 	}
 
+	if (d->kind == LACE_DELIVERY_HOST)
+		return forward_host(skb, f, cfg);   /* a pod on another node to this node's host address */
 	return deliver_to_pod(skb, f, cfg, d);
 }
 

@@ -34,7 +34,7 @@ Unknown CLI names raise KeyError (listing the known ones).  Once a map is open, 
     dp.migrations                           # pinned maps migrated by this load
     dp.close()                              # or ``with load_objects(...) as dp:``
 
-:func:`load_objects` opens every object of ``registry.OBJECTS`` (pod_veth.o, uplink.o, sock.o) against
+:func:`load_objects` opens every object of ``registry.OBJECTS`` (pod_veth.o, uplink.o, host.o, sock.o) against
 the pin root, applies the capacity overrides, and loads them: the first load creates and pins the
 maps, the second (and any later load, e.g. an agent restart) reuses the pins, migrating a pinned
 map whose definition changed.  Pinned maps outlive :meth:`LoadedDatapath.close`.

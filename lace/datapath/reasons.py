@@ -120,7 +120,7 @@ _DROP_TEXT: dict[int, str] = {
     16: 'could not remove the outer IPv6 header',
     17: 'underlay has no route to the remote locator',
     18: 'SID function names no network on this node',
-    19: 'decapsulated packet is not for a local pod',
+    19: "decapsulated packet is for neither a local pod nor this node's host",
     20: 'TTL or hop limit exhausted',
     21: 'node configuration missing',
     22: 'redirect to the target interface failed',
@@ -132,7 +132,7 @@ _DROP_TEXT: dict[int, str] = {
     28: 'a datapath map is full',
 }
 
-_DROP_RESERVED: frozenset[int] = frozenset({25, 26, 27, 28})
+_DROP_RESERVED: frozenset[int] = frozenset({25, 27, 28})
 
 
 class TracePoint(enum.IntEnum):
@@ -185,7 +185,7 @@ _POINT_TEXT: dict[int, str] = {
     4: 'cgroup socket hook',
 }
 
-_POINT_RESERVED: frozenset[int] = frozenset({3})
+_POINT_RESERVED: frozenset[int] = frozenset()
 
 
 #: C macro -> Python value (reasons.h defines none); tests/schema checks the mirrors.

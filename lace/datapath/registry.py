@@ -186,9 +186,9 @@ def ct_table(family: int, proto: int) -> str:
 
 # --- program objects -----------------------------------------------------------------------------
 
-#: program object name -> file under build/bpf: the tc programs of the pod veths and the uplink, and
-#: the cgroup socket hooks of the node's host processes
-OBJECTS: dict[str, str] = {"pod_veth": "pod_veth.o", "uplink": "uplink.o", "sock": "sock.o"}
+#: program object name -> file under build/bpf: the tc programs of the pod veths, the uplink and the
+#: host device, and the cgroup socket hooks of the node's host processes
+OBJECTS: dict[str, str] = {"pod_veth": "pod_veth.o", "uplink": "uplink.o", "host": "host.o", "sock": "sock.o"}
 
 #: the repository root (lace/datapath/registry.py -> ../..)
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent

@@ -1,0 +1,57 @@
+/* Forwarding to a delivery target, the last step of every walk that delivers: a routed hop into a
+ * local pod, a routed hop over SRv6 to another node, or into this node's own stack. Each step
+ * counts and traces its forward, or drops with the reason, so a program only picks the step. */
+#ifndef LACE_LIB_FORWARD_H
+#define LACE_LIB_FORWARD_H
+
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/flow.h"
+#include "lib/drop.h"
+#include "lib/delivery.h"
+#include "lib/srv6.h"
+
+/* A routed hop into a pod on this node: TTL, then MACs and the redirect into its namespace. */
+static __always_inline int forward_local(struct __sk_buff *skb, struct lace_flow *f,
+					 const struct lace_config *cfg, const struct lace_delivery *d)
+{
+	int reason = ttl_decrement(skb, f->family);
+
+	if (reason)
+		return lace_drop(skb, f, reason);
+	return deliver_to_pod(skb, f, cfg, d);
+}
+
+/* A routed hop to another node: TTL, the outer IPv6 header to its locator SID, the underlay's
+ * fib lookup and the redirect to the uplink. The forward is traced once encapsulated (the event
+ * carries the SID), before the fib lookup that may still fail. A function of its own: the outer
+ * header and the fib lookup's parameters need a frame apart from the walk's, which the verifier
+ * counts together with the deepest function the walk calls (512 bytes in all). */
+__lace_subprog int forward_remote(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
+				  const struct lace_delivery *d)
+{
+	int reason, rc;
+
+	reason = ttl_decrement(skb, f->family);
+	if (reason)
+		return lace_drop(skb, f, reason);
+	reason = srv6_encap(skb, f, cfg, d);
+	if (reason)
+		return lace_drop(skb, f, reason);
+	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+	rc = srv6_forward(skb, f, cfg, &reason);
+	if (rc < 0)
+		return lace_drop(skb, f, reason);
+	return rc;
+}
+
+/* Into this node's stack: a host address of this node (delivery kind HOST), or the outside. The
+ * packet goes up unchanged on the interface it arrived on. */
+static __always_inline int forward_host(struct __sk_buff *skb, struct lace_flow *f,
+					const struct lace_config *cfg)
+{
+	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+	return TC_ACT_OK;
+}
+
+#endif
