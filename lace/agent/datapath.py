@@ -1,6 +1,6 @@
-"""The node's datapath as the agent holds it: both BPF objects loaded against the node's pin root
-(pinned maps reused or migrated, never flushed), the uplink and pod programs attached through
-pinned tcx links, and the one writer of the maps the agent owns.
+"""The node's datapath as the agent holds it: the BPF objects loaded against the node's pin root
+(pinned maps reused or migrated, never flushed), the uplink, host device and pod programs attached
+through pinned tcx links, and the one writer of the maps the agent owns.
 
 An agent that restarts finds the maps and links pinned: it loads the objects again (reusing every
 pinned map), and swaps the new program instances into the existing links atomically, so traffic
@@ -26,8 +26,10 @@ log = logging.getLogger("lace.agent.datapath")
 
 LINKS_DIR = "links"
 UPLINK_LINK = "uplink"
+HOST_LINK = "host"
 POD_PROGRAM = "lace_from_pod"
 UPLINK_PROGRAM = "lace_from_uplink"
+HOST_PROGRAM = "lace_from_host"
 #: maps the agent writes a whole table at a time (entries per table): an entry of the desired
 #: state is one table (key: table number as u32, value: its entries back to back)
 TABLES = {"maglev": MAGLEV_SIZE}
@@ -117,6 +119,10 @@ class NodeDatapath:
 
     def attach_uplink(self, ifindex: int) -> None:
         self._attach(self.program(UPLINK_PROGRAM), ifindex, UPLINK_LINK)
+
+    def attach_host(self, ifindex: int) -> None:
+        """The host device's datapath end (lace_net; lace.agent.hostdev)."""
+        self._attach(self.program(HOST_PROGRAM), ifindex, HOST_LINK)
 
     def attach_pod(self, host_ifname: str, ifindex: int) -> None:
         self._attach(self.program(POD_PROGRAM), ifindex, pod_link_name(host_ifname))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 
 from lace.datapath import config as cfg
-from lace.datapath.common import NETWORK_OUTSIDE, mac_bytes
+from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_NODE, mac_bytes
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
@@ -21,6 +21,7 @@ from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
 from lace.policy.program import PolicyProgrammer
 from lace.services.program import ServiceProgrammer
+from lace.store import kinds as K
 
 from .model import Snapshot
 
@@ -47,6 +48,8 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     out["devices"][device_key(s.config.uplink_ifindex)] = device_value(s.config.uplink_mac, DeviceRole.UPLINK)
     for ep in s.endpoints:
         out["devices"][device_key(ep.ifindex)] = device_value(ep.host_mac, DeviceRole.POD_VETH)
+    if s.host_link is not None:
+        out["devices"][device_key(s.host_link.ifindex)] = device_value(s.host_link.mac, DeviceRole.HOST)
 
     _routing(s, out["routing"])
     _delivery(s, out["delivery"])
@@ -60,6 +63,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     for p in s.pods:
         out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
             p.segment, local=(p.network, p.ip) in local)
+    _host_segments(s, out["segment"])
     if s.policy is not None:
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
@@ -89,7 +93,8 @@ def _routing(s: Snapshot, out: Entries) -> None:
 
 
 def _delivery(s: Snapshot, out: Entries) -> None:
-    """Local pods by address; every other node's blocks to its locator SID for that network."""
+    """Local pods by address; every other node's blocks to its locator SID for that network; this
+    node's host addresses to its stack."""
     me = s.config.node.name
     for blk in s.blocks:
         if blk.node == me:
@@ -106,3 +111,22 @@ def _delivery(s: Snapshot, out: Entries) -> None:
             out[delivery_key(ep.network, f"{ip}/{plen}")] = DELIVERY.pack(
                 kind=DeliveryKind.LOCAL, ifindex=ep.ifindex, mac=mac_bytes(ep.pod_mac),
                 host_mac=mac_bytes(ep.host_mac), endpoint_id=ep.endpoint_id)
+    # this node's host addresses go to its stack; other nodes' are inside their blocks (REMOTE)
+    default = s.network_id(K.DEFAULT_NETWORK)
+    for h in s.host_addresses:
+        if h.node == me and default is not None:
+            plen = 32 if h.ip.version == 4 else 128
+            out[delivery_key(default, f"{h.ip}/{plen}")] = DELIVERY.pack(kind=DeliveryKind.HOST)
+
+
+def _host_segments(s: Snapshot, out: Entries) -> None:
+    """Host addresses resolve to reserved segments: this node's to HOST (local: the host device
+    accepts only these as sources), every other node's to REMOTE_NODE."""
+    default = s.network_id(K.DEFAULT_NETWORK)
+    if default is None:
+        return
+    me = s.config.node.name
+    for h in s.host_addresses:
+        mine = h.node == me
+        out[segment_key(default, str(h.ip))] = segment_value(
+            SEGMENT_HOST if mine else SEGMENT_REMOTE_NODE, local=mine)

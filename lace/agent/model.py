@@ -28,6 +28,21 @@ ANN_NODE_ID = K.NODE_ID_ANNOTATION
 ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
 ANN_POD_MAC = K.POD_MAC_ANNOTATION
 
+#: the IPLease of a node's host address (lace.agent.hostdev) holds this spec.containerID: a colon
+#: never occurs in a CNI container ID, so no runtime's ADD or DEL can name it (and CNI GC, which
+#: releases the leases of containers the runtime does not list, must skip it: is_host_lease)
+HOST_CONTAINER_ID = "lace:host"
+
+
+def host_lease_pod(node: str) -> str:
+    """The pseudo-pod a node's host address is leased to (``lace get ipleases`` shows it)."""
+    return f"node/{node}"
+
+
+def is_host_lease(spec: dict) -> bool:
+    """Whether an IPLease spec records a node's host address rather than a pod's."""
+    return spec.get("containerID") == HOST_CONTAINER_ID
+
 
 @dataclass(frozen=True)
 class Route:
@@ -97,6 +112,23 @@ class LocalEndpoint:
 
 
 @dataclass(frozen=True)
+class HostAddress:
+    """A node's host address: in the default network, from that node's own block; this node's
+    sources its host traffic into pods from it, every node routes it like a pod address."""
+
+    node: str
+    ip: IPAddr
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """The datapath end of this node's host device (lace_net) as the kernel shows it."""
+
+    ifindex: int
+    mac: str
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     """This node: identity, uplink and pod MTU."""
 
@@ -120,6 +152,10 @@ class Snapshot:
     policy: Any = None
     #: lace.services.model.Frontend: every service frontend this node serves
     frontends: list[Any] = field(default_factory=list)
+    #: every node's host addresses (this node's included)
+    host_addresses: list[HostAddress] = field(default_factory=list)
+    #: this node's host device, None until the agent has made it
+    host_link: HostLink | None = None
 
     def network_id(self, name: str) -> int | None:
         n = self.networks.get(name)

@@ -15,8 +15,11 @@ from lace import netlink
 from lace.policy.sources import policy_inputs
 from lace.services.model import frontends, imports_by_service
 
-from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, LocalEndpoint, NodeConfig, PodAddress, Snapshot,
-                    by_name, parse_network, parse_node)
+from lace.store import kinds as K
+
+from .hostdev import NET_IFNAME
+from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, HostAddress, HostLink, LocalEndpoint, NodeConfig,
+                    PodAddress, Snapshot, by_name, is_host_lease, parse_network, parse_node)
 
 
 class NotRegistered(Exception):
@@ -52,6 +55,10 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapsho
     local: dict[str, dict[str, Any]] = {}
     for lease in store.list("ipleases").items:
         s = lease["spec"]
+        if is_host_lease(s):
+            if s["network"] == K.DEFAULT_NETWORK:
+                snap.host_addresses.append(HostAddress(s["node"], ipaddress.ip_address(s["ip"])))
+            continue
         pod = pods.get(s["pod"])
         net_id = ids.get(s["network"])
         if pod is None or net_id is None:
@@ -73,6 +80,10 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapsho
     snap.policy = policy_inputs(store, pods, snap.pods, segments)
     snap.frontends = frontends(store.list("services").items, store.list("endpointslices").items, ids,
                                imports_by_service(net_objs, ids), node_name)
+
+    net = netlink.link(NET_IFNAME)
+    if net is not None:
+        snap.host_link = HostLink(net.ifindex, net.mac)
 
     for cid, ep in local.items():
         link = netlink.link(ep["host"])

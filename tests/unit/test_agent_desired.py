@@ -6,10 +6,12 @@ import ipaddress as ia
 
 from lace.agent.desired import desired_maps
 from lace.agent.diff import diff, diff_all
-from lace.agent.model import Block, LocalEndpoint, Network, Node, NodeConfig, PodAddress, Route, Snapshot
-from lace.datapath.common import NETWORK_OUTSIDE
+from lace.agent.model import (Block, HostAddress, HostLink, LocalEndpoint, Network, Node, NodeConfig, PodAddress,
+                              Route, Snapshot)
+from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_NODE
 from lace.datapath.config import decode_config, sid
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.devices import decode_device, device_key
 from lace.datapath.endpoint import decode_endpoint, veth_key
 from lace.datapath.policy import policy_entry, selected_key
 from lace.datapath.routing import decode_route, routing_key
@@ -71,6 +73,37 @@ def test_veth_and_segments():
     seg = SEGMENT_VALUE.unpack(want["segment"][segment_key(1, "10.244.1.9")])
     assert seg["segment"] == 301 and seg["flags"] == 0
     assert SEGMENT_VALUE.unpack(want["segment"][segment_key(1, "10.244.0.5")])["flags"] == 1  # local
+
+
+def host_snapshot() -> Snapshot:
+    s = snapshot()
+    s.host_addresses = [HostAddress("worker-1", ia.ip_address("10.244.0.1")),
+                        HostAddress("worker-1", ia.ip_address("fd00:10:244::1")),
+                        HostAddress("worker-2", ia.ip_address("10.244.1.1"))]
+    s.host_link = HostLink(12, "02:cc:00:00:00:01")
+    return s
+
+
+def test_host_device_registered_as_role_host():
+    want = desired_maps(host_snapshot())["devices"]
+    assert decode_device(want[device_key(12)]) == {"mac": "02:cc:00:00:00:01", "role": "host", "flags": 0}
+    assert device_key(12) not in desired_maps(snapshot())["devices"], "no device before the agent makes it"
+
+
+def test_host_addresses_delivered_to_the_stack_here_and_through_the_block_elsewhere():
+    want = desired_maps(host_snapshot())["delivery"]
+    for ip in ("10.244.0.1/32", "fd00:10:244::1/128"):
+        assert DELIVERY.unpack(want[delivery_key(1, ip)])["kind"] == DeliveryKind.HOST
+    # worker-2's host address is reached through worker-2's block, like its pods
+    assert delivery_key(1, "10.244.1.1/32") not in want
+    assert DELIVERY.unpack(want[delivery_key(1, "10.244.1.0/24")])["kind"] == DeliveryKind.REMOTE
+
+
+def test_host_addresses_are_segment_host_here_and_remote_node_elsewhere():
+    want = desired_maps(host_snapshot())["segment"]
+    assert SEGMENT_VALUE.unpack(want[segment_key(1, "10.244.0.1")]) == {"segment": SEGMENT_HOST, "flags": 1}
+    assert SEGMENT_VALUE.unpack(want[segment_key(1, "fd00:10:244::1")]) == {"segment": SEGMENT_HOST, "flags": 1}
+    assert SEGMENT_VALUE.unpack(want[segment_key(1, "10.244.1.1")]) == {"segment": SEGMENT_REMOTE_NODE, "flags": 0}
 
 
 def test_diff_updates_deletes_and_leaves_equal_entries():

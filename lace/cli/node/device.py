@@ -97,7 +97,7 @@ def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         role = roles.get(li.ifindex)
         hooks = hooks_of(li.ifindex, tcx_links)
         pod = res.pod_for_ifname(li.name) if role and role["role"] == "pod-veth" else None
-        missing = bool(role) and role["role"] in ("pod-veth", "uplink") and not any(
+        missing = bool(role) and role["role"] in ("pod-veth", "uplink", "host") and not any(
             h["hook"].endswith("ingress") for h in hooks)
         docs.append({"ifindex": li.ifindex, "name": li.name, "kind": li.kind, "mac": li.mac, "mtu": li.mtu,
                      "state": li.state, "role": role["role"] if role else "unmanaged",
