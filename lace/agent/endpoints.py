@@ -24,7 +24,7 @@ from lace.store.errors import NotFound
 from lace.store.kinds import pod_network
 
 from .ipam import Ipam, IpamExhausted
-from .model import ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6
+from .model import ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease
 
 log = logging.getLogger("lace.agent.endpoints")
 
@@ -260,10 +260,12 @@ class Endpoints:
         return {}
 
     def gc(self, valid: list[dict[str, Any]]) -> dict[str, Any]:
-        """CNI GC: release what this node holds for containers the runtime no longer knows."""
+        """CNI GC: release what this node holds for containers the runtime no longer knows (the
+        node's own host addresses are not a container's: they stay)."""
         keep = {a.get("containerID") for a in valid}
         stale = {o["spec"].get("containerID") for o in self.store.list("ipleases").items
-                 if o["spec"]["node"] == self.node and o["spec"].get("containerID") not in keep}
+                 if o["spec"]["node"] == self.node and o["spec"].get("containerID") not in keep
+                 and not is_host_lease(o["spec"])}
         for cid in stale:
             if cid:
                 self.delete(CniRequest("DEL", cid, "", "eth0", "", ""))
