@@ -270,7 +270,10 @@ class Sample:
 
     @property
     def rate(self) -> float:
-        return self.conns / self.seconds if self.seconds > 0 else 0.0
+        """Connections per second of the time the client and the server had their CPUs: while
+        either waits for its CPU the exchange stalls (at most half the run is taken off)."""
+        ran = max(self.seconds - self.waited, self.seconds / 2)
+        return self.conns / ran if ran > 0 else 0.0
 
 
 def run_client(crr: str, topo: Topology, dst: str, port: int, seconds: float, warmup: float = WARMUP,
