@@ -327,16 +327,18 @@ def table_rows(kind: str, items: list[dict], *, wide: bool = False,
 # ---- tables -----------------------------------------------------------------------------------------
 
 def render_table(console: Console, headers: list[str], rows: list[list[str]]) -> None:
-    """A borderless kubectl-like table of cell strings; trailing blanks are trimmed so output
-    diffs cleanly."""
+    """A borderless kubectl-like table of cell strings (printed as they are: no rich markup);
+    trailing blanks are trimmed so output diffs cleanly."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
     table = Table(box=None, pad_edge=False, show_edge=False, expand=False,
                   header_style="bold" if console.is_terminal else None, padding=(0, 3, 0, 0))
     for h in headers:
         table.add_column(h, no_wrap=True, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        # cells are data, never markup: "[fd00::1]:80" must print as it is
+        table.add_row(*(Text(c) for c in row))
     buf = io.StringIO()
     tmp = Console(file=buf, width=console.width, force_terminal=console.is_terminal,
                   color_system=console.color_system and "auto", no_color=console.no_color,

@@ -57,6 +57,25 @@ def ips(p: dict) -> tuple[str, str]:
     return next(a for a in addrs if ":" not in a), next(a for a in addrs if ":" in a)
 
 
+def wait_service(ns: str, name: str, backends: int, timeout: float = 60) -> tuple[str, str]:
+    """The service's IPv4 and IPv6 VIPs once every node has programmed ``backends`` active ones."""
+    _, out = run("get", "services", name, "-n", ns, "-o", "json", show=False)
+    v4, v6 = json.loads(out)["spec"]["clusterIPs"]
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = 0
+        for node in ("worker-1", "worker-2", "worker-3"):
+            _, doc = run("exec", "--node", node, "--", "node", "bpf", "show", "services", "-n", "-o", "json",
+                         show=False)
+            ready += any(e["addr"] == v4 and e["slot"] == 0 and e["active_count"] == backends
+                         for e in json.loads(doc)["entries"])
+        if ready == 3:
+            return v4, v6
+        if time.monotonic() > deadline:
+            raise SystemExit(f"service {ns}/{name} not programmed with {backends} backends after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
 def check(src: str, mode: str, ip: str, port: int, expect_ok: bool = True) -> None:
     print(f"# {src} -> {ip}:{port}/{mode}" + ("" if expect_ok else "   (expected to fail)"))
     rc, _ = run("lab", "exec", src, "--", *NETCHECK, mode, ip, str(port), "--timeout", "1", check=False)
@@ -92,11 +111,20 @@ def main() -> int:
     print("## a blocked cross-network attempt: red-1 tries web-2, a pod of the default network;\n"
           "## red has no route into default, so the datapath drops it (no route)\n")
     check("alpha/red-1", "tcp", w2, 80, expect_ok=False)
+    print("## a Service: alpha/web spreads over web-1 and web-2; beta/web-3 (worker-3) asks its VIP\n")
+    vip4, vip6 = wait_service("alpha", "web", backends=2)
+    run("get", "services", "-n", "alpha", "-o", "wide")
+    print(f"# beta/web-3 -> {vip4}:80/tcp, four connections")
+    run("lab", "exec", "beta/web-3", "--", *NETCHECK, "tcp", vip4, "80", "--count", "4")
+    check("beta/web-3", "tcp", vip6, 80)
+    check("beta/web-3", "udp", vip4, 53)
+    run("exec", "--node", "worker-3", "--", "node", "bpf", "show", "services", "--endpoints")
     print(f"""The lab is up. Try next:
   lace get pods -A -o wide
   lace lab exec alpha/web-1 -- python -m lace.lab.netcheck tcp {w2} 80
   lace exec --node worker-1 -- node bpf show delivery
   lace exec --node worker-1 -- node ct list all
+  lace exec --node worker-3 -- node trace flow --last 20
   lace exec --node worker-2 -- node trace flow --follow
   lace lab restart-agent worker-2 --kill
   lace lab down
