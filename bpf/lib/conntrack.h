@@ -154,15 +154,19 @@ ct_related(struct lace_flow *f, __u32 src_network, __u32 reply_network, __u64 no
 	struct lace_ct_entry *e;
 
 	*quoted_orig = 1;
+	f->ct_network = reply_network;
 	ct_key(&k, f->family, reply_network, f->inner_proto, f->inner_saddr, f->inner_daddr,
 	       f->inner_sport, f->inner_dport);
 	e = ct_lookup(f->family, f->inner_proto, &k);
-	if (!e) {
+	if (!e || (e->flags & LACE_CT_F_ALIAS)) {
 		*quoted_orig = 0;
+		f->ct_network = src_network;
 		ct_key(&k, f->family, src_network, f->inner_proto, f->inner_daddr, f->inner_saddr,
 		       f->inner_dport, f->inner_sport);
 		e = ct_lookup(f->family, f->inner_proto, &k);
 	}
+	if (e && (e->flags & LACE_CT_F_ALIAS))
+		e = 0;
 	if (e && e->expires_ns < now)
 		e = 0;
 	if (e) {
@@ -195,17 +199,32 @@ static __always_inline int ct_may_be_reply(const struct lace_flow *f)
 	return f->proto != IPPROTO_TCP || (f->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) != TCP_F_SYN;
 }
 
-/* A reply of a flow whose original direction started in network: the reversed tuple. */
+/* A reply of a flow whose original direction started in network: the reversed tuple, or, when
+ * that is a reply alias (LACE_CT_F_ALIAS), the same tuple under the network the alias names.
+ * f->ct_network says which. */
 static __always_inline struct lace_ct_entry *
 ct_reply(struct lace_flow *f, __u32 network, __u64 now)
 {
 	union lace_ct_key k;
-	struct lace_ct_entry *e;
+	struct lace_ct_entry *e, *alias;
 
 	if (!ct_may_be_reply(f))
 		return 0;
+	f->ct_network = network;
 	ct_key(&k, f->family, network, f->proto, f->daddr, f->saddr, f->dport, f->sport);
 	e = ct_lookup(f->family, f->proto, &k);
+	if (e && (e->flags & LACE_CT_F_ALIAS)) {
+		alias = e;
+		f->ct_network = alias->dst_network;
+		ct_key(&k, f->family, alias->dst_network, f->proto, f->daddr, f->saddr, f->dport, f->sport);
+		e = ct_lookup(f->family, f->proto, &k);
+		if (e && (e->flags & LACE_CT_F_ALIAS))
+			e = 0;                          /* aliases never chain */
+		if (e) {
+			alias->last_seen_ns = now;
+			alias->expires_ns = now + ct_timeout_ns(LACE_CT_ESTABLISHED);
+		}
+	}
 	if (e && !ct_usable(e, f, 1, now))
 		e = 0;
 	if (e) {
@@ -226,12 +245,15 @@ ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
 
 	ct_key(&k, f->family, src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
 	e = ct_lookup(f->family, f->proto, &k);
+	if (e && (e->flags & LACE_CT_F_ALIAS))
+		e = 0;                                  /* an alias answers replies only */
 	if (e && !ct_usable(e, f, 0, now)) {
 		f->ct_status = LACE_CT_STATUS_NEW;   /* ct_create replaces the stale entry */
 		return 0;
 	}
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_ESTABLISHED;
+		f->ct_network = src_network;
 		ct_advance(e, f, 0, now);
 		return e;
 	}
@@ -274,13 +296,37 @@ static __always_inline int ct_store(const struct lace_flow *f, __u32 network, co
 	return 0;
 }
 
-/* Record a new flow after policy allowed it. Returns 0 or a drop reason. */
+/* Whether a new flow needs a reply alias here: delivered to a local pod in another network than
+ * its source network (LACE_CT_F_ALIAS). */
+static __always_inline int ct_needs_alias(const struct lace_flow *f)
+{
+	return f->dst_network != f->src_network && f->delivery == LACE_DELIVERY_LOCAL;
+}
+
+/* Turn e into the reply alias of flow f, to be stored under f's destination network. */
+static __always_inline void ct_make_alias(struct lace_ct_entry *e, const struct lace_flow *f, __u64 now)
+{
+	__builtin_memset(e, 0, sizeof(*e));
+	e->created_ns = now;
+	e->last_seen_ns = now;
+	e->expires_ns = now + ct_timeout_ns(LACE_CT_ESTABLISHED);
+	e->dst_network = f->src_network;
+	e->flags = LACE_CT_F_ALIAS;
+}
+
+/* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0
+ * or a drop reason. */
 __lace_subprog int ct_create(const struct lace_flow *f, __u64 now)
 {
 	struct lace_ct_entry e = {};
+	int rc;
 
 	ct_init(&e, f, now);
-	return ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+	rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+	if (rc || !ct_needs_alias(f))
+		return rc;
+	ct_make_alias(&e, f, now);
+	return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
 }
 
 #endif

@@ -37,6 +37,8 @@ struct lace_flow {
 	__u16  reserved;
 	__u32  service_id;    /* a new service flow: its service and chosen backend */
 	__u32  backend_id;
+	__u32  ct_network;    /* the network the packet's conntrack entry is keyed under */
+	__u32  reserved2;
 	__u8   nat_addr[16];
 	__u8   saddr[16];
 	__u8   daddr[16];

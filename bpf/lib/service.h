@@ -10,11 +10,13 @@
  *   frontend entry (SERVICE): (src network, client -> VIP:port), nat = backend:port,
  *                             dst_network = the backend's network
  *   backend entry  (DNAT):    (src network, client -> backend:port), nat = VIP:port
- * both with rev_nat_id = service ID. Later packets to the VIP find the frontend entry and go to its
+ * both with rev_nat_id = service ID (and, for a backend in another network delivered here, a reply
+ * alias: LACE_CT_F_ALIAS). Later packets to the VIP find the frontend entry and go to its
  * backend whatever the services map says by then (a deleted, changed or terminating backend keeps
  * its established flows); they advance the backend entry, which sees both directions and whose
- * state and expiry the frontend entry follows. Replies find the backend entry (as any reply, under
- * the network they are routed back into) and leave with the VIP:port as their source — in
+ * state and expiry the frontend entry follows. Replies find the backend entry (as any reply: under
+ * their own network, through an alias, or under the network they are routed into) and leave with
+ * the VIP:port as their source — in
  * pod_veth.c for a local backend, in uplink.c after decapsulation for a backend on another node.
  * ICMP errors quoting a client -> backend packet are written back to the frontend too.
  *
@@ -174,6 +176,14 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
 	if (rc)
 		return rc;
+	if (ct_needs_alias(f)) {
+		/* a backend in another network (an imported service): its replies find the
+		 * backend entry through the alias (no hairpin here: that is one network) */
+		ct_make_alias(&e, f, now);
+		rc = ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+		if (rc)
+			return rc;
+	}
 	if (f->svc_flags & LACE_SVC_FLOW_AFFINITY) {
 		struct lace_affinity_key client;
 

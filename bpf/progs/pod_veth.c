@@ -167,9 +167,11 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 				f->dst_network = e->dst_network;
 				f->dst_segment = e->dst_segment;
 			} else {
+				/* a reply: back into the network its flow is keyed under (src_net,
+				 * or the one a reply alias names) */
 				if (e->flags & LACE_CT_F_DNAT)
-					rc = service_reply(skb, f, e, src_net, now);
-				f->dst_network = src_net;
+					rc = service_reply(skb, f, e, f->ct_network, now);
+				f->dst_network = f->ct_network;
 				f->dst_segment = e->src_segment;
 			}
 			if (rc)
@@ -208,10 +210,11 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		e = ct_reply(f, f->dst_network, now);
 		if (e) {
 			if (e->flags & LACE_CT_F_DNAT) {
-				rc = service_reply(skb, f, e, f->dst_network, now);
+				rc = service_reply(skb, f, e, f->ct_network, now);
 				if (rc)
 					return lace_drop(skb, f, rc);
 			}
+			f->dst_network = f->ct_network;
 			f->dst_segment = e->src_segment;
 			return deliver(skb, f, cfg, 0);
 		}

@@ -29,7 +29,7 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	struct lace_config *cfg;
 	struct lace_delivery *d;
 	struct lace_ct_entry *e;
-	__u32 zero = 0, src_net, dst_net, ct_net = 0;
+	__u32 zero = 0, src_net, dst_net;
 	__u8 nexthdr;
 	__u64 now;
 	int rc, pv, quoted_orig;
@@ -69,17 +69,13 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 		}
 	} else {
 		e = ct_classify(f, src_net, now);
-		if (e)
-			ct_net = src_net;
-		if (!e && dst_net != src_net) {
+		if (!e && dst_net != src_net)
 			e = ct_reply(f, dst_net, now);
-			ct_net = dst_net;
-		}
 	}
 	if (e) {
 		if (f->ct_status == LACE_CT_STATUS_REPLY) {
 			if (e->flags & LACE_CT_F_DNAT) {
-				rc = service_reply(skb, f, e, ct_net, now);
+				rc = service_reply(skb, f, e, f->ct_network, now);
 				if (rc)
 					return lace_drop(skb, f, rc);
 			}

@@ -81,6 +81,8 @@ class CtFlag(enum.IntFlag):
     PROBE = 0x10  # a kubelet probe connection
     SERVICE = 0x20  # frontend entry of a service flow: established packets go to nat_addr:nat_port
     MASQ = 0x40  # masquerade port reservation, keyed in network OUTSIDE by node address:port
+    ALIAS = 0x80  # reply alias of a flow between networks: keyed under its destination network, dst_network
+    #               names the network the flow's entry is keyed under
 
 
 #: struct lace_ct4_key (conntrack.h)
@@ -155,6 +157,7 @@ C_MACROS: dict[str, int] = {
     "LACE_CT_F_PROBE": CtFlag.PROBE,
     "LACE_CT_F_SERVICE": CtFlag.SERVICE,
     "LACE_CT_F_MASQ": CtFlag.MASQ,
+    "LACE_CT_F_ALIAS": CtFlag.ALIAS,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_ct_state": (CtState, "LACE_CT_"),

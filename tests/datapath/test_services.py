@@ -544,9 +544,10 @@ def test_same_vip_in_two_networks_reaches_each_networks_backend(dp, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_vip_offered_to_another_network_goes_to_the_backends_network(dp, family):
-    # network 2 imports network 1's service: no route from 2 into 1, the backend's network decides
-    c, b = dp.pods["c"], dp.pods["b"]
+def test_vip_offered_to_another_network_goes_there_and_its_replies_come_back(dp, family):
+    # network 2 imports network 1's service: no route between the networks either way; the
+    # backend's network decides the way there, a reply alias the way back
+    a, b, c = dp.pods["a"], dp.pods["b"], dp.pods["c"]
     dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET2, service_id=3)
     res = dp.from_pod(c, dp.l3(c, VIP[family], family) / TCP(sport=51000, dport=PORT, flags="S"))
     assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
@@ -554,6 +555,43 @@ def test_vip_offered_to_another_network_goes_to_the_backends_network(dp, family)
     assert ev["src_network"] == NET2 and ev["dst_network"] == NET1
     fe = ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)
     assert fe["dst_network"] == NET1 and ct(dp, NET2, c.ip(family), b.ip(family), 51000, TARGET, 6)
+    alias = ct(dp, NET1, c.ip(family), b.ip(family), 51000, TARGET, 6)
+    assert alias["flags"] == CtFlag.ALIAS and alias["dst_network"] == NET2
+    # b answers c's address, which in network 1 is a's: the alias sends it to c, from the VIP
+    res = dp.from_pod(b, dp.l3(b, c.ip(family), family) / TCP(sport=TARGET, dport=51000, flags="SA"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "c"))
+    assert out.src == VIP[family] and out.sport == PORT and checksums_valid(bytes(out))
+    assert ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)["state"] == CtState.SYN_RECV
+    assert ct(dp, NET2, c.ip(family), b.ip(family), 51000, TARGET, 6)["packets_rev"] == 1
+    # the alias answers replies only: a (c's address in network 1) sending the same tuple to b is a
+    # flow of its own and meets b's policy
+    dp.select(b.segment, ING)
+    res = dp.from_pod(a, dp.l3(a, b.ip(family), family) / TCP(sport=51000, dport=TARGET, flags="A"))
+    assert_dropped(res, DropReason.POLICY_INGRESS)
+    assert res.events[-1]["ct_status"] == CtStatus.NEW
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flow_from_another_networks_remote_pod_gets_its_replies_without_a_route(dp, family):
+    """A pod of network 2 on node 2 reaches a in network 1 (an imported service node 2 already
+    translated, or a route): its reply goes back into network 2 over SRv6 through the alias."""
+    a = dp.pods["a"]
+    far = remote(family, 30)
+    inner = fam_ip(family)(src=far, dst=a.ip(family)) / UDP(sport=7777, dport=TARGET)
+    assert_to_pod(dp.from_uplink(dp.encap(inner, NET1, NET2)), dp, "a")
+    alias = ct(dp, NET1, far, a.ip(family), 7777, TARGET, 17)
+    assert alias["flags"] == CtFlag.ALIAS and alias["dst_network"] == NET2
+    res = dp.from_pod(a, dp.l3(a, far, family) / UDP(sport=TARGET, dport=7777))
+    assert res.retval == TC_ACT_REDIRECT, res.events
+    assert IPv6(res.data[14:]).dst == "2001:db8:2:0:2:0:1:0", "to node 2's SID for network 2, from network 1"
+    assert ct(dp, NET2, far, a.ip(family), 7777, TARGET, 17)["state"] == CtState.REPLIED
+
+
+def test_no_alias_within_one_network(dp):
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, 4)
+    dp.from_pod(a, dp.l3(a, VIP[4], 4) / TCP(sport=52500, dport=PORT, flags="S"))
+    assert ct_count(dp) == 2, "a frontend and a backend entry, no alias"
 
 
 # -- policy applies to the backend ---------------------------------------------------------------

@@ -268,7 +268,9 @@ def test_endpoint_roundtrip() -> None:
 
 def test_unknown_enum_values_render_as_numbers() -> None:
     assert common.enum_label(DropReason, 999) == 999
-    assert common.flag_labels(conntrack.CtFlag, 0x81) == ["seen-reply", "0x80"]
+    # (every bit of the conntrack flags byte has a name since ALIAS: backend flags have spare bits)
+    assert common.flag_labels(conntrack.CtFlag, 0x81) == ["seen-reply", "alias"]
+    assert common.flag_labels(services.BackendFlag, 0x9) == ["active", "0x8"]
 
 
 # --- reasons and registry ------------------------------------------------------------------------

@@ -51,6 +51,13 @@ enum lace_ct_status {
 #define LACE_CT_F_PROBE      0x10  /* a kubelet probe connection */
 #define LACE_CT_F_SERVICE    0x20  /* frontend entry: established packets go to nat_addr:nat_port */
 #define LACE_CT_F_MASQ       0x40  /* masquerade port reservation (see above) */
+/* A flow delivered into another network than its source network (a service a network imports, a
+ * route between networks) has its entry keyed under the source network, where the reply's sender
+ * is not: the node that delivers it locally adds a reply alias, keyed by the same tuple under the
+ * destination network, whose dst_network names the network the flow's entry is keyed under. A
+ * reply found through the alias continues with that entry, into that network: no route back is
+ * needed. The alias holds nothing else; its expiry is renewed whenever a reply uses it. */
+#define LACE_CT_F_ALIAS      0x80  /* reply alias of a flow between networks (see above) */
 
 /* Keys carry the source network of the original direction; ICMP echo uses the identifier as both
  * ports so that the reply's reversed tuple finds the same entry. */
