@@ -99,10 +99,12 @@ def namespace(name: str, **labels: str) -> dict:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {"ns": name}}}
 
 
-def network(name: str, *cidrs: str, routes: list | None = None) -> dict:
+def network(name: str, *cidrs: str, routes: list | None = None, imports: list[str] | None = None) -> dict:
     spec: dict[str, Any] = {"cidrs": list(cidrs)}
     if routes:
         spec["routes"] = routes
+    if imports:
+        spec["importServices"] = imports
     return {"apiVersion": "lace.dev/v1alpha1", "kind": "Network", "metadata": {"name": name}, "spec": spec}
 
 
@@ -113,14 +115,29 @@ def ips(p: dict) -> tuple[str, str]:
     return v4, v6
 
 
-def leftovers(lab: str) -> dict[str, list[str]]:
-    """Everything of ``lab`` still in the kernel: namespaces, pins, links, cgroups."""
+def leftovers(lab: str, lab_dir: str | None = None) -> dict[str, list[str]]:
+    """Everything of ``lab`` still in the kernel: namespaces, pins, links, cgroups; with the lab's
+    state dir, also processes running from it (agents, pods' servers, dnsmasq) and mounts of it."""
     ns = [n.split()[0] for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
           if n.split() and n.split()[0].startswith(f"lace-{lab}-")]
     pins = [p for p in os.listdir("/sys/fs/bpf") if p.startswith(f"lace-{lab}-")]
     cg = [p for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified") if os.path.isdir(base)
           for p in os.listdir(base) if p == f"lace-{lab}"]
-    return {k: v for k, v in {"netns": ns, "pins": pins, "cgroups": cg}.items() if v}
+    procs: list[str] = []
+    mounts: list[str] = []
+    if lab_dir:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if lab_dir in cmdline:
+                procs.append(f"{pid}: {cmdline.strip()}")
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.strip() for line in f if lab_dir in line]
+    found = {"netns": ns, "pins": pins, "cgroups": cg, "procs": procs, "mounts": mounts}
+    return {k: v for k, v in found.items() if v}
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +150,7 @@ def lab():
         yield handle
     finally:
         handle.lace("lab", "down", "--name", name, check=False)
-        left = leftovers(name)
+        left = leftovers(name, handle.dir)
         subprocess.run(["rm", "-rf", state])
         assert not left, f"lab down left {left}"
 
