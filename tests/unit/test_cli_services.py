@@ -14,6 +14,7 @@ import yaml
 from lace.cli import context
 from lace.cli.main import main
 from lace.cli.status import ExitStatus
+from lace.lab.dns import cluster_objects
 from lace.store import SqliteStore
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -142,14 +143,17 @@ def test_rejected_service_is_one_named_line_and_nothing_is_written(run):
         assert s.revision() == rev
 
 
-def test_examples_apply(run):
+def test_examples_apply(run, tmp_path):
+    # what `lace lab up` writes: the cluster DNS service that red imports
+    lab_objects = tmp_path / "lab.json"
+    lab_objects.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": cluster_objects()}))
+    assert run("apply", "-f", str(lab_objects)) == ExitStatus.OK, run.err
     assert run("apply", "-f", os.path.join(EXAMPLES, "demo.yaml")) == ExitStatus.OK, run.err
-    # one batch: red imports kube-system/dns, created in the same file after it
     assert run("apply", "-f", os.path.join(EXAMPLES, "services.yaml")) == ExitStatus.OK, run.err
     assert "network.lace.dev/red configured" in run.out
     assert run("get", "svc", "-A", "-o", "json") == ExitStatus.OK
     svcs = {f'{o["metadata"]["namespace"]}/{o["metadata"]["name"]}': o for o in json.loads(run.out)["items"]}
-    assert svcs["kube-system/dns"]["spec"]["clusterIP"] == "10.96.0.10"
+    assert svcs["kube-system/kube-dns"]["spec"]["clusterIP"] == "10.96.0.10"
     assert len(svcs["alpha/web"]["spec"]["clusterIPs"]) == 2
     assert svcs["alpha/red"]["spec"]["clusterIP"] != "10.96.0.10"
     assert svcs["alpha/web-lb"]["status"]["loadBalancer"]["ingress"][0]["ip"].startswith("198.18.100.")
