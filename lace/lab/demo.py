@@ -119,6 +119,9 @@ def main() -> int:
     check("beta/web-3", "tcp", vip6, 80)
     check("beta/web-3", "udp", vip4, 53)
     run("exec", "--node", "worker-3", "--", "node", "bpf", "show", "services", "--endpoints")
+    print("## cluster DNS: the service by name, through kube-dns's VIP (dnsmasq in kube-system/kube-dns-1)\n")
+    run("lab", "exec", "beta/web-3", "--", "getent", "hosts", "web.alpha.svc.cluster.local")
+    run("lab", "exec", "beta/web-3", "--", *NETCHECK, "tcp", "web.alpha", "80")
     print(f"""The lab is up. Try next:
   lace get pods -A -o wide
   lace lab exec alpha/web-1 -- python -m lace.lab.netcheck tcp {w2} 80
