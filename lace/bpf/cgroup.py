@@ -18,7 +18,7 @@ from typing import Protocol
 from . import _libbpf as _lb
 from .errors import NotSupported, error
 from .info import _get_info
-from .link import Link
+from .link import Link, pinned
 
 #: hook name -> enum bpf_attach_type (uapi bpf.h); the names follow libbpf's "cgroup/<hook>" sections
 ATTACH_TYPES: dict[str, int] = {
@@ -70,14 +70,7 @@ def attach_cgroup(prog: _Prog, cgroup: str, hook: str, *, pin_path: str | None =
         if isinstance(err, NotSupported):
             raise NotSupported(op, -fd, "cgroup links need Linux 5.7 or later")
         raise err
-    link = Link(fd)
-    if pin_path is not None:
-        try:
-            link.pin(pin_path)
-        except BaseException:
-            link.close()  # unpinned: closing detaches
-            raise
-    return link
+    return pinned(Link(fd), pin_path)
 
 
 def cgroup_link_target(link: Link) -> tuple[int, int] | None:

@@ -95,12 +95,17 @@ def attach_tcx(prog: _Prog, ifindex: int, direction: str, *, netns: str | None =
         if err in _TCX_UNAVAILABLE:
             raise NotSupported(op, err, "tcx needs Linux 6.6 or later")
         raise error(op, err)
-    link = Link(fd, netns=netns)
+    return pinned(Link(fd, netns=netns), pin_path)
+
+
+def pinned(link: Link, pin_path: str | None) -> Link:
+    """``link``, pinned at ``pin_path`` when one is given; a link that cannot be pinned is closed
+    (which detaches it) before the error goes on."""
     if pin_path is not None:
         try:
             link.pin(pin_path)
         except BaseException:
-            link.close()  # unpinned: closing detaches
+            link.close()
             raise
     return link
 
