@@ -945,6 +945,7 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
     skipped: dict[str, str] = {}
     ceiling: Sample | None = None
     server: Server | None = None
+    stopped = False
     try:
         crr = compile_crr(workdir)
         planes = build(names, tag, skipped)
@@ -966,6 +967,8 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
         for n in counts:
             for name, cell in measure_count(crr, server, live, n, rounds, seconds, exact_max).items():
                 cells[(name, n)] = cell
+    except KeyboardInterrupt:
+        stopped = True             # clean up, then report the counts measured so far
     finally:
         failure: BaseException | None = None
         steps = ([server.close] if server else []) + [p.close for p in planes] + [p.topo.close for p in planes]
@@ -977,8 +980,11 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
         shutil.rmtree(workdir, ignore_errors=True)
         if failure is not None:
             print(f"cleanup failed: {failure}", file=sys.stderr)
+    if stopped:
+        counts = [n for n in counts if any(m == n for _, m in cells)]
+        print("interrupted: the counts measured so far", file=sys.stderr)
     print_report(counts, names, cells, planes, skipped, ceiling, rounds, seconds, exact_max)
-    return 0
+    return 130 if stopped else 0
 
 
 def interrupted(signum: int, frame: object) -> None:
