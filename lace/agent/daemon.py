@@ -92,7 +92,8 @@ class Agent:
         self.hostdev.ensure()
         self._adopt_pod_links()
         # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
-        self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"))
+        self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
+                            self.datapath.read("maglev"))
         self.flows.start(self.datapath.map("events"))
         self.reconcile()
         self.api.start()

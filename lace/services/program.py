@@ -23,7 +23,6 @@ import ipaddress
 import struct
 import threading
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from lace.datapath import registry
@@ -36,10 +35,6 @@ from .model import Backend, Frontend
 
 Entries = dict[bytes, bytes]
 
-#: how many computed Maglev tables the programmer remembers (a resync recomputes none of them)
-TABLE_CACHE = 4096
-
-
 def table_key(table: int) -> bytes:
     """Key of a whole Maglev table in the programmer's ``maglev`` entries."""
     return struct.pack("<I", table)
@@ -50,6 +45,19 @@ def pack_table(backend_ids: list[int]) -> bytes:
     if arr.itemsize != 4:   # pragma: no cover - every platform lace runs on has a 4-byte unsigned int
         arr = array("L", backend_ids)
     return arr.tobytes()
+
+
+@dataclass
+class _Built:
+    """What one frontend contributes: its services entries, its backends', and its Maglev table
+    (``members``: the active backends' identities when it needs one; ``table``: 0 when none was
+    free)."""
+
+    identities: tuple[str, ...]
+    services: Entries = field(default_factory=dict)
+    backends: Entries = field(default_factory=dict)
+    members: tuple[str, ...] | None = None
+    table: int = 0
 
 
 @dataclass
@@ -98,7 +106,10 @@ class ServiceProgrammer:
         self._tables: dict[tuple[str, ...], int] = {}
         self._free_tables: list[int] = []
         self._next_table = 1
-        self._cache: OrderedDict[tuple[tuple[str, int], ...], bytes] = OrderedDict()
+        #: table number -> its content, for the tables in use
+        self._blobs: dict[int, bytes] = {}
+        #: the last pass's frontends and what they built: an unchanged frontend costs a lookup
+        self._memo: dict[Frontend, _Built] = {}
         self._lock = threading.Lock()
 
     # -- stable IDs ---------------------------------------------------------------------------
@@ -127,20 +138,11 @@ class ServiceProgrammer:
         self._tables[members] = t
         return t
 
-    def _table_blob(self, ids: tuple[tuple[str, int], ...]) -> bytes:
-        blob = self._cache.get(ids)
-        if blob is None:
-            blob = pack_table(maglev_table(list(ids), MAGLEV_SIZE))
-            self._cache[ids] = blob
-            if len(self._cache) > TABLE_CACHE:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(ids)
-        return blob
-
-    def adopt(self, services: Entries, backends: Entries) -> None:
+    def adopt(self, services: Entries, backends: Entries, tables: Entries | None = None) -> None:
         """Take over the IDs and tables found in the pinned maps (after an agent restart), so the
-        first reconcile rewrites nothing that is still right."""
+        first reconcile rewrites nothing that is still right. A table's content (``tables``, whole
+        tables as the agent writes them) is kept when it names exactly the frontend's active
+        backends, so a restart computes no Maglev table again."""
         with self._lock:
             identity: dict[int, str] = {}
             for k, v in backends.items():
@@ -165,11 +167,15 @@ class ServiceProgrammer:
                 if not val["maglev"]:
                     continue
                 mine = slots.get(base, {})
-                members = tuple(sorted(identity.get(mine.get(i, 0), "") for i in range(1, val["active_count"] + 1)))
+                active = [mine.get(i, 0) for i in range(1, val["active_count"] + 1)]
+                members = tuple(sorted(identity.get(bid, "") for bid in active))
                 if "" in members:
                     continue
-                self._tables.setdefault(members, val["maglev"])
-                self._next_table = max(self._next_table, val["maglev"] + 1)
+                t = self._tables.setdefault(members, val["maglev"])
+                self._next_table = max(self._next_table, t + 1)
+                blob = (tables or {}).get(table_key(t))
+                if blob is not None and t not in self._blobs and set(array("I", blob)) == set(active):
+                    self._blobs[t] = blob
 
     # -- entries ------------------------------------------------------------------------------
 
@@ -178,54 +184,70 @@ class ServiceProgrammer:
         with self._lock:
             return self._entries(fronts)
 
+    def _build(self, f: Frontend) -> _Built:
+        """One frontend's entries, its backends' and its Maglev table (number and content)."""
+        ids = [self._backend_id(b) for b in (*f.active, *f.terminating)]
+        built = _Built(identities=tuple(b.identity for b in (*f.active, *f.terminating)))
+        for b, bid in zip(f.active, ids):
+            built.backends[backend_key(bid)] = backend_value(b.addr, b.port, b.proto, b.network, BackendFlag.ACTIVE)
+        for b, bid in zip(f.terminating, ids[len(f.active):]):
+            built.backends[backend_key(bid)] = backend_value(b.addr, b.port, b.proto, b.network,
+                                                             BackendFlag.TERMINATING)
+        if len(f.active) >= 2:
+            built.members = tuple(sorted(b.identity for b in f.active))
+            t = self._table_number(built.members)
+            if t is not None:
+                built.table = t
+                if t not in self._blobs:
+                    pair = tuple(sorted((b.identity, bid) for b, bid in zip(f.active, ids)))
+                    self._blobs[t] = pack_table(maglev_table(list(pair), MAGLEV_SIZE))
+        for net in f.networks:
+            built.services[service_key(net, f.addr, f.port, f.proto, 0)] = service_value(
+                service_id=f.service_id, backend_count=len(ids), active_count=len(f.active), flags=f.flags,
+                affinity_timeout=f.affinity_timeout, maglev=built.table)
+            for slot, bid in enumerate(ids, start=1):
+                built.services[service_key(net, f.addr, f.port, f.proto, slot)] = service_value(
+                    service_id=f.service_id, backend_id=bid)
+        return built
+
     def _entries(self, fronts: list[Frontend]) -> tuple[Entries, Entries, Entries]:
         services: Entries = {}
         backends: Entries = {}
         tables: Entries = {}
         pr = ServicePressure(frontends=len(fronts), capacity=self.capacity,
                              tables_capacity=self.tables_capacity)
+        memo: dict[Frontend, _Built] = {}
         used_ids: set[str] = set()
         used_tables: set[tuple[str, ...]] = set()
         # a stable order: when the map is full, the same frontends stay in
         for f in sorted(fronts, key=lambda f: (f.service_id, f.addr.version, str(f.addr), f.port, f.proto)):
-            slots = 1 + len(f.active) + len(f.terminating)
-            need = slots * len(f.networks)
+            need = (1 + len(f.active) + len(f.terminating)) * len(f.networks)
             pr.entries_desired += need
             if len(services) + need > self.capacity:
                 pr.left_out.append(f"{f.service}:{f.port}")
                 continue
             pr.programmed += 1
-            ids = [self._backend_id(b) for b in (*f.active, *f.terminating)]
-            for b, bid in zip(f.active, ids):
-                used_ids.add(b.identity)
-                backends[backend_key(bid)] = backend_value(b.addr, b.port, b.proto, b.network, BackendFlag.ACTIVE)
-            for b, bid in zip(f.terminating, ids[len(f.active):]):
-                used_ids.add(b.identity)
-                backends[backend_key(bid)] = backend_value(b.addr, b.port, b.proto, b.network,
-                                                           BackendFlag.TERMINATING)
-            table = 0
-            if len(f.active) >= 2:
-                members = tuple(sorted(b.identity for b in f.active))
-                t = self._table_number(members)
-                if t is None:
-                    pr.without_table += 1
+            built = self._memo.get(f)
+            if built is None or (built.members and not built.table):   # a table may be free now
+                built = self._build(f)
+            memo[f] = built
+            services.update(built.services)
+            backends.update(built.backends)
+            used_ids.update(built.identities)
+            if built.members:
+                if built.table:
+                    used_tables.add(built.members)
+                    tables[table_key(built.table)] = self._blobs[built.table]
                 else:
-                    table = t
-                    used_tables.add(members)
-                    pair = tuple(sorted((b.identity, bid) for b, bid in zip(f.active, ids)))
-                    tables[table_key(t)] = self._table_blob(pair)
-            for net in f.networks:
-                services[service_key(net, f.addr, f.port, f.proto, 0)] = service_value(
-                    service_id=f.service_id, backend_count=len(ids), active_count=len(f.active), flags=f.flags,
-                    affinity_timeout=f.affinity_timeout, maglev=table)
-                for slot, bid in enumerate(ids, start=1):
-                    services[service_key(net, f.addr, f.port, f.proto, slot)] = service_value(
-                        service_id=f.service_id, backend_id=bid)
+                    pr.without_table += 1
         # forget what nothing uses any more: tables go back to the pool, IDs are never reused
         for members in [m for m in self._tables if m not in used_tables]:
-            self._free_tables.append(self._tables.pop(members))
+            t = self._tables.pop(members)
+            self._blobs.pop(t, None)
+            self._free_tables.append(t)
         for ident in [i for i in self._ids if i not in used_ids]:
             del self._ids[ident]
+        self._memo = memo
         pr.tables_used = len(used_tables)
         self.pressure = pr
         return services, backends, tables

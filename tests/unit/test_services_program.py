@@ -139,12 +139,24 @@ def test_programmer_backend_change_gets_a_new_table_and_keeps_ids():
     assert t4b == t4
 
 
-def test_programmer_adopts_what_a_previous_agent_wrote():
+def test_programmer_adopts_what_a_previous_agent_wrote(monkeypatch):
     first = ServiceProgrammer()
     services, backends, tables = first.entries(_fronts(3))
     second = ServiceProgrammer()
     second.adopt(services, backends)
     assert second.entries(_fronts(3)) == (services, backends, tables)
+    # with the tables read back too, a restart computes no Maglev table again
+    third = ServiceProgrammer()
+    third.adopt(services, backends, tables)
+    monkeypatch.setattr("lace.services.program.maglev_table", lambda *a: pytest.fail("table recomputed"))
+    assert third.entries(_fronts(3)) == (services, backends, tables)
+
+
+def test_unchanged_frontends_are_not_rebuilt(monkeypatch):
+    p = ServiceProgrammer()
+    first = p.entries(_fronts(3))
+    monkeypatch.setattr(p, "_build", lambda f: pytest.fail(f"{f.service} rebuilt"))
+    assert p.entries(_fronts(3)) == first
 
 
 def test_programmer_pressure_when_maps_are_full():
