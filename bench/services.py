@@ -22,7 +22,10 @@ conntrack state they enable never meet another backend's):
 The client and server (bench/crr.c, compiled at run time) spin instead of sleeping: on this VM a
 cross-CPU wake-up costs ~40 us, which would cap every backend at the same ~5k conn/s. Each cell is
 the median of interleaved rounds (every backend is programmed at once, each in its own namespaces,
-and measured in turn), because the machine's speed drifts by tens of percent within seconds.
+and measured in turn), because the machine's speed drifts by tens of percent within seconds. The
+machine may also be shared: a round in which other tasks kept the client or the server off its CPU
+is measured again after a pause (CONTENTION_MAX, TRIES) and the cell flagged if that keeps
+happening; a round's rate counts only the time both had their CPUs.
 
 Past EXACT_MAX services two baselines would spend O(n^2) in loading alone (iptables-nft-restore
 --noflush in user space, the kernel naming nft's anonymous sets): they then load the same datapath
@@ -34,7 +37,8 @@ entry). For kube-proxy the node routes between the veths and DNATs in PREROUTING
 datapath on the veths' node side translates and redirects, and the node's stack is not involved.
 The measured service (3 backends) sits in the middle of kube-proxy's service order (kube-proxy
 writes them in Go map order: the middle is the expected position); the filler services have one
-backend each, every second one two.
+backend each, every second one two (lace's maps are sized to hold them: its Maglev map holds 1024
+tables by default, one per service with two or more backends).
 
 Run as root after `make install`:
   .venv/bin/python bench/services.py [--quick] [--counts 0,1000,...] [--duration S] [--rounds R]
