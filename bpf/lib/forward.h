@@ -1,5 +1,6 @@
 /* Forwarding to a delivery target, the last step of every walk that delivers: a routed hop into a
- * local pod, a routed hop over SRv6 to another node, or into this node's own stack. Each step
+ * local pod, a routed hop over SRv6 to another node, out to the outside through the node's FIB, or
+ * into this node's own stack. Each step
  * counts and traces its forward, or drops with the reason, so a program only picks the step. */
 #ifndef LACE_LIB_FORWARD_H
 #define LACE_LIB_FORWARD_H
@@ -43,6 +44,45 @@ __lace_subprog int forward_remote(struct __sk_buff *skb, struct lace_flow *f, co
 	if (rc < 0)
 		return lace_drop(skb, f, reason);
 	return rc;
+}
+
+/* Out to the outside through the node's routing table, bypassing its stack: a pod flow the node
+ * masquerades. These packets carry one of the node's own addresses as their source, which the stack would drop as a martian arriving on a pod veth
+ * or the uplink; so the node's FIB is asked for the next hop (bpf_fib_lookup, as a forwarded packet
+ * from the uplink) and the packet is redirected out of the interface it names, with its MACs, or
+ * through the kernel's neighbour resolution when the next hop has no neighbour entry yet. A routed
+ * hop: the TTL is decremented. A function of its own for the lookup's 64-byte parameters. */
+__lace_subprog int forward_outside(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg)
+{
+	struct bpf_fib_lookup p = {};
+	int reason;
+	long rc;
+
+	reason = ttl_decrement(skb, f->family);
+	if (reason)
+		return lace_drop(skb, f, reason);
+	p.ifindex = cfg->uplink_ifindex;
+	p.l4_protocol = f->proto;
+	if (f->family == LACE_FAMILY_IPV4) {
+		p.family = AF_INET;
+		__builtin_memcpy(&p.ipv4_dst, f->daddr, 4);
+	} else {
+		p.family = AF_INET6;
+		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
+	}
+	f->delivery = LACE_DELIVERY_OUTSIDE;
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (set_macs(skb, p.dmac, p.smac) < 0)
+			return lace_drop(skb, f, LACE_DROP_PKT_TRUNCATED);
+		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+		return bpf_redirect(p.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
+		return bpf_redirect_neigh(p.ifindex, 0, 0, 0);
+	}
+	return lace_drop(skb, f, LACE_DROP_FIB_LOOKUP_FAILED);
 }
 
 /* Into this node's stack: a host address of this node (delivery kind HOST), or the outside. The

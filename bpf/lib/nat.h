@@ -105,6 +105,19 @@ static __always_inline int nat_rewrite_port(struct __sk_buff *skb, __u8 proto, _
 	return 0;
 }
 
+/* Write to over the identifier of the ICMP or ICMPv6 echo header at l4_off, which holds from (the
+ * identifier is not part of ICMPv6's pseudo header: a plain checksum update). */
+static __always_inline int nat_rewrite_echo_id(struct __sk_buff *skb, __u32 l4_off, __be16 from, __be16 to)
+{
+	if (from == to)
+		return 0;
+	if (bpf_l4_csum_replace(skb, l4_off + 2, from, to, sizeof(to)) < 0)
+		return LACE_DROP_NAT_FAILED;
+	if (bpf_skb_store_bytes(skb, l4_off + 4, &to, sizeof(to), 0) < 0)
+		return LACE_DROP_NAT_FAILED;
+	return 0;
+}
+
 /* Both at once: address and port of one side of the packet's tuple. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct lace_flow *f, int dst,
 				       const __u8 *from_addr, const __u8 *to_addr, __be16 from_port, __be16 to_port)

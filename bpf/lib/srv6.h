@@ -48,24 +48,26 @@ static __always_inline __u32 sid_get_u32(const __u8 *sid, __u32 off)
 	       ((__u32)sid[(off + 2) & 15] << 8) | (__u32)sid[(off + 3) & 15];
 }
 
-/* Push the outer header; the packet must still start with its Ethernet header. */
-static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f,
-				      const struct lace_config *cfg, const struct lace_delivery *d)
+/* Push the outer header to sid (a node's locator and function; the argument is set here to f's
+ * source network) from src; the packet must still start with its Ethernet header. */
+static __always_inline int srv6_encap_to(struct __sk_buff *skb, struct lace_flow *f,
+					 const struct lace_config *cfg, const __u8 *sid, __u32 node_id,
+					 const __u8 *src)
 {
 	struct lace_ip6hdr outer = {};
 	__be16 eth_proto = bpf_htons(ETH_P_IPV6);
 	__u32 inner_len = skb->len - ETH_HLEN;
 
-	lace_copy16(f->sid, d->sid);
+	lace_copy16(f->sid, sid);
 	sid_set_u32(f->sid, sid_offset(cfg) + 4, f->src_network);
-	f->node_id = d->node_id;
+	f->node_id = node_id;
 
 	/* the flow label carries the flow hash so that the underlay can spread flows */
 	outer.ver_tc_flow = bpf_htonl(0x60000000 | (bpf_get_hash_recalc(skb) & 0xfffff));
 	outer.payload_len = bpf_htons(inner_len);
 	outer.nexthdr = f->family == LACE_FAMILY_IPV4 ? IPPROTO_IPIP : IPPROTO_IPV6;
 	outer.hop_limit = LACE_HOP_LIMIT;
-	lace_copy16(outer.saddr, cfg->underlay_addr);
+	lace_copy16(outer.saddr, src);
 	lace_copy16(outer.daddr, f->sid);
 
 	if (bpf_skb_adjust_room(skb, LACE_OUTER_HLEN, BPF_ADJ_ROOM_MAC,
@@ -81,6 +83,13 @@ static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f
 	eth->h_proto = eth_proto;
 	__builtin_memcpy(data + ETH_HLEN, &outer, sizeof(outer));
 	return 0;
+}
+
+/* Push the outer header to d's SID from this node's underlay address. */
+static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f,
+				      const struct lace_config *cfg, const struct lace_delivery *d)
+{
+	return srv6_encap_to(skb, f, cfg, d->sid, d->node_id, cfg->underlay_addr);
 }
 
 /* Route the encapsulated packet on the underlay and redirect it out; < 0 with *reason set on failure. */

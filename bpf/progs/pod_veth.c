@@ -2,8 +2,10 @@
 /* Attach point: tc ingress on the host side of each pod veth (traffic leaving the pod).
  * Walk: parse -> source validation -> conntrack -> service (a new flow to a frontend: backend
  * choice and DNAT, the backend's network instead of routing) -> routing -> segment -> egress
- * policy -> delivery (local pod with its ingress policy / remote node over SRv6 / host) -> trace.
- * Established service flows are translated from their conntrack entries (lib/service.h). */
+ * policy -> masquerade (a new flow to a masquerading route to the outside: a node port, SNAT) ->
+ * delivery (local pod with its ingress policy / remote node over SRv6 / host / the outside) ->
+ * trace. Established service and masqueraded flows are translated from their conntrack entries
+ * (lib/service.h, lib/masquerade.h). */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -18,6 +20,7 @@
 #include "lib/forward.h"
 #include "lib/service.h"
 #include "lib/reject.h"
+#include "lib/masquerade.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -49,6 +52,9 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 {
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
 		f->delivery = LACE_DELIVERY_OUTSIDE;
+		/* translated to a node address (masquerade): past the node's stack */
+		if (f->nat_kind)
+			return forward_outside(skb, f, cfg);
 		return forward_host(skb, f, cfg);
 	}
 	if (!d)
@@ -163,6 +169,8 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		if (e) {
 			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
 				rc = service_forward(skb, f, e, now);
+			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SNAT)) {
+				rc = masq_forward(skb, f, e, now);
 			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
 				f->dst_network = e->dst_network;
 				f->dst_segment = e->dst_segment;
@@ -225,6 +233,12 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	rc = new_flow_policy(skb, f, &d);
 	if (rc)
 		return lace_drop(skb, f, rc);
+	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
+		rc = masq_new_flow(skb, f, cfg, now);
+		if (rc)
+			return lace_drop(skb, f, rc);
+		return deliver(skb, f, cfg, 0);
+	}
 	rc = ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);

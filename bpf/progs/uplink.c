@@ -4,7 +4,11 @@
  * (function) and the source network (argument); then conntrack (a reply of a service flow this
  * node translated gets its frontend back as the source), ingress policy of the destination pod
  * and delivery into it — or, for this node's host address, into the node's stack (ingress policy
- * of segment HOST, which no policy selects). Everything else goes to the node's stack untouched. */
+ * of segment HOST, which no policy selects).
+ *
+ * Everything else arrives from the outside (from_outside), in network OUTSIDE: a reply of a flow
+ * this node masquerades (or an ICMP error about one) is written back to its pod and delivered into
+ * it (lib/masquerade.h); the rest goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -17,8 +21,53 @@
 #include "lib/srv6.h"
 #include "lib/forward.h"
 #include "lib/service.h"
+#include "lib/masquerade.h"
 
 char LICENSE[] SEC("license") = "GPL";
+
+/* Into the pod of a masqueraded flow f, whose reply or ICMP error has been written back to it. */
+static __always_inline int outside_to_pod(struct __sk_buff *skb, struct lace_flow *f,
+					  const struct lace_config *cfg)
+{
+	struct lace_delivery *d = delivery_lookup(f->dst_network, f->family, f->daddr);
+
+	if (!d || d->kind != LACE_DELIVERY_LOCAL)
+		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);   /* the pod is gone */
+	f->delivery = d->kind;
+	return forward_local(skb, f, cfg, d);
+}
+
+/* A packet from the outside (not encapsulated for this node). What lace cannot parse, and what
+ * belongs to no flow lace translates, is the node's own traffic: its stack decides. */
+static __always_inline int from_outside(struct __sk_buff *skb, struct lace_flow *f,
+					const struct lace_config *cfg)
+{
+	struct lace_ct_entry *e;
+	__u64 now;
+	int rc, quoted_orig;
+
+	if (parse_packet(skb, f))
+		return TC_ACT_OK;
+	f->src_network = LACE_NETWORK_OUTSIDE;
+	now = ct_now();
+	if (f->icmp_error) {
+		e = ct_related(f, LACE_NETWORK_OUTSIDE, LACE_NETWORK_OUTSIDE, now, &quoted_orig);
+		if (!e || !quoted_orig || !(e->flags & LACE_CT_F_MASQ))
+			return TC_ACT_OK;
+		rc = masq_icmp_error(skb, f, e);
+		if (rc)
+			return lace_drop(skb, f, rc);
+		return outside_to_pod(skb, f, cfg);
+	}
+	e = ct_classify(f, LACE_NETWORK_OUTSIDE, now);
+	if (e && f->ct_status == LACE_CT_STATUS_REPLY && (e->flags & LACE_CT_F_MASQ)) {
+		rc = masq_reply(skb, f, e, now);
+		if (rc)
+			return lace_drop(skb, f, rc);
+		return outside_to_pod(skb, f, cfg);
+	}
+	return TC_ACT_OK;
+}
 
 static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *f)
 {
@@ -34,11 +83,14 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	__u64 now;
 	int rc, pv, quoted_orig;
 
-	if ((void *)(outer + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
-		return TC_ACT_OK;
 	cfg = bpf_map_lookup_elem(&lace_config, &zero);
-	if (!cfg || !in_locator(cfg, outer->daddr))
+	if (!cfg)
+		return TC_ACT_OK;       /* not configured yet: nothing here is lace's */
+	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6) || (void *)(outer + 1) > data_end ||
+	    !in_locator(cfg, outer->daddr))
+		return from_outside(skb, f, cfg);
 	nexthdr = outer->nexthdr;
 	if (nexthdr != IPPROTO_IPIP && nexthdr != IPPROTO_IPV6)
 		return TC_ACT_OK;       /* addressed to the node itself (e.g. ping to a SID) */

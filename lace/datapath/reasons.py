@@ -118,7 +118,7 @@ _DROP_TEXT: dict[int, str] = {
     14: 'packet invalid for the connection state',
     15: 'could not add the outer IPv6 header',
     16: 'could not remove the outer IPv6 header',
-    17: 'underlay has no route to the remote locator',
+    17: 'the node has no route to the remote locator or the outside destination',
     18: 'SID function names no network on this node',
     19: "decapsulated packet is for neither a local pod nor this node's host",
     20: 'TTL or hop limit exhausted',

@@ -13,8 +13,10 @@ a Maglev table for two or more active backends) by :meth:`Testbed.service`, whic
 
 The base topology, reset before every row:
 
-  node 1: locator 2001:db8:1::/48, underlay 2001:db8:f::1 on up0 (uplink)
+  node 1: locator 2001:db8:1::/48, underlay 2001:db8:f::1 and IPv4 198.18.0.1 on up0 (uplink)
   node 2: locator 2001:db8:2::/48, underlay 2001:db8:f::2, reached through up0
+  the outside: 203.0.113.0/24 via 198.18.0.254 and 2001:db8:cafe::/48 via 2001:db8:f::fe, both
+               routers with permanent neighbour entries (OUTSIDE_ROUTER_MAC) on up0
   network 1 (default)  10.1.0.0/16, fd10:1::/48     pods a, b here; remote block 10.1.2.0/24 on node 2
   network 2 (blue)     10.1.0.0/16, fd10:1::/48     pods c (same IPs as a) and d — overlapping
 """
@@ -54,6 +56,12 @@ LOCATOR1, LOCATOR2 = "2001:db8:1::/48", "2001:db8:2::/48"
 UNDERLAY1, UNDERLAY2 = "2001:db8:f::1", "2001:db8:f::2"
 NEIGH_MAC = "02:00:00:00:0f:02"
 UPLINK_MAC = "02:00:00:00:0f:01"
+#: node 1's IPv4 address (config addr4: IPv4 masquerade source, IPv4 NodePort frontend)
+NODE_ADDR4 = "198.18.0.1"
+#: the outside's routers on up0 and what lies behind them
+ROUTER4, ROUTER6 = "198.18.0.254", "2001:db8:f::fe"
+OUTSIDE_ROUTER_MAC = "02:00:00:00:0f:fe"
+OUTSIDE4_NET, OUTSIDE6_NET = "203.0.113.0/24", "2001:db8:cafe::/48"
 NET1, NET2 = 1, 2
 
 
@@ -193,9 +201,15 @@ class Testbed:
         for dev in ["up0", "up1"] + [p.ifname for p in specs] + [p.ifname + "p" for p in specs]:
             netlink.set_up(dev, ns)
         netlink.sysctl(ns, "net.ipv6.conf.all.forwarding", 1)
+        netlink.sysctl(ns, "net.ipv4.ip_forward", 1)      # bpf_fib_lookup asks for it (IPv4)
         netlink.add_address("up0", f"{UNDERLAY1}/64", ns, nodad=True)
+        netlink.add_address("up0", f"{NODE_ADDR4}/24", ns)
         netlink.add_neighbor(UNDERLAY2, NEIGH_MAC, "up0", ns, permanent=True)
+        netlink.add_neighbor(ROUTER4, OUTSIDE_ROUTER_MAC, "up0", ns, permanent=True)
+        netlink.add_neighbor(ROUTER6, OUTSIDE_ROUTER_MAC, "up0", ns, permanent=True)
         netlink.add_route(LOCATOR2, netns=ns, via=UNDERLAY2, dev="up0")
+        netlink.add_route(OUTSIDE4_NET, netns=ns, via=ROUTER4, dev="up0")
+        netlink.add_route(OUTSIDE6_NET, netns=ns, via=ROUTER6, dev="up0")
         self.ifindex = {link.name: link.ifindex for link in netlink.links(ns)}
         for pod in specs:
             pod.ifindex = self.ifindex[pod.ifname]
@@ -294,11 +308,13 @@ class Testbed:
         for fam in ("ipv4", "ipv6"):
             self.m("segment").update(segment_key(NET1, REMOTE[fam]), segment_value(REMOTE["segment"]))
 
-    def configure(self, trace_all: bool = False) -> None:
-        """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops."""
+    def configure(self, trace_all: bool = False, addr4: str | None = NODE_ADDR4) -> None:
+        """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops;
+        ``addr4`` is the node's IPv4 address (None: it has none)."""
         self.m("config").update(cfgmod.config_key(), cfgmod.config_value(
             locator=LOCATOR1, underlay_addr=UNDERLAY1, node_id=1,
-            uplink_ifindex=self.ifindex["up0"], mtu=1460, flags=cfgmod.ConfigFlag.TRACE_ALL if trace_all else 0))
+            uplink_ifindex=self.ifindex["up0"], mtu=1460, flags=cfgmod.ConfigFlag.TRACE_ALL if trace_all else 0,
+            addr4=addr4))
 
     def route(self, src_net: int, cidr: str, dst_net: int, masquerade: bool = False) -> None:
         self.m("routing").update(routing_key(src_net, cidr), route_value(dst_net, masquerade=masquerade))
@@ -434,4 +450,5 @@ def icmp_echo(family: int, ident: int = 0x77, reply: bool = False):
 
 
 __all__ = ["Testbed", "Pod", "Result", "Backend", "Service", "REMOTE", "icmp_echo", "TC_ACT_OK", "TC_ACT_SHOT", "TC_ACT_REDIRECT",
-           "NET1", "NET2", "LOCATOR1", "LOCATOR2", "UNDERLAY1", "UNDERLAY2", "NEIGH_MAC", "UPLINK_MAC"]
+           "NET1", "NET2", "LOCATOR1", "LOCATOR2", "UNDERLAY1", "UNDERLAY2", "NEIGH_MAC", "UPLINK_MAC",
+           "NODE_ADDR4", "ROUTER4", "ROUTER6", "OUTSIDE_ROUTER_MAC", "OUTSIDE4_NET", "OUTSIDE6_NET"]

@@ -8,7 +8,8 @@ Layout (everything is named after the lab, so two labs and a test run coexist)::
           |
     lace-<lab>-worker-i  eth0 fd5e:ff::i/64 198.18.0.i/24, MTU 1500, forwarding on;
                          fd5e:c000:j::/48 via fd5e:ff::j for every other node j;
-                         203.0.113.0/24 via 198.18.0.254, 2001:db8:cafe::/48 via fd5e:ff::fe
+                         203.0.113.0/24 via 198.18.0.254, 2001:db8:cafe::/48 via fd5e:ff::fe;
+                         ephemeral ports 32768-49151 (net.ipv4.ip_local_port_range)
                          host cgroup <cgroup2>/lace-<lab>/worker-i
 
 Node i owns locator fd5e:c000:i::/48 (block fd5e:c000::/32); pods get MTU 1500 - 40 = 1460 (one
@@ -16,6 +17,10 @@ outer IPv6 header).  Beyond the IPv6 underlay, each node also has an IPv4 addres
 (198.18.0.i, a benchmarking range): masqueraded IPv4 pod traffic needs a node source address and a
 next hop the outside can answer; routing IPv4 through an IPv6 next hop would work for the kernel but
 hands ``bpf_fib_lookup`` an AF_INET6 neighbor for an IPv4 packet.
+
+The node's own sockets take their ephemeral ports below the masquerade range (49152-65535,
+lace/abi/masquerade.h): a reply to the node itself must never look like the reply of a pod flow the
+node masquerades.
 
 Each node also has a host cgroup (cgroup2): the processes that run "on the node's host" (``lace
 exec --node``) join it as well as the node's namespace, and the node's agent attaches the socket
@@ -44,6 +49,7 @@ from typing import Any, Callable
 
 from lace import netlink as nl
 from lace.datapath.config import DEFAULT_POD_MTU, DEFAULT_UNDERLAY_MTU
+from lace.datapath.masquerade import EPHEMERAL_PORT_RANGE
 from lace.lab import procs
 from .files import write_json
 from .names import name_problem
@@ -279,6 +285,8 @@ def _build_node(lab: str, fabric: str, i: int) -> LabNode:
     _quiet_ipv6_dad(ns)
     nl.sysctl(ns, "net.ipv6.conf.all.forwarding", 1)
     nl.sysctl(ns, "net.ipv4.ip_forward", 1)
+    # IPv6 sockets take their ephemeral ports from this range too
+    nl.sysctl(ns, "net.ipv4.ip_local_port_range", "%d %d" % EPHEMERAL_PORT_RANGE)
     nl.set_up("lo", ns)
     info = _attach(lab, ns, f"up{i}", fabric, name)
     nl.add_address(UPLINK, f"{underlay_addr(i)}/{UNDERLAY_PREFIXLEN}", ns)

@@ -1,0 +1,408 @@
+/* Masquerade: a pod flow routed to the outside by a route with LACE_ROUTE_F_MASQUERADE leaves from
+ * the node's own address (config addr4 for IPv4, underlay_addr for IPv6) and a node port, and the
+ * replies are written back to the pod.
+ *
+ * A new flow gets a port by the rules of abi/masquerade.h: candidates in a fixed order derived from
+ * the pod tuple's flow hash, each tried by inserting its port reservation with BPF_NOEXIST, so two
+ * CPUs can never hand out the same (node address, port, remote, remote port). Then the flow has
+ * two conntrack entries (abi/conntrack.h):
+ *   pod entry        (SNAT): (pod network, pod -> remote), nat = node address:port,
+ *                            dst_network OUTSIDE
+ *   port reservation (MASQ): (OUTSIDE, node address:port -> remote), nat = pod address:port,
+ *                            dst_network = the pod's network
+ * Both see every packet of the flow in both directions (so they share state and expiry).
+ * Established packets from the pod find the pod entry and leave translated; a lost reservation is
+ * put back from it. Replies arrive on the uplink addressed to the node, find the reservation as a
+ * reply in network OUTSIDE, are written back to the pod's address and port, advance the pod entry
+ * and are delivered into the pod. ICMP errors the outside sends about a masqueraded packet (they
+ * quote node address:port -> remote) get the pod back in their destination and in the quoted
+ * source.
+ *
+ * TCP and UDP are translated by port, ICMP echo by identifier (both "ports" of an echo's key are
+ * its identifier). Anything else routed to a masquerading route cannot be translated and is
+ * dropped as NAT_FAILED, as is a flow whose family the node has no address of.
+ *
+ * Translated packets leave through the node's FIB, not its stack (lib/forward.h forward_outside):
+ * a packet from one of the node's own addresses arriving on a pod veth is a martian to the stack.
+ *
+ * Trace events of a translated packet carry nat_kind SNAT; their addresses are the pod side of the
+ * flow (forward: pod -> remote, reply: remote -> pod) and nat_addr:nat_port is the node address and
+ * port the pod stands behind. */
+#ifndef LACE_LIB_MASQUERADE_H
+#define LACE_LIB_MASQUERADE_H
+
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/flow.h"
+#include "lib/conntrack.h"
+#include "lib/nat.h"
+#include "lib/service.h"
+#include "lace/abi/masquerade.h"
+
+_Static_assert((LACE_MASQ_PORT_COUNT & (LACE_MASQ_PORT_COUNT - 1)) == 0,
+	       "the masquerade port count is a power of two (candidates are taken modulo it)");
+_Static_assert(LACE_MASQ_PORT_MIN + LACE_MASQ_PORT_COUNT <= 65536, "masquerade ports are 16-bit");
+
+/* The flags that make an entry part of an address translation. */
+#define LACE_CT_NAT_FLAGS (LACE_CT_F_DNAT | LACE_CT_F_SNAT | LACE_CT_F_SERVICE | LACE_CT_F_MASQ)
+
+/* Whether f can be masqueraded: TCP, UDP, or an ICMP echo request (ICMP errors are translated
+ * with the flow they are about). */
+static __always_inline int masq_supported(const struct lace_flow *f)
+{
+	if (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP)
+		return 1;
+	if (f->proto == IPPROTO_ICMP)
+		return f->icmp_type == 8;
+	if (f->proto == IPPROTO_ICMPV6)
+		return f->icmp_type == 128;
+	return 0;
+}
+
+/* The node address a flow of family leaves from, into out (8-byte aligned); 0 when the node has
+ * none of that family. */
+static __always_inline int masq_node_addr(const struct lace_config *cfg, __u8 family, __u8 *out)
+{
+	__u64 *w = (__u64 *)out;
+
+	w[0] = 0;
+	w[1] = 0;
+	if (family == LACE_FAMILY_IPV4) {
+		__builtin_memcpy(out, cfg->addr4, 4);
+		return w[0] != 0;
+	}
+	__builtin_memcpy(out, cfg->underlay_addr, 16);
+	return (w[0] | w[1]) != 0;
+}
+
+/* Candidate i of hash h (abi/masquerade.h), in network byte order. */
+static __always_inline __be16 masq_candidate(__u32 h, __u32 i)
+{
+	__u32 start = h & (LACE_MASQ_PORT_COUNT - 1);
+	__u32 stride = ((h >> 16) & (LACE_MASQ_PORT_COUNT - 1)) | 1;
+
+	return bpf_htons(LACE_MASQ_PORT_MIN + ((start + i * stride) & (LACE_MASQ_PORT_COUNT - 1)));
+}
+
+/* The reservation key of (node:port -> f's destination); an echo's identifier is both its ports. */
+static __always_inline void masq_key(union lace_ct_key *k, const struct lace_flow *f, const __u8 *node,
+				     __be16 port)
+{
+	__be16 dport = f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP ? f->dport : port;
+
+	ct_key(k, f->family, LACE_NETWORK_OUTSIDE, f->proto, node, f->daddr, port, dport);
+}
+
+/* Insert e under k with the map update flags (BPF_NOEXIST to claim a port). */
+static __always_inline long masq_insert(__u8 family, __u8 proto, union lace_ct_key *k,
+					const struct lace_ct_entry *e, __u64 flags)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, flags);
+		if (proto == IPPROTO_UDP)
+			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, flags);
+		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, flags);
+	}
+	if (proto == IPPROTO_TCP)
+		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, flags);
+	if (proto == IPPROTO_UDP)
+		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, flags);
+	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, flags);
+}
+
+/* Whether reservation r already stands for f's own pod address and port in f's network. */
+static __always_inline int masq_owned(const struct lace_ct_entry *r, const struct lace_flow *f)
+{
+	return (r->flags & LACE_CT_F_MASQ) && r->dst_network == f->src_network && r->nat_port == f->sport &&
+	       lace_eq16_a8(r->nat_addr, f->saddr);
+}
+
+/* Claim reservation e under k for f: a free key, or one f may take over — an expired reservation,
+ * or f's own (its pod entry was lost or expired first). */
+static __always_inline int masq_claim(union lace_ct_key *k, const struct lace_flow *f,
+				      const struct lace_ct_entry *e, __u64 now)
+{
+	struct lace_ct_entry *old;
+
+	if (masq_insert(f->family, f->proto, k, e, BPF_NOEXIST) == 0)
+		return 1;
+	old = ct_lookup(f->family, f->proto, k);
+	if (!old || (old->expires_ns >= now && !masq_owned(old, f)))
+		return 0;
+	return masq_insert(f->family, f->proto, k, e, BPF_ANY) == 0;
+}
+
+/* Remove the reservation under k (a new flow that could not be recorded after all). */
+static __always_inline void masq_release(__u8 family, __u8 proto, union lace_ct_key *k)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			bpf_map_delete_elem(&lace_ct_tcp4, &k->v4);
+		else if (proto == IPPROTO_UDP)
+			bpf_map_delete_elem(&lace_ct_udp4, &k->v4);
+		else
+			bpf_map_delete_elem(&lace_ct_icmp4, &k->v4);
+		return;
+	}
+	if (proto == IPPROTO_TCP)
+		bpf_map_delete_elem(&lace_ct_tcp6, &k->v6);
+	else if (proto == IPPROTO_UDP)
+		bpf_map_delete_elem(&lace_ct_udp6, &k->v6);
+	else
+		bpf_map_delete_elem(&lace_ct_icmp6, &k->v6);
+}
+
+/* Write the source of f's packet over with node:port (an echo: its identifier). f keeps the pod
+ * side of the flow; nat_* get the node side. */
+static __always_inline int masq_rewrite_source(struct __sk_buff *skb, struct lace_flow *f, const __u8 *node,
+					       __be16 port)
+{
+	int rc;
+
+	rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_SRC, f->saddr, node);
+	if (rc)
+		return rc;
+	if (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP)
+		rc = nat_rewrite_port(skb, f->proto, f->l4_off, NAT_SRC, f->sport, port);
+	else
+		rc = nat_rewrite_echo_id(skb, f->l4_off, f->sport, port);
+	if (rc)
+		return rc;
+	lace_copy16_a8(f->nat_addr, node);
+	f->nat_port = port;
+	f->nat_kind = LACE_NAT_SNAT;
+	return 0;
+}
+
+/* The search for a free port, run by bpf_loop (the verifier checks the callback once, not once per
+ * candidate): the reservation to insert, the node address, and what was found. */
+struct masq_search {
+	struct lace_ct_entry e;   /* the reservation, complete but for its key */
+	union lace_addr node;
+	__u64 now;
+	__u32 hash;
+	__be16 port;              /* the port claimed (valid when found) */
+	__u8 found;
+	__u8 reserved;
+};
+
+/* The search lives in a per-CPU array of one entry, as struct lace_flow does (lib/flow.h): on the
+ * stack it would not fit next to the walk's frames and the callback's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct masq_search);
+} lace_masq_scratch SEC(".maps");
+
+/* bpf_loop callback: try candidate i; 1 (stop) once one is claimed. */
+static long masq_try(__u32 i, void *ctx)
+{
+	union lace_ct_key k;
+	struct masq_search *s;
+	struct lace_flow *f;
+	__u32 zero = 0;
+	__be16 port;
+
+	f = bpf_map_lookup_elem(&lace_scratch, &zero);
+	s = bpf_map_lookup_elem(&lace_masq_scratch, &zero);
+	if (!f || !s)
+		return 1;
+	port = masq_candidate(s->hash, i);
+	masq_key(&k, f, s->node.b, port);
+	if (!masq_claim(&k, f, &s->e, s->now))
+		return 0;
+	s->port = port;
+	s->found = 1;
+	return 1;
+}
+
+/* A new flow of f, admitted by policy, to a masquerading route: claim a port, record the pod entry
+ * and translate the packet. Returns 0 or a drop reason (NAT_FAILED: nothing to translate with, or
+ * masquerade port space exhausted for this destination). */
+__lace_subprog int masq_new_flow(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
+				 __u64 now)
+{
+	union lace_ct_key k;
+	union lace_addr node;
+	struct masq_search *s;
+	__u32 zero = 0;
+	__be16 port;
+	int rc;
+
+	s = bpf_map_lookup_elem(&lace_masq_scratch, &zero);
+	if (!s)
+		return LACE_DROP_NAT_FAILED;   /* unreachable: index 0 of a one-entry array */
+	__builtin_memset(s, 0, sizeof(*s));
+	if (!masq_supported(f) || !masq_node_addr(cfg, f->family, s->node.b))
+		return LACE_DROP_NAT_FAILED;
+	ct_init(&s->e, f, now);
+	s->e.flags |= LACE_CT_F_MASQ;
+	s->e.dst_network = f->src_network;
+	lace_copy16_a8(s->e.nat_addr, f->saddr);
+	s->e.nat_port = f->sport;
+	s->now = now;
+	s->hash = service_flow_hash(f, f->src_network);
+	bpf_loop(LACE_MASQ_TRIES, masq_try, 0, 0);
+	if (!s->found)
+		return LACE_DROP_NAT_FAILED;   /* masquerade port space exhausted for this destination */
+
+	/* the same entry, turned into the pod's */
+	port = s->port;
+	lace_copy16_a8(&node, &s->node);
+	s->e.flags = (s->e.flags & ~LACE_CT_F_MASQ) | LACE_CT_F_SNAT;
+	s->e.dst_network = f->dst_network;
+	lace_copy16_a8(s->e.nat_addr, node.b);
+	s->e.nat_port = port;
+	rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &s->e);
+	if (rc) {
+		masq_key(&k, f, node.b, port);
+		masq_release(f->family, f->proto, &k);
+		return rc;
+	}
+	return masq_rewrite_source(skb, f, node.b, port);
+}
+
+/* An established packet of a masqueraded flow, found by its pod entry pe (already advanced): the
+ * reservation sees it too (put back from pe if it was evicted; NAT_FAILED when another flow took
+ * the port meanwhile), and the packet leaves translated. Returns 0 or a drop reason. */
+__lace_subprog int masq_forward(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *pe,
+				__u64 now)
+{
+	struct lace_ct_entry *r;
+	union lace_ct_key k;
+	union lace_addr node;
+	__be16 port = pe->nat_port;
+
+	lace_copy16_a8(&node, pe->nat_addr);
+	masq_key(&k, f, node.b, port);
+	r = ct_lookup(f->family, f->proto, &k);
+	if (r && masq_owned(r, f)) {
+		ct_advance(r, f, 0, now);
+	} else {
+		if (r && r->expires_ns >= now)
+			return LACE_DROP_NAT_FAILED;   /* the port went to another flow meanwhile */
+		/* copied map to map, then made a reservation in place (no entry on the stack) */
+		if (masq_insert(f->family, f->proto, &k, pe, r ? BPF_ANY : BPF_NOEXIST) < 0)
+			return LACE_DROP_NAT_FAILED;
+		r = ct_lookup(f->family, f->proto, &k);
+		if (r) {
+			r->flags = (r->flags & ~LACE_CT_F_SNAT) | LACE_CT_F_MASQ;
+			r->dst_network = f->src_network;
+			lace_copy16_a8(r->nat_addr, f->saddr);
+			r->nat_port = f->sport;
+		}
+	}
+	f->dst_network = pe->dst_network;
+	f->dst_segment = pe->dst_segment;
+	return masq_rewrite_source(skb, f, node.b, port);
+}
+
+/* A reply of a masqueraded flow arriving from the outside, found as the reply of reservation r
+ * (already advanced): its destination becomes the pod's address and port again, in the pod's
+ * network, and the pod entry sees it. f becomes the pod side (remote -> pod); nat_* keep the node
+ * side. Returns 0 or a drop reason. */
+__lace_subprog int masq_reply(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *r,
+			      __u64 now)
+{
+	struct lace_ct_entry *pe;
+	union lace_addr pod;
+	__be16 port = r->nat_port;
+	int rc;
+
+	lace_copy16_a8(&pod, r->nat_addr);
+	rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, f->daddr, pod.b);
+	if (rc)
+		return rc;
+	if (f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP)
+		rc = nat_rewrite_port(skb, f->proto, f->l4_off, NAT_DST, f->dport, port);
+	else
+		rc = nat_rewrite_echo_id(skb, f->l4_off, f->dport, port);
+	if (rc)
+		return rc;
+	lace_copy16_a8(f->nat_addr, f->daddr);
+	f->nat_port = f->dport;
+	f->nat_kind = LACE_NAT_SNAT;
+	lace_copy16_a8(f->daddr, &pod);
+	f->dport = port;
+	if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP)
+		f->sport = port;            /* an echo reply: the identifier is both "ports" */
+	f->dst_network = r->dst_network;
+	f->src_segment = r->dst_segment;
+	f->dst_segment = r->src_segment;
+	pe = ct_reply(f, f->dst_network, now);
+	if (pe)
+		f->dst_segment = pe->src_segment;
+	f->ct_status = LACE_CT_STATUS_REPLY;
+	return 0;
+}
+
+/* Rewrite an ICMP error in place: its outer destination from -> to, and in the packet it quotes
+ * (one that left from the node: from:pfrom -> remote) the source address from -> to and the source
+ * port (a quoted echo: its identifier) pfrom -> pto. The quoted IPv4 header checksum is updated,
+ * which leaves the ICMP checksum's sum unchanged; the quoted transport checksum is left as it was
+ * (receivers match errors on addresses and ports). */
+static __always_inline int masq_icmp_error_rewrite(struct __sk_buff *skb, struct lace_flow *f, const __u8 *from,
+						   const __u8 *to, __be16 pfrom, __be16 pto)
+{
+	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, saddr_off, port_off;
+
+	if (f->family == LACE_FAMILY_IPV4) {
+		__be32 a, b;
+		__u8 ver_ihl;
+
+		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
+			return LACE_DROP_PKT_TRUNCATED;
+		inner_l4 = inner + (ver_ihl & 0xf) * 4;
+		saddr_off = inner + 12;
+		__builtin_memcpy(&a, from, 4);
+		__builtin_memcpy(&b, to, 4);
+		if (bpf_l3_csum_replace(skb, inner + 10, a, b, sizeof(b)) < 0 ||
+		    bpf_skb_store_bytes(skb, saddr_off, &b, sizeof(b), 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	} else {
+		union lace_addr b;
+		__s64 diff;
+
+		inner_l4 = inner + sizeof(struct lace_ip6hdr);
+		saddr_off = inner + 8;
+		lace_copy16_a8(&b, to);
+		diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)b.b, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, saddr_off, b.b, 16, 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	}
+	port_off = inner_l4 + (f->inner_proto == IPPROTO_ICMP || f->inner_proto == IPPROTO_ICMPV6 ? 4 : 0);
+	if (pfrom != pto &&
+	    (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, sizeof(pto)) < 0 ||
+	     bpf_skb_store_bytes(skb, port_off, &pto, sizeof(pto), 0) < 0))
+		return LACE_DROP_NAT_FAILED;
+	return nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, f->daddr, to);
+}
+
+/* An ICMP error from the outside quoting a packet of the masqueraded flow whose reservation is r:
+ * written back to the pod (outer destination, quoted source address and port), for delivery in
+ * the pod's network. Returns 0 or a drop reason. */
+__lace_subprog int masq_icmp_error(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *r)
+{
+	union lace_addr pod;
+	int rc;
+
+	lace_copy16_a8(&pod, r->nat_addr);
+	rc = masq_icmp_error_rewrite(skb, f, f->daddr, pod.b, f->inner_sport, r->nat_port);
+	if (rc)
+		return rc;
+	lace_copy16_a8(f->nat_addr, f->daddr);
+	f->nat_port = f->inner_sport;
+	f->nat_kind = LACE_NAT_SNAT;
+	lace_copy16_a8(f->daddr, &pod);
+	lace_copy16_a8(f->inner_saddr, &pod);
+	f->inner_sport = r->nat_port;
+	f->dst_network = r->dst_network;
+	f->src_segment = r->dst_segment;
+	f->dst_segment = r->src_segment;
+	return 0;
+}
+
+#endif
