@@ -47,7 +47,8 @@ __lace_subprog int forward_remote(struct __sk_buff *skb, struct lace_flow *f, co
 }
 
 /* Out to the outside through the node's routing table, bypassing its stack: a pod flow the node
- * masquerades. These packets carry one of the node's own addresses as their source, which the stack would drop as a martian arriving on a pod veth
+ * masquerades, a reply of a NodePort or LoadBalancer flow. These packets carry one of the node's
+ * own addresses (or a load-balancer address) as their source, which the stack would drop as a martian arriving on a pod veth
  * or the uplink; so the node's FIB is asked for the next hop (bpf_fib_lookup, as a forwarded packet
  * from the uplink) and the packet is redirected out of the interface it names, with its MACs, or
  * through the kernel's neighbour resolution when the next hop has no neighbour entry yet. A routed

@@ -21,6 +21,7 @@
 #include "lib/service.h"
 #include "lib/reject.h"
 #include "lib/masquerade.h"
+#include "lib/nodeport.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -52,7 +53,7 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 {
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
 		f->delivery = LACE_DELIVERY_OUTSIDE;
-		/* translated to a node address (masquerade): past the node's stack */
+		/* translated to a node address (masquerade, a NodePort reply): past the node's stack */
 		if (f->nat_kind)
 			return forward_outside(skb, f, cfg);
 		return forward_host(skb, f, cfg);
@@ -176,7 +177,10 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 				f->dst_segment = e->dst_segment;
 			} else {
 				/* a reply: back into the network its flow is keyed under (src_net,
-				 * or the one a reply alias names) */
+				 * or the one a reply alias names); a flow another node's NodePort sent
+				 * here goes back to that node */
+				if (f->ct_network == LACE_NETWORK_OUTSIDE && nodeport_from_origin(e))
+					return nodeport_return(skb, f, cfg, e);
 				if (e->flags & LACE_CT_F_DNAT)
 					rc = service_reply(skb, f, e, f->ct_network, now);
 				f->dst_network = f->ct_network;

@@ -6,9 +6,16 @@
  * and delivery into it — or, for this node's host address, into the node's stack (ingress policy
  * of segment HOST, which no policy selects).
  *
+ * A packet whose SID function is OUTSIDE is the reply of a NodePort or LoadBalancer flow this node
+ * translated and sent to a backend on another node: its frontend is written back as the source and
+ * it leaves through the node's FIB. A packet whose SID argument is OUTSIDE is such a flow sent here
+ * by another node: its entry keeps the sender's origin SID (the outer source) for the replies
+ * (lib/nodeport.h).
+ *
  * Everything else arrives from the outside (from_outside), in network OUTSIDE: a reply of a flow
  * this node masquerades (or an ICMP error about one) is written back to its pod and delivered into
- * it (lib/masquerade.h); the rest goes to the node's stack untouched. */
+ * it (lib/masquerade.h); a flow to a NodePort or LoadBalancer frontend is balanced to a backend, on
+ * this node or another (lib/nodeport.h); the rest goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -22,6 +29,7 @@
 #include "lib/forward.h"
 #include "lib/service.h"
 #include "lib/masquerade.h"
+#include "lib/nodeport.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -38,10 +46,13 @@ static __always_inline int outside_to_pod(struct __sk_buff *skb, struct lace_flo
 }
 
 /* A packet from the outside (not encapsulated for this node). What lace cannot parse, and what
- * belongs to no flow lace translates, is the node's own traffic: its stack decides. */
-static __always_inline int from_outside(struct __sk_buff *skb, struct lace_flow *f,
-					const struct lace_config *cfg)
+ * belongs to no flow lace translates, is the node's own traffic: its stack decides. A function of
+ * its own: its frame and the decapsulation path's are never on the stack together. */
+__lace_subprog int from_outside(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg)
 {
+	struct lace_service_key skey;
+	struct lace_delivery *d = 0;
+	struct lace_service *svc;
 	struct lace_ct_entry *e;
 	__u64 now;
 	int rc, quoted_orig;
@@ -66,36 +77,49 @@ static __always_inline int from_outside(struct __sk_buff *skb, struct lace_flow 
 			return lace_drop(skb, f, rc);
 		return outside_to_pod(skb, f, cfg);
 	}
-	return TC_ACT_OK;
+	if (e && f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
+		rc = service_forward(skb, f, e, now);
+		if (rc)
+			return lace_drop(skb, f, rc);
+		return nodeport_deliver(skb, f, cfg, 0);
+	}
+	svc = service_frontend(f, LACE_NETWORK_OUTSIDE, &skey);
+	if (!svc)
+		return TC_ACT_OK;
+	f->ct_status = LACE_CT_STATUS_NEW;
+	rc = nodeport_new_flow(skb, f, &skey, svc, &d);
+	if (rc == LACE_DROP_SERVICE_NO_BACKEND)
+		return nodeport_reject(skb, f, rc);
+	if (!rc)
+		rc = service_ct_create(f, now);
+	if (rc)
+		return lace_drop(skb, f, rc);
+	return nodeport_deliver(skb, f, cfg, d);
 }
 
-static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *f)
+/* A packet encapsulated for this node's locator: decapsulated and walked in the networks its SID
+ * names. A function of its own, as from_outside is. */
+__lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
 	struct lace_ip6hdr *outer = data + ETH_HLEN;
-	struct lace_config *cfg;
 	struct lace_delivery *d;
 	struct lace_ct_entry *e;
-	__u32 zero = 0, src_net, dst_net;
+	union lace_addr origin;
+	__u32 src_net, dst_net;
 	__u8 nexthdr;
 	__u64 now;
 	int rc, pv, quoted_orig;
 
-	cfg = bpf_map_lookup_elem(&lace_config, &zero);
-	if (!cfg)
-		return TC_ACT_OK;       /* not configured yet: nothing here is lace's */
-	if ((void *)(eth + 1) > data_end)
+	if ((void *)(outer + 1) > data_end)
 		return TC_ACT_OK;
-	if (eth->h_proto != bpf_htons(ETH_P_IPV6) || (void *)(outer + 1) > data_end ||
-	    !in_locator(cfg, outer->daddr))
-		return from_outside(skb, f, cfg);
 	nexthdr = outer->nexthdr;
 	if (nexthdr != IPPROTO_IPIP && nexthdr != IPPROTO_IPV6)
 		return TC_ACT_OK;       /* addressed to the node itself (e.g. ping to a SID) */
 
 	lace_copy16(f->sid, outer->daddr);
+	lace_copy16(origin.b, outer->saddr);      /* a NodePort flow's origin SID (lib/nodeport.h) */
 	f->src_network = src_net = sid_get_u32(f->sid, sid_offset(cfg) + 4);
 	f->dst_network = dst_net = sid_get_u32(f->sid, sid_offset(cfg));
 	rc = srv6_decap(skb, nexthdr);
@@ -136,7 +160,16 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 		} else {
 			f->src_segment = e->src_segment;
 			f->dst_segment = e->dst_segment;
+			if (src_net == LACE_NETWORK_OUTSIDE && nodeport_from_origin(e))
+				lace_copy16_a8(e->nat_addr, &origin);   /* the frontend's node may change */
 		}
+	}
+
+	if (dst_net == LACE_NETWORK_OUTSIDE) {
+		/* only the replies of NodePort and LoadBalancer flows this node translated leave */
+		if (!e || f->ct_status != LACE_CT_STATUS_REPLY || !(e->flags & LACE_CT_F_DNAT))
+			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
+		return forward_outside(skb, f, cfg);
 	}
 
 	d = delivery_lookup(dst_net, f->family, f->daddr);
@@ -155,7 +188,10 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 			return lace_drop(skb, f, LACE_DROP_POLICY_INGRESS);
 		if (pv == LACE_POLICY_AUDIT)
 			f->audit = LACE_DROP_POLICY_INGRESS;
-		rc = ct_create(f, now);
+		if (src_net == LACE_NETWORK_OUTSIDE)
+			rc = nodeport_ct_create_remote(f, origin.b, now);
+		else
+			rc = ct_create(f, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
 	}
@@ -163,6 +199,27 @@ static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *
 	if (d->kind == LACE_DELIVERY_HOST)
 		return forward_host(skb, f, cfg);   /* a pod on another node to this node's host address */
 	return deliver_to_pod(skb, f, cfg, d);
+}
+
+
+static __always_inline int from_uplink(struct __sk_buff *skb, struct lace_flow *f)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct lace_ip6hdr *outer = data + ETH_HLEN;
+	struct lace_config *cfg;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&lace_config, &zero);
+	if (!cfg)
+		return TC_ACT_OK;       /* not configured yet: nothing here is lace's */
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6) || (void *)(outer + 1) > data_end ||
+	    !in_locator(cfg, outer->daddr))
+		return from_outside(skb, f, cfg);
+	return from_underlay(skb, f, cfg);
 }
 
 SEC("tc")

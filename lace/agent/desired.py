@@ -20,6 +20,7 @@ from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
 from lace.policy.program import PolicyProgrammer
+from lace.services.model import on_node
 from lace.services.program import ServiceProgrammer
 from lace.store import kinds as K
 
@@ -68,7 +69,8 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
     svc = services if services is not None else ServiceProgrammer()
-    out["services"], out["backends"], out["maglev"] = svc.entries(s.frontends)
+    # node-port frontends answer on this node's own addresses
+    out["services"], out["backends"], out["maglev"] = svc.entries(on_node(s.frontends, me.underlay4, me.underlay))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Layout (everything is named after the lab, so two labs and a test run coexist)::
 
-    lace-<lab>-outside   eth0 fd5e:ff::fe/64 198.18.0.254/24; lo 203.0.113.1/32 2001:db8:cafe::1/128
+    lace-<lab>-outside   eth0 fd5e:ff::fe/64 198.18.0.254/24; lo 203.0.113.1/32 2001:db8:cafe::1/128;
+                         198.18.100.0/24 via 198.18.0.1, 2001:db8:1b::/64 via fd5e:ff::1 (load balancers)
           |
     lace-<lab>-fabric    br0 <- upout, up1 .. upN          (L2 only: IPv6 disabled in this namespace)
           |
@@ -20,7 +21,10 @@ hands ``bpf_fib_lookup`` an AF_INET6 neighbor for an IPv4 packet.
 
 The node's own sockets take their ephemeral ports below the masquerade range (49152-65535,
 lace/abi/masquerade.h): a reply to the node itself must never look like the reply of a pod flow the
-node masquerades.
+node masquerades.  The outside reaches the lab's load-balancer blocks (LOADBALANCER4_NET,
+LOADBALANCER6_NET: LoadBalancerIPPools inside them are reachable from the outside) through
+worker-1, whose uplink program balances them before its stack sees them; worker-1 sends flows of
+services with externalTrafficPolicy Cluster on to backends on any node.
 
 Each node also has a host cgroup (cgroup2): the processes that run "on the node's host" (``lace
 exec --node``) join it as well as the node's namespace, and the node's agent attaches the socket
@@ -72,6 +76,11 @@ INTERNET4 = "203.0.113.1"
 INTERNET6 = "2001:db8:cafe::1"
 INTERNET4_NET = "203.0.113.0/24"
 INTERNET6_NET = "2001:db8:cafe::/48"
+#: where the outside sends load-balancer addresses (LoadBalancerIPPools of the lab go inside these)
+LOADBALANCER4_NET = "198.18.100.0/24"
+LOADBALANCER6_NET = "2001:db8:1b::/64"
+#: the node that receives them
+LOADBALANCER_NODE = 1
 FABRIC_BRIDGE = "br0"
 UPLINK = "eth0"
 OUTSIDE_PORT = "upout"
@@ -278,6 +287,11 @@ def _build_outside(lab: str, fabric: str, n: int) -> str:
     return ns
 
 
+def _route_load_balancers(outside: str) -> None:
+    nl.add_route(LOADBALANCER4_NET, netns=outside, via=underlay_addr4(LOADBALANCER_NODE), dev=UPLINK)
+    nl.add_route(LOADBALANCER6_NET, netns=outside, via=underlay_addr(LOADBALANCER_NODE), dev=UPLINK)
+
+
 def _build_node(lab: str, fabric: str, i: int) -> LabNode:
     name = node_name(i)
     ns = netns_name(lab, name)
@@ -345,6 +359,7 @@ def build(spec: LabSpec, progress: Progress | None = None, *, state_dir: str | o
         say("routing")
         for node in nodes:
             _route_node(node, spec.nodes)
+        _route_load_balancers(outside)
         say("waiting for links")
         # carrier reaches IPv6 and the qdiscs through linkwatch, up to a second late; until then
         # the first packets on a fresh veth can vanish
@@ -524,4 +539,5 @@ __all__ = [
     "check_name", "node_name", "netns_name", "pin_root", "underlay_addr", "underlay_addr4", "locator", "mac_for",
     "UNDERLAY_PREFIX", "UNDERLAY_MTU", "POD_MTU", "LOCATOR_BLOCK", "OUTSIDE_UNDERLAY", "OUTSIDE_UNDERLAY4",
     "INTERNET4", "INTERNET6", "INTERNET4_NET", "INTERNET6_NET", "FABRIC_BRIDGE", "UPLINK",
+    "LOADBALANCER4_NET", "LOADBALANCER6_NET", "LOADBALANCER_NODE",
 ]  # fmt: skip

@@ -6,16 +6,25 @@ cluster IP's address family, through the slice port whose name (and protocol) ma
 port: an endpoint that is ready and not terminating is *active* (takes new flows); one that is
 terminating but still serving is *terminating* (keeps its established flows); anything else is left
 out. ``internalTrafficPolicy: Local`` keeps only this node's endpoints.
+
+A NodePort or LoadBalancer Service also has frontends for the outside (source network OUTSIDE):
+one per cluster IP family and port at its ``nodePort`` on this node's address of that family
+(flag NODEPORT), and a LoadBalancer one per ``status.loadBalancer.ingress[].ip`` at its ``port``
+(flag LOADBALANCER). ``externalTrafficPolicy: Local`` gives them this node's endpoints only (flag
+LOCAL): a node without one has frontends with no active backend, which refuse new flows. The model
+knows the node by name only, so a node-port frontend leaves its address unspecified (``0.0.0.0``
+or ``::``); :func:`on_node` puts the node's own addresses there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from lace.datapath.common import Proto
+from lace.datapath.common import NETWORK_OUTSIDE, Proto
 from lace.datapath.services import ServiceFlag
 from lace.store import kinds as K
 
@@ -27,6 +36,10 @@ PROTOCOLS = {"TCP": Proto.TCP, "UDP": Proto.UDP, "SCTP": Proto.SCTP}
 ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6}
 #: Kubernetes' default sessionAffinityConfig.clientIP.timeoutSeconds
 DEFAULT_AFFINITY_TIMEOUT = 10800
+#: Service types with node ports (and load-balancer addresses)
+EXTERNAL_TYPES = ("NodePort", "LoadBalancer")
+#: a node-port frontend's address before on_node: the node's own, which the model does not know
+NODE_ADDRESS = {4: ipaddress.IPv4Address("0.0.0.0"), 6: ipaddress.IPv6Address("::")}
 
 
 @dataclass(frozen=True, order=True)
@@ -49,7 +62,8 @@ class Backend:
 
 @dataclass(frozen=True)
 class Frontend:
-    """A VIP, port and protocol in the source networks it serves, with its backends."""
+    """A VIP, port and protocol in the source networks it serves, with its backends. A node-port
+    frontend (NODEPORT set) has ``NODE_ADDRESS`` of its family until :func:`on_node` binds it."""
 
     service_id: int
     service: str            # namespace/name
@@ -160,9 +174,22 @@ def backends_of(slices: Iterable[Mapping], network: int, family: int, port_name:
     return tuple(sorted(active)), tuple(sorted(terminating))
 
 
+def load_balancer_ips(svc: Mapping) -> list[IPAddr]:
+    """The addresses status.loadBalancer.ingress gives a LoadBalancer service (hostnames ignored)."""
+    out = []
+    for ing in (((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or ()):
+        try:
+            out.append(ipaddress.ip_address(ing.get("ip") or ""))
+        except ValueError:
+            continue
+    return out
+
+
 def frontends(services: Iterable[Mapping], slices: Iterable[Mapping], network_ids: Mapping[str, int],
               imports: Mapping[str, list[int]], node: str) -> list[Frontend]:
-    """Every ClusterIP frontend of every service that has an ID and a known network."""
+    """Every ClusterIP frontend of every service that has an ID and a known network, and the
+    node-port and load-balancer frontends of NodePort and LoadBalancer services (see the module
+    docstring; node-port addresses unbound)."""
     by_service: dict[str, list[Mapping]] = {}
     for sl in slices:
         meta = sl.get("metadata") or {}
@@ -184,17 +211,47 @@ def frontends(services: Iterable[Mapping], slices: Iterable[Mapping], network_id
             cfg = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {})
             timeout = int(cfg.get("timeoutSeconds") or DEFAULT_AFFINITY_TIMEOUT)
         local = spec.get("internalTrafficPolicy") == "Local"
-        if local:
-            flags |= ServiceFlag.LOCAL
+        external = spec.get("type") in EXTERNAL_TYPES
+        ext_local = spec.get("externalTrafficPolicy") == "Local"
+        ext_flags = (flags & ServiceFlag.AFFINITY) | (ServiceFlag.LOCAL if ext_local else 0)
         networks = tuple(sorted({net, *imports.get(key, ())}))
         mine = by_service.get(key, [])
-        for vip in cluster_ips(svc):
-            for p in spec.get("ports") or ():
-                proto = PROTOCOLS.get(str(p.get("protocol") or "TCP").upper())
-                if proto is None or p.get("port") is None:
-                    continue
-                name = p.get("name") or ""
+        vips = cluster_ips(svc)
+        lb_ips = load_balancer_ips(svc) if spec.get("type") == "LoadBalancer" else []
+        for p in spec.get("ports") or ():
+            proto = PROTOCOLS.get(str(p.get("protocol") or "TCP").upper())
+            if proto is None or p.get("port") is None:
+                continue
+            name = p.get("name") or ""
+            port = int(p["port"])
+            for vip in vips:
                 active, term = backends_of(mine, net, vip.version, name, proto, node if local else None)
-                out.append(Frontend(sid, key, name, networks, vip, int(p["port"]), proto, flags, timeout,
-                                    active, term))
+                out.append(Frontend(sid, key, name, networks, vip, port, proto,
+                                    flags | (ServiceFlag.LOCAL if local else 0), timeout, active, term))
+            if not external:
+                continue
+            node_port = p.get("nodePort")
+            for family in sorted({v.version for v in vips}) if node_port else ():
+                active, term = backends_of(mine, net, family, name, proto, node if ext_local else None)
+                out.append(Frontend(sid, key, name, (NETWORK_OUTSIDE,), NODE_ADDRESS[family], int(node_port),
+                                    proto, ext_flags | ServiceFlag.NODEPORT, timeout, active, term))
+            for ip in lb_ips:
+                active, term = backends_of(mine, net, ip.version, name, proto, node if ext_local else None)
+                out.append(Frontend(sid, key, name, (NETWORK_OUTSIDE,), ip, port, proto,
+                                    ext_flags | ServiceFlag.LOADBALANCER, timeout, active, term))
+    return out
+
+
+def on_node(fronts: Iterable[Frontend], addr4: IPAddr | None, addr6: IPAddr | None) -> list[Frontend]:
+    """``fronts`` with every node-port frontend at this node's address of its family (``addr4``,
+    ``addr6``; None: the node has none, and such frontends are left out)."""
+    mine = {4: addr4, 6: addr6}
+    out = []
+    for f in fronts:
+        if f.flags & ServiceFlag.NODEPORT and f.addr == NODE_ADDRESS[f.addr.version]:
+            addr = mine[f.addr.version]
+            if addr is None:
+                continue
+            f = dataclasses.replace(f, addr=addr)
+        out.append(f)
     return out

@@ -51,6 +51,10 @@ enum lace_ct_status {
 #define LACE_CT_F_PROBE      0x10  /* a kubelet probe connection */
 #define LACE_CT_F_SERVICE    0x20  /* frontend entry: established packets go to nat_addr:nat_port */
 #define LACE_CT_F_MASQ       0x40  /* masquerade port reservation (see above) */
+/* A NodePort or LoadBalancer flow is keyed in network OUTSIDE. The node whose frontend translated
+ * it holds the two service entries (SERVICE, DNAT). When the backend is on another node, that node
+ * holds an entry keyed under OUTSIDE with no NAT flag whose nat_addr is the translating node's
+ * origin SID (its locator, function OUTSIDE): the backend's replies are sent back there. */
 /* A flow delivered into another network than its source network (a service a network imports, a
  * route between networks) has its entry keyed under the source network, where the reply's sender
  * is not: the node that delivers it locally adds a reply alias, keyed by the same tuple under the
