@@ -16,7 +16,8 @@
  * reply in network OUTSIDE, are written back to the pod's address and port, advance the pod entry
  * and are delivered into the pod. ICMP errors the outside sends about a masqueraded packet (they
  * quote node address:port -> remote) get the pod back in their destination and in the quoted
- * source.
+ * source; an error the pod sends about a reply leaves from the node, quoting the node address and
+ * port as the remote sent them.
  *
  * TCP and UDP are translated by port, ICMP echo by identifier (both "ports" of an echo's key are
  * its identifier). Anything else routed to a masquerading route cannot be translated and is
@@ -338,15 +339,18 @@ __lace_subprog int masq_reply(struct __sk_buff *skb, struct lace_flow *f, const 
 	return 0;
 }
 
-/* Rewrite an ICMP error in place: its outer destination from -> to, and in the packet it quotes
- * (one that left from the node: from:pfrom -> remote) the source address from -> to and the source
- * port (a quoted echo: its identifier) pfrom -> pto. The quoted IPv4 header checksum is updated,
- * which leaves the ICMP checksum's sum unchanged; the quoted transport checksum is left as it was
- * (receivers match errors on addresses and ports). */
-static __always_inline int masq_icmp_error_rewrite(struct __sk_buff *skb, struct lace_flow *f, const __u8 *from,
-						   const __u8 *to, __be16 pfrom, __be16 pto)
+/* Rewrite an ICMP error in place, on one side of its outer header and the other side of the packet
+ * it quotes (the quoted packet went the other way): from_node set — an error to the node about a
+ * packet that left from it: outer destination and quoted source; clear — an error from a pod about
+ * a packet it received: outer source and quoted destination. The address goes from -> to, the
+ * quoted port (a quoted echo: its identifier) pfrom -> pto. The quoted IPv4 header checksum is
+ * updated, which leaves the ICMP checksum's sum unchanged; the quoted transport checksum is left
+ * as it was (receivers match errors on addresses and ports). */
+static __always_inline int masq_icmp_error_rewrite(struct __sk_buff *skb, struct lace_flow *f, int from_node,
+						   const __u8 *from, const __u8 *to, __be16 pfrom, __be16 pto)
 {
-	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, saddr_off, port_off;
+	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, addr_off, port_off;
+	int echo = f->inner_proto == IPPROTO_ICMP || f->inner_proto == IPPROTO_ICMPV6;
 
 	if (f->family == LACE_FAMILY_IPV4) {
 		__be32 a, b;
@@ -355,30 +359,31 @@ static __always_inline int masq_icmp_error_rewrite(struct __sk_buff *skb, struct
 		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
 			return LACE_DROP_PKT_TRUNCATED;
 		inner_l4 = inner + (ver_ihl & 0xf) * 4;
-		saddr_off = inner + 12;
+		addr_off = inner + (from_node ? 12 : 16);
 		__builtin_memcpy(&a, from, 4);
 		__builtin_memcpy(&b, to, 4);
 		if (bpf_l3_csum_replace(skb, inner + 10, a, b, sizeof(b)) < 0 ||
-		    bpf_skb_store_bytes(skb, saddr_off, &b, sizeof(b), 0) < 0)
+		    bpf_skb_store_bytes(skb, addr_off, &b, sizeof(b), 0) < 0)
 			return LACE_DROP_NAT_FAILED;
 	} else {
 		union lace_addr b;
 		__s64 diff;
 
 		inner_l4 = inner + sizeof(struct lace_ip6hdr);
-		saddr_off = inner + 8;
+		addr_off = inner + (from_node ? 8 : 24);
 		lace_copy16_a8(&b, to);
 		diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)b.b, 16, 0);
 		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, saddr_off, b.b, 16, 0) < 0)
+		    bpf_skb_store_bytes(skb, addr_off, b.b, 16, 0) < 0)
 			return LACE_DROP_NAT_FAILED;
 	}
-	port_off = inner_l4 + (f->inner_proto == IPPROTO_ICMP || f->inner_proto == IPPROTO_ICMPV6 ? 4 : 0);
+	port_off = inner_l4 + (echo ? 4 : from_node ? 0 : 2);
 	if (pfrom != pto &&
 	    (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, sizeof(pto)) < 0 ||
 	     bpf_skb_store_bytes(skb, port_off, &pto, sizeof(pto), 0) < 0))
 		return LACE_DROP_NAT_FAILED;
-	return nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, f->daddr, to);
+	return nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, from_node ? NAT_DST : NAT_SRC,
+				from_node ? f->daddr : f->saddr, to);
 }
 
 /* An ICMP error from the outside quoting a packet of the masqueraded flow whose reservation is r:
@@ -390,7 +395,7 @@ __lace_subprog int masq_icmp_error(struct __sk_buff *skb, struct lace_flow *f, c
 	int rc;
 
 	lace_copy16_a8(&pod, r->nat_addr);
-	rc = masq_icmp_error_rewrite(skb, f, f->daddr, pod.b, f->inner_sport, r->nat_port);
+	rc = masq_icmp_error_rewrite(skb, f, 1, f->daddr, pod.b, f->inner_sport, r->nat_port);
 	if (rc)
 		return rc;
 	lace_copy16_a8(f->nat_addr, f->daddr);
@@ -402,6 +407,25 @@ __lace_subprog int masq_icmp_error(struct __sk_buff *skb, struct lace_flow *f, c
 	f->dst_network = r->dst_network;
 	f->src_segment = r->dst_segment;
 	f->dst_segment = r->src_segment;
+	return 0;
+}
+
+/* An ICMP error a pod sends to the outside about a packet of its masqueraded flow (pod entry pe,
+ * found through the quoted remote -> pod packet): it leaves from the node, quoting the packet as
+ * the remote sent it (to the node address and port). Returns 0 or a drop reason. */
+__lace_subprog int masq_icmp_error_out(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *pe)
+{
+	union lace_addr node;
+	int rc;
+
+	lace_copy16_a8(&node, pe->nat_addr);
+	rc = masq_icmp_error_rewrite(skb, f, 0, f->saddr, node.b, f->inner_dport, pe->nat_port);
+	if (rc)
+		return rc;
+	lace_copy16_a8(f->nat_addr, &node);
+	f->nat_port = pe->nat_port;
+	f->nat_kind = LACE_NAT_SNAT;
+	f->dst_network = LACE_NETWORK_OUTSIDE;
 	return 0;
 }
 

@@ -211,11 +211,13 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		e = ct_related(f, src_net, f->dst_network, now, &quoted_orig);
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
-		if (quoted_orig && (e->flags & LACE_CT_F_DNAT)) {
+		rc = 0;
+		if (quoted_orig && (e->flags & LACE_CT_F_DNAT))
 			rc = service_icmp_error(skb, f, e);
-			if (rc)
-				return lace_drop(skb, f, rc);
-		}
+		else if (!quoted_orig && (e->flags & LACE_CT_F_SNAT))
+			rc = masq_icmp_error_out(skb, f, e);   /* about a reply of a masqueraded flow */
+		if (rc)
+			return lace_drop(skb, f, rc);
 		return deliver(skb, f, cfg, 0);
 	}
 	if (f->dst_network != src_net) {

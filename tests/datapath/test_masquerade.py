@@ -365,3 +365,30 @@ def test_icmp_error_about_no_masqueraded_flow_goes_to_the_stack(dp):
                 IP(src="203.0.113.254", dst=NODE_ADDR4) / ICMP(type=3, code=3) / Raw(quoted))
     res = dp.from_uplink(raw)
     assert res.retval == TC_ACT_OK and res.data == raw and not res.events
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pods_icmp_error_about_a_reply_leaves_from_the_node(dp, family, proto):
+    """The pod refuses a reply of its masqueraded flow: the error goes out from the node address,
+    quoting the packet as the remote sent it (to the node's address and port)."""
+    a = dp.pods["a"]
+    masquerade(dp, family)
+    port = candidate_ports(NET1, a.ip(family), REMOTE[family], 40011, 9999, proto)[0]
+    dp.from_pod(a, dp.l3(a, REMOTE[family], family) / l4(proto, 40011, 9999))
+    reply = fam_ip(family)(src=REMOTE[family], dst=NODE[family]) / l4(proto, 9999, port, "SA") / Raw(b"late")
+    received = assert_to_pod(from_outside(dp, family, reply), dp, "a")
+    if family == 4:
+        err = dp.l3(a, REMOTE[family], 4) / ICMP(type=3, code=3) / Raw(received)
+    else:
+        err = dp.l3(a, REMOTE[family], 6) / ICMPv6DestUnreach(code=4) / Raw(received)
+    res = dp.from_pod(a, err)
+    out = assert_out_of_uplink(res, dp)
+    pkt = fam_ip(family)(out)
+    assert pkt.src == NODE[family] and pkt.dst == REMOTE[family]
+    assert checksums_valid(out)
+    inner = bytes(pkt.payload)[8:]
+    q = fam_ip(family)(inner)
+    assert (q.src, q.dst, q.sport, q.dport) == (REMOTE[family], NODE[family], 9999, port)
+    if family == 4:
+        assert _inner_ipv4_header_valid(inner)
