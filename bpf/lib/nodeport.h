@@ -120,7 +120,7 @@ __lace_subprog int nodeport_new_flow(struct __sk_buff *skb, struct lace_flow *f,
 	struct lace_backend *b;
 	struct lace_delivery *dl;
 	union lace_addr backend, seen;
-	int pinned, rc, pv;
+	int pinned, rc;
 
 	f->service_id = svc->service_id;
 	f->src_segment = segment_resolve(LACE_NETWORK_OUTSIDE, f->family, f->saddr);
@@ -140,11 +140,9 @@ __lace_subprog int nodeport_new_flow(struct __sk_buff *skb, struct lace_flow *f,
 		return LACE_DROP_NO_DELIVERY;
 	f->delivery = dl->kind;
 	if (dl->kind == LACE_DELIVERY_LOCAL) {
-		pv = policy_check(f, f->dst_segment, f->src_segment, LACE_DIR_INGRESS);
-		if (pv == LACE_POLICY_DENY)
-			return LACE_DROP_POLICY_INGRESS;
-		if (pv == LACE_POLICY_AUDIT)
-			f->audit = LACE_DROP_POLICY_INGRESS;
+		rc = policy_ingress(f, f->src_segment);
+		if (rc)
+			return rc;
 	} else if (dl->kind != LACE_DELIVERY_REMOTE) {
 		return LACE_DROP_NO_DELIVERY;   /* backends are pods */
 	}

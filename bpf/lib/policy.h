@@ -54,4 +54,18 @@ static __always_inline int policy_check(struct lace_flow *f, __u32 subject, __u3
 	return (marker->flags & LACE_POLICY_F_AUDIT) ? LACE_POLICY_AUDIT : LACE_POLICY_DENY;
 }
 
+/* The ingress check of a new flow's local destination pod against peer: 0 when allowed or
+ * audited (f->audit then names the would-be drop, unless an earlier check already did), else
+ * POLICY_INGRESS. */
+static __always_inline int policy_ingress(struct lace_flow *f, __u32 peer)
+{
+	int pv = policy_check(f, f->dst_segment, peer, LACE_DIR_INGRESS);
+
+	if (pv == LACE_POLICY_DENY)
+		return LACE_DROP_POLICY_INGRESS;
+	if (pv == LACE_POLICY_AUDIT && !f->audit)
+		f->audit = LACE_DROP_POLICY_INGRESS;
+	return 0;
+}
+
 #endif

@@ -89,7 +89,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_route *route;
 	__u32 zero = 0;
 	__u64 now;
-	int rc, pv, quoted_orig;
+	int rc, quoted_orig;
 
 	rc = parse_packet(skb, f);
 	if (rc == LACE_PARSE_PASS)
@@ -138,11 +138,9 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 	f->delivery = d->kind;     /* recorded in the conntrack entry */
 	if (d->kind == LACE_DELIVERY_LOCAL) {
-		pv = policy_check(f, f->dst_segment, LACE_SEGMENT_HOST, LACE_DIR_INGRESS);
-		if (pv == LACE_POLICY_DENY)
-			return lace_drop(skb, f, LACE_DROP_POLICY_INGRESS);
-		if (pv == LACE_POLICY_AUDIT)
-			f->audit = LACE_DROP_POLICY_INGRESS;
+		rc = policy_ingress(f, LACE_SEGMENT_HOST);
+		if (rc)
+			return lace_drop(skb, f, rc);
 	} else if (d->kind != LACE_DELIVERY_REMOTE) {
 		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 	}

@@ -96,13 +96,8 @@ static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_fl
 	*out = d;
 	if (d)
 		f->delivery = d->kind;     /* recorded in the conntrack entry */
-	if (d && d->kind == LACE_DELIVERY_LOCAL) {
-		pv = policy_check(f, f->dst_segment, f->src_segment, LACE_DIR_INGRESS);
-		if (pv == LACE_POLICY_DENY)
-			return LACE_DROP_POLICY_INGRESS;
-		if (pv == LACE_POLICY_AUDIT && !f->audit)
-			f->audit = LACE_DROP_POLICY_INGRESS;
-	}
+	if (d && d->kind == LACE_DELIVERY_LOCAL)
+		return policy_ingress(f, f->src_segment);
 	return 0;
 }
 

@@ -110,7 +110,7 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 	__u32 src_net, dst_net;
 	__u8 nexthdr;
 	__u64 now;
-	int rc, pv, quoted_orig;
+	int rc, quoted_orig;
 
 	if ((void *)(outer + 1) > data_end)
 		return TC_ACT_OK;
@@ -183,11 +183,9 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 		f->ct_status = LACE_CT_STATUS_NEW;
 		f->src_segment = segment_resolve(src_net, f->family, f->saddr);
 		f->dst_segment = segment_resolve(dst_net, f->family, f->daddr);
-		pv = policy_check(f, f->dst_segment, f->src_segment, LACE_DIR_INGRESS);
-		if (pv == LACE_POLICY_DENY)
-			return lace_drop(skb, f, LACE_DROP_POLICY_INGRESS);
-		if (pv == LACE_POLICY_AUDIT)
-			f->audit = LACE_DROP_POLICY_INGRESS;
+		rc = policy_ingress(f, f->src_segment);
+		if (rc)
+			return lace_drop(skb, f, rc);
 		if (src_net == LACE_NETWORK_OUTSIDE)
 			rc = nodeport_ct_create_remote(f, origin.b, now);
 		else
