@@ -23,20 +23,22 @@ static __always_inline int forward_local(struct __sk_buff *skb, struct lace_flow
 	return deliver_to_pod(skb, f, cfg, d);
 }
 
-/* A routed hop to another node: TTL, the outer IPv6 header to its locator SID, the underlay's
- * fib lookup and the redirect to the uplink. The forward is traced once encapsulated (the event
- * carries the SID), before the fib lookup that may still fail. A function of its own: the outer
- * header and the fib lookup's parameters need a frame apart from the walk's, which the verifier
- * counts together with the deepest function the walk calls (512 bytes in all). */
-__lace_subprog int forward_remote(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
-				  const struct lace_delivery *d)
+/* A routed hop over SRv6: TTL, the outer IPv6 header from src to sid (f->node_id names the node it
+ * belongs to, 0 when none is known), the underlay's fib lookup and the redirect to the uplink. The
+ * forward is traced once encapsulated (the event carries the SID), before the fib lookup that may
+ * still fail. A function of its own: the outer header and the fib lookup's parameters need a frame
+ * apart from the walk's, which the verifier counts together with the deepest function the walk
+ * calls (512 bytes in all). */
+__lace_subprog int forward_srv6(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
+				const __u8 *sid, const __u8 *src)
 {
 	int reason, rc;
 
 	reason = ttl_decrement(skb, f->family);
 	if (reason)
 		return lace_drop(skb, f, reason);
-	reason = srv6_encap(skb, f, cfg, d);
+	f->delivery = LACE_DELIVERY_REMOTE;
+	reason = srv6_encap_to(skb, f, cfg, sid, f->node_id, src);
 	if (reason)
 		return lace_drop(skb, f, reason);
 	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
@@ -44,6 +46,33 @@ __lace_subprog int forward_remote(struct __sk_buff *skb, struct lace_flow *f, co
 	if (rc < 0)
 		return lace_drop(skb, f, reason);
 	return rc;
+}
+
+/* A routed hop to another node: over SRv6 to d's locator SID from this node's underlay address. */
+static __always_inline int forward_remote(struct __sk_buff *skb, struct lace_flow *f,
+					  const struct lace_config *cfg, const struct lace_delivery *d)
+{
+	f->node_id = d->node_id;
+	return forward_srv6(skb, f, cfg, d->sid, cfg->underlay_addr);
+}
+
+/* A packet for a pod (d: its delivery entry, or NULL to look it up): into it when it is on this
+ * node, else over SRv6 to its node with src as the outer source; anything else is no delivery. */
+static __always_inline int forward_to_pod(struct __sk_buff *skb, struct lace_flow *f,
+					  const struct lace_config *cfg, struct lace_delivery *d, const __u8 *src)
+{
+	if (!d)
+		d = delivery_lookup(f->dst_network, f->family, f->daddr);
+	if (!d)
+		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
+	f->delivery = d->kind;
+	if (d->kind == LACE_DELIVERY_LOCAL)
+		return forward_local(skb, f, cfg, d);
+	if (d->kind == LACE_DELIVERY_REMOTE) {
+		f->node_id = d->node_id;
+		return forward_srv6(skb, f, cfg, d->sid, src);
+	}
+	return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
 }
 
 /* Out to the outside through the node's routing table, bypassing its stack: a pod flow the node

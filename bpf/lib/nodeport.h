@@ -61,42 +61,16 @@ static __always_inline int nodeport_from_origin(const struct lace_ct_entry *e)
 	return !(e->flags & LACE_CT_NAT_FLAGS);
 }
 
-/* A routed hop over SRv6 to the backend's node, from this node's origin SID (see above). */
-__lace_subprog int nodeport_forward_remote(struct __sk_buff *skb, struct lace_flow *f,
-					   const struct lace_config *cfg, const struct lace_delivery *d)
-{
-	union lace_addr origin;
-	int reason, rc;
-
-	reason = ttl_decrement(skb, f->family);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	nodeport_origin(cfg, origin.b);
-	reason = srv6_encap_to(skb, f, cfg, d->sid, d->node_id, origin.b);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-	rc = srv6_forward(skb, f, cfg, &reason);
-	if (rc < 0)
-		return lace_drop(skb, f, reason);
-	return rc;
-}
-
 /* A translated packet of a NodePort or LoadBalancer flow to its backend (d: the delivery entry, or
- * NULL to look it up): into the pod, or on to the backend's node. */
+ * NULL to look it up): into the pod, or over SRv6 to the backend's node from this node's origin SID
+ * (see above). */
 static __always_inline int nodeport_deliver(struct __sk_buff *skb, struct lace_flow *f,
 					    const struct lace_config *cfg, struct lace_delivery *d)
 {
-	if (!d)
-		d = delivery_lookup(f->dst_network, f->family, f->daddr);
-	if (!d)
-		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
-	f->delivery = d->kind;
-	if (d->kind == LACE_DELIVERY_LOCAL)
-		return forward_local(skb, f, cfg, d);
-	if (d->kind == LACE_DELIVERY_REMOTE)
-		return nodeport_forward_remote(skb, f, cfg, d);
-	return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
+	union lace_addr origin;
+
+	nodeport_origin(cfg, origin.b);
+	return forward_to_pod(skb, f, cfg, d, origin.b);
 }
 
 /* Refuse a flow from the outside for reason, answering its sender back out of the uplink when its
@@ -174,24 +148,13 @@ __lace_subprog int nodeport_return(struct __sk_buff *skb, struct lace_flow *f, c
 				   const struct lace_ct_entry *e)
 {
 	union lace_addr origin;
-	int reason, rc;
 
 	lace_copy16_a8(&origin, e->nat_addr);
 	f->dst_network = LACE_NETWORK_OUTSIDE;
 	if (!(origin.w[0] | origin.w[1]))
 		return lace_drop(skb, f, LACE_DROP_CT_INVALID);   /* an entry without an origin */
-	reason = ttl_decrement(skb, f->family);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	f->delivery = LACE_DELIVERY_REMOTE;
-	reason = srv6_encap_to(skb, f, cfg, origin.b, 0, cfg->underlay_addr);
-	if (reason)
-		return lace_drop(skb, f, reason);
-	lace_forwarded(skb, f, cfg->flags & LACE_CFG_F_TRACE_ALL);
-	rc = srv6_forward(skb, f, cfg, &reason);
-	if (rc < 0)
-		return lace_drop(skb, f, reason);
-	return rc;
+	f->node_id = 0;
+	return forward_srv6(skb, f, cfg, origin.b, cfg->underlay_addr);
 }
 
 #endif

@@ -85,13 +85,6 @@ static __always_inline int srv6_encap_to(struct __sk_buff *skb, struct lace_flow
 	return 0;
 }
 
-/* Push the outer header to d's SID from this node's underlay address. */
-static __always_inline int srv6_encap(struct __sk_buff *skb, struct lace_flow *f,
-				      const struct lace_config *cfg, const struct lace_delivery *d)
-{
-	return srv6_encap_to(skb, f, cfg, d->sid, d->node_id, cfg->underlay_addr);
-}
-
 /* Route the encapsulated packet on the underlay and redirect it out; < 0 with *reason set on failure. */
 static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow *f,
 					const struct lace_config *cfg, int *reason)

@@ -64,22 +64,6 @@ static __always_inline int host_source_valid(struct lace_flow *f)
 	return 0;
 }
 
-/* Hand the packet to the pod it is for (d: its delivery entry, or NULL to look it up). */
-static __always_inline int host_deliver(struct __sk_buff *skb, struct lace_flow *f,
-					const struct lace_config *cfg, struct lace_delivery *d)
-{
-	if (!d)
-		d = delivery_lookup(f->dst_network, f->family, f->daddr);
-	if (!d)
-		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
-	f->delivery = d->kind;
-	if (d->kind == LACE_DELIVERY_LOCAL)
-		return forward_local(skb, f, cfg, d);
-	if (d->kind == LACE_DELIVERY_REMOTE)
-		return forward_remote(skb, f, cfg, d);
-	return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
-}
-
 static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 {
 	const __u32 net = LACE_NETWORK_DEFAULT;
@@ -117,7 +101,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 				f->dst_network = net;
 				f->dst_segment = e->src_segment;
 			}
-			return host_deliver(skb, f, cfg, 0);
+			return forward_to_pod(skb, f, cfg, 0, cfg->underlay_addr);
 		}
 	}
 	route = route_lookup(net, f->family, f->daddr);
@@ -129,7 +113,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 		e = ct_related(f, net, net, now, &quoted_orig);
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
-		return host_deliver(skb, f, cfg, 0);
+		return forward_to_pod(skb, f, cfg, 0, cfg->underlay_addr);
 	}
 
 	f->dst_segment = segment_resolve(net, f->family, f->daddr);
@@ -147,7 +131,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	rc = ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return host_deliver(skb, f, cfg, d);
+	return forward_to_pod(skb, f, cfg, d, cfg->underlay_addr);
 }
 
 SEC("tc")
