@@ -90,22 +90,11 @@ static __always_inline int nodeport_reject(struct __sk_buff *skb, struct lace_fl
 __lace_subprog int nodeport_new_flow(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
 				     const struct lace_service *svc, struct lace_delivery **d)
 {
-	struct lace_affinity_key client;
-	struct lace_backend *b;
 	struct lace_delivery *dl;
-	union lace_addr backend, seen;
-	int pinned, rc;
+	int rc;
 
-	f->service_id = svc->service_id;
 	f->src_segment = segment_resolve(LACE_NETWORK_OUTSIDE, f->family, f->saddr);
-	service_client(&client, f->service_id, f);
-	b = lb_choose(key, svc, &client, service_flow_hash(f, LACE_NETWORK_OUTSIDE), &f->backend_id, &pinned);
-	if (!b)
-		return LACE_DROP_SERVICE_NO_BACKEND;
-	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
-		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
-	lace_copy16_a8(&backend, b->addr);
-	rc = service_translate(skb, f, backend.b, b->port, b->network, seen.b);
+	rc = service_dnat(skb, f, key, svc, LACE_NETWORK_OUTSIDE);
 	if (rc)
 		return rc;
 	f->dst_segment = segment_resolve(f->dst_network, f->family, f->daddr);

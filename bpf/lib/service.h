@@ -150,6 +150,28 @@ static __always_inline int service_translate(struct __sk_buff *skb, struct lace_
 	return 0;
 }
 
+/* A new flow to the frontend svc (found under key), hashed as a flow of network hash_net: its
+ * backend (ClientIP affinity, Maglev table, active slot) chosen and the packet translated to it.
+ * Returns 0 or a drop reason: SERVICE_NO_BACKEND when no backend is active. */
+static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
+					const struct lace_service *svc, __u32 hash_net)
+{
+	struct lace_affinity_key client;
+	struct lace_backend *b;
+	union lace_addr backend, seen;
+	int pinned;
+
+	f->service_id = svc->service_id;
+	service_client(&client, f->service_id, f);
+	b = lb_choose(key, svc, &client, service_flow_hash(f, hash_net), &f->backend_id, &pinned);
+	if (!b)
+		return LACE_DROP_SERVICE_NO_BACKEND;
+	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
+		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
+	lace_copy16_a8(&backend, b->addr);
+	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
+}
+
 /* The two entries of a new service flow, once it is admitted and translated (f is the backend
  * flow, nat_addr:nat_port the frontend), and its affinity choice. */
 __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
