@@ -343,45 +343,14 @@ __lace_subprog int masq_reply(struct __sk_buff *skb, struct lace_flow *f, const 
  * it quotes (the quoted packet went the other way): from_node set — an error to the node about a
  * packet that left from it: outer destination and quoted source; clear — an error from a pod about
  * a packet it received: outer source and quoted destination. The address goes from -> to, the
- * quoted port (a quoted echo: its identifier) pfrom -> pto. The quoted IPv4 header checksum is
- * updated, which leaves the ICMP checksum's sum unchanged; the quoted transport checksum is left
- * as it was (receivers match errors on addresses and ports). */
+ * quoted port (a quoted echo: its identifier) pfrom -> pto (nat_rewrite_quoted). */
 static __always_inline int masq_icmp_error_rewrite(struct __sk_buff *skb, struct lace_flow *f, int from_node,
 						   const __u8 *from, const __u8 *to, __be16 pfrom, __be16 pto)
 {
-	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, addr_off, port_off;
-	int echo = f->inner_proto == IPPROTO_ICMP || f->inner_proto == IPPROTO_ICMPV6;
+	int rc = nat_rewrite_quoted(skb, f, from_node ? NAT_SRC : NAT_DST, from, to, pfrom, pto);
 
-	if (f->family == LACE_FAMILY_IPV4) {
-		__be32 a, b;
-		__u8 ver_ihl;
-
-		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
-			return LACE_DROP_PKT_TRUNCATED;
-		inner_l4 = inner + (ver_ihl & 0xf) * 4;
-		addr_off = inner + (from_node ? 12 : 16);
-		__builtin_memcpy(&a, from, 4);
-		__builtin_memcpy(&b, to, 4);
-		if (bpf_l3_csum_replace(skb, inner + 10, a, b, sizeof(b)) < 0 ||
-		    bpf_skb_store_bytes(skb, addr_off, &b, sizeof(b), 0) < 0)
-			return LACE_DROP_NAT_FAILED;
-	} else {
-		union lace_addr b;
-		__s64 diff;
-
-		inner_l4 = inner + sizeof(struct lace_ip6hdr);
-		addr_off = inner + (from_node ? 8 : 24);
-		lace_copy16_a8(&b, to);
-		diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)b.b, 16, 0);
-		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, addr_off, b.b, 16, 0) < 0)
-			return LACE_DROP_NAT_FAILED;
-	}
-	port_off = inner_l4 + (echo ? 4 : from_node ? 0 : 2);
-	if (pfrom != pto &&
-	    (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, sizeof(pto)) < 0 ||
-	     bpf_skb_store_bytes(skb, port_off, &pto, sizeof(pto), 0) < 0))
-		return LACE_DROP_NAT_FAILED;
+	if (rc)
+		return rc;
 	return nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, from_node ? NAT_DST : NAT_SRC,
 				from_node ? f->daddr : f->saddr, to);
 }

@@ -118,6 +118,50 @@ static __always_inline int nat_rewrite_echo_id(struct __sk_buff *skb, __u32 l4_o
 	return 0;
 }
 
+/* In an ICMP error (f: the error, its transport header at l4_off), rewrite one side (NAT_SRC or
+ * NAT_DST) of the packet it quotes: the address from -> to and the port (a quoted echo: its
+ * identifier) pfrom -> pto. The quoted IPv4 header checksum is updated, which leaves the ICMP
+ * checksum's sum unchanged (ICMPv6's pseudo-header-free sum takes the address change); the quoted
+ * transport checksum is left as it was: receivers match errors on addresses and ports. */
+static __always_inline int nat_rewrite_quoted(struct __sk_buff *skb, const struct lace_flow *f, int dst,
+					      const __u8 *from, const __u8 *to, __be16 pfrom, __be16 pto)
+{
+	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, addr_off, port_off;
+	int echo = f->inner_proto == IPPROTO_ICMP || f->inner_proto == IPPROTO_ICMPV6;
+
+	if (f->family == LACE_FAMILY_IPV4) {
+		__be32 a, b;
+		__u8 ver_ihl;
+
+		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
+			return LACE_DROP_PKT_TRUNCATED;
+		inner_l4 = inner + (ver_ihl & 0xf) * 4;
+		addr_off = inner + (dst ? 16 : 12);
+		__builtin_memcpy(&a, from, 4);
+		__builtin_memcpy(&b, to, 4);
+		if (bpf_l3_csum_replace(skb, inner + 10, a, b, sizeof(b)) < 0 ||
+		    bpf_skb_store_bytes(skb, addr_off, &b, sizeof(b), 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	} else {
+		union lace_addr b;
+		__s64 diff;
+
+		inner_l4 = inner + sizeof(struct lace_ip6hdr);
+		addr_off = inner + (dst ? 24 : 8);
+		lace_copy16_a8(&b, to);
+		diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)b.b, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, addr_off, b.b, 16, 0) < 0)
+			return LACE_DROP_NAT_FAILED;
+	}
+	port_off = inner_l4 + (echo ? 4 : dst ? 2 : 0);
+	if (pfrom != pto &&
+	    (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, sizeof(pto)) < 0 ||
+	     bpf_skb_store_bytes(skb, port_off, &pto, sizeof(pto), 0) < 0))
+		return LACE_DROP_NAT_FAILED;
+	return 0;
+}
+
 /* Both at once: address and port of one side of the packet's tuple. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct lace_flow *f, int dst,
 				       const __u8 *from_addr, const __u8 *to_addr, __be16 from_port, __be16 to_port)

@@ -299,53 +299,25 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 /* An ICMP error related to a backend entry e through a quoted client -> backend packet (sent by
  * the backend or a hop on its way): the quoted destination becomes the frontend again, and so does
  * the error's source when the backend itself sent it — the client's socket knows only the VIP.
- * The quoted IPv4 header checksum is updated (which leaves the ICMP checksum's sum unchanged);
- * the quoted transport checksum is left as it was (ICMP receivers match on addresses and ports).
- * Hairpin flows' errors are not translated. Returns 0 or a drop reason. */
+ * (nat_rewrite_quoted). Hairpin flows' errors are not translated. Returns 0 or a drop reason. */
 __lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *e)
 {
-	__u32 inner = f->l4_off + 8, csum_off = f->l4_off + 2, inner_l4, daddr_off;
 	union lace_addr vip;
-	__be16 vport = e->nat_port, bport = f->inner_dport;
+	int rc;
 
 	if (!(e->flags & LACE_CT_F_DNAT))
 		return 0;
 	lace_copy16_a8(&vip, e->nat_addr);
-	if (f->family == LACE_FAMILY_IPV4) {
-		__be32 from, to;
-		__u8 ver_ihl;
-
-		if (bpf_skb_load_bytes(skb, inner, &ver_ihl, 1) < 0)
-			return LACE_DROP_PKT_TRUNCATED;
-		inner_l4 = inner + (ver_ihl & 0xf) * 4;
-		daddr_off = inner + 16;
-		__builtin_memcpy(&from, f->inner_daddr, 4);
-		__builtin_memcpy(&to, vip.b, 4);
-		if (bpf_l3_csum_replace(skb, inner + 10, from, to, sizeof(to)) < 0 ||
-		    bpf_skb_store_bytes(skb, daddr_off, &to, sizeof(to), 0) < 0)
-			return LACE_DROP_NAT_FAILED;
-	} else {
-		__s64 diff;
-
-		inner_l4 = inner + sizeof(struct lace_ip6hdr);
-		daddr_off = inner + 24;
-		diff = bpf_csum_diff((__be32 *)f->inner_daddr, 16, (__be32 *)vip.b, 16, 0);
-		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, daddr_off, vip.b, 16, 0) < 0)
-			return LACE_DROP_NAT_FAILED;
-	}
-	if (bport != vport &&
-	    (bpf_l4_csum_replace(skb, csum_off, bport, vport, sizeof(vport)) < 0 ||
-	     bpf_skb_store_bytes(skb, inner_l4 + 2, &vport, sizeof(vport), 0) < 0))
-		return LACE_DROP_NAT_FAILED;
+	rc = nat_rewrite_quoted(skb, f, NAT_DST, f->inner_daddr, vip.b, f->inner_dport, e->nat_port);
+	if (rc)
+		return rc;
 	if (lace_eq16_a8(f->saddr, f->inner_daddr)) {
-		int rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_SRC, f->saddr, vip.b);
-
+		rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_SRC, f->saddr, vip.b);
 		if (rc)
 			return rc;
 	}
 	lace_copy16_a8(f->nat_addr, &vip);
-	f->nat_port = vport;
+	f->nat_port = e->nat_port;
 	f->nat_kind = LACE_NAT_DNAT;
 	return 0;
 }
