@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lace.store import kinds as K
+from lace.services.model import cluster_ips, is_headless, slices_by_service
 
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE = "kube-system"
@@ -117,20 +118,10 @@ def _ready(endpoint: Mapping[str, Any]) -> bool:
     return (endpoint.get("conditions") or {}).get("ready") is not False
 
 
-def _slices_by_service(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for s in slices:
-        meta = _meta(s)
-        owner = (meta.get("labels") or {}).get(K.SERVICE_NAME_LABEL)
-        if owner:
-            out.setdefault((meta.get("namespace", ""), owner), []).append(s)
-    return out
-
-
 def records(services: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
             pods: Iterable[Mapping[str, Any]], domain: str = CLUSTER_DOMAIN) -> list[tuple[str, str]]:
     """Every (name, address) the cluster DNS answers, sorted by name, then IPv4 before IPv6."""
-    by_service = _slices_by_service(slices)
+    by_service = slices_by_service(slices)
     out: set[tuple[str, str]] = set()
     for svc in services:
         meta, spec = _meta(svc), svc.get("spec") or {}
@@ -138,11 +129,10 @@ def records(services: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str,
         if not ns or not name or spec.get("type") == "ExternalName":
             continue
         fqdn = f"{name}.{ns}.svc.{domain}"
-        cluster_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-        if cluster_ips[:1] != ["None"]:
-            out.update((fqdn, ip) for ip in _addresses(cluster_ips))
+        if not is_headless(svc):
+            out.update((fqdn, str(ip)) for ip in cluster_ips(svc))
             continue
-        for s in by_service.get((ns, name), ()):
+        for s in by_service.get(f"{ns}/{name}", ()):
             for ep in s.get("endpoints") or ():
                 if not _ready(ep):
                     continue

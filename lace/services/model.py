@@ -94,6 +94,23 @@ def service_id(svc: Mapping) -> int | None:
         return None
 
 
+def is_headless(svc: Mapping) -> bool:
+    """Whether the service is headless (clusterIP None): no VIP, its names resolve to its pods."""
+    spec = svc.get("spec") or {}
+    return (spec.get("clusterIPs") or [spec.get("clusterIP")])[:1] == ["None"]
+
+
+def slices_by_service(slices: Iterable[Mapping]) -> dict[str, list[Mapping]]:
+    """``namespace/name`` of a service -> its EndpointSlices (by the kubernetes.io/service-name label)."""
+    out: dict[str, list[Mapping]] = {}
+    for sl in slices:
+        meta = sl.get("metadata") or {}
+        name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if name:
+            out.setdefault(f'{meta.get("namespace", "")}/{name}', []).append(sl)
+    return out
+
+
 def cluster_ips(svc: Mapping) -> list[IPAddr]:
     """The service's cluster IPs (none for a headless service)."""
     spec = svc.get("spec") or {}
@@ -190,12 +207,7 @@ def frontends(services: Iterable[Mapping], slices: Iterable[Mapping], network_id
     """Every ClusterIP frontend of every service that has an ID and a known network, and the
     node-port and load-balancer frontends of NodePort and LoadBalancer services (see the module
     docstring; node-port addresses unbound)."""
-    by_service: dict[str, list[Mapping]] = {}
-    for sl in slices:
-        meta = sl.get("metadata") or {}
-        name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
-        if name:
-            by_service.setdefault(f'{meta.get("namespace", "")}/{name}', []).append(sl)
+    by_service = slices_by_service(slices)
     out: list[Frontend] = []
     for svc in services:
         sid = service_id(svc)

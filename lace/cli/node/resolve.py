@@ -15,10 +15,10 @@ from typing import Any
 import lace.store
 from lace.cli.errors import UnavailableError
 from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SEGMENTS
+from lace.services.model import cluster_ips, service_id
 from lace.store import kinds as K
 
 ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
-ANN_SERVICE_ID = K.SERVICE_ID_ANNOTATION
 ANN_POLICY_ID = K.POLICY_ID_ANNOTATION
 
 #: Service port protocols by name (lace.policy.model has the same table; importing it loads all of
@@ -157,20 +157,13 @@ class Resolver(NumericResolver):
         for svc in objects.get("services", []):
             meta = svc.get("metadata") or {}
             name = f'{meta.get("namespace", "default")}/{meta.get("name")}'
-            ann = meta.get("annotations") or {}
-            sid = (svc.get("status") or {}).get("id") or ann.get(ANN_SERVICE_ID)
+            sid = service_id(svc)
             if sid is not None:
-                try:
-                    self.services_by_id[int(sid)] = name
-                except ValueError:
-                    pass
+                self.services_by_id[sid] = name
             spec = svc.get("spec") or {}
             net = K.pod_network(svc)
-            vips = list(spec.get("clusterIPs") or []) or [spec.get("clusterIP")]
-            for vip in vips:
-                ip = _norm_ip(str(vip or ""))
-                if not ip:
-                    continue
+            for vip in cluster_ips(svc):
+                ip = str(vip)
                 for p in spec.get("ports") or []:
                     proto = _PROTO_NUM.get(str(p.get("protocol", "TCP")).upper(), 0)
                     self.services_by_vip[(net, ip, int(p.get("port", 0)), proto)] = name
