@@ -15,15 +15,11 @@ from typing import Any
 import lace.store
 from lace.cli.errors import UnavailableError
 from lace.datapath.common import POLICY_SEGMENTS, RESERVED_NETWORKS, RESERVED_SEGMENTS
-from lace.services.model import cluster_ips, service_id
+from lace.services.model import PROTOCOLS, cluster_ips, service_id
 from lace.store import kinds as K
 
 ANN_HOST_IFNAME = K.HOST_IFNAME_ANNOTATION
 ANN_POLICY_ID = K.POLICY_ID_ANNOTATION
-
-#: Service port protocols by name (lace.policy.model has the same table; importing it loads all of
-#: lace.policy, ~60 ms of the node command's start-up)
-_PROTO_NUM = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 StoreOpener = Callable[[], Any]
 
@@ -165,7 +161,7 @@ class Resolver(NumericResolver):
             for vip in cluster_ips(svc):
                 ip = str(vip)
                 for p in spec.get("ports") or []:
-                    proto = _PROTO_NUM.get(str(p.get("protocol", "TCP")).upper(), 0)
+                    proto = PROTOCOLS.get(str(p.get("protocol", "TCP")).upper(), 0)
                     self.services_by_vip[(net, ip, int(p.get("port", 0)), proto)] = name
         # policy IDs are derived from namespace/name the way the resolver programs them
         from lace.policy.ids import policy_ids
