@@ -225,7 +225,7 @@ class Resolver(NumericResolver):
         self._load()
         name = self.services_by_id.get(int(service_id))
         if name is None and vip is not None and network is not None:
-            pnum = proto if isinstance(proto, int) else {"tcp": 6, "udp": 17, "sctp": 132}.get(str(proto), 0)
+            pnum = proto if isinstance(proto, int) else PROTOCOLS.get(str(proto).upper(), 0)
             name = self.services_by_vip.get((self.network_name(network) or "", _norm_ip(vip) or "",
                                              int(port or 0), pnum))
         return name or unresolved("service", service_id)
