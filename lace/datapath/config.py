@@ -45,6 +45,7 @@ CONFIG = Layout(
         ("locator_len", "u8"),
         ("flags", "u8"),
         ("addr4", "bytes:4"),
+        ("kubelet_cgroup", "u64"),
     ],
 )
 
@@ -125,15 +126,17 @@ def config_key(index: int = CONFIG_INDEX) -> bytes:
 
 
 def config_value(*, locator: NetworkLike, underlay_addr: str, node_id: int, uplink_ifindex: int,
-                 mtu: int, flags: int = 0, addr4: str | None = None) -> bytes:
+                 mtu: int, flags: int = 0, addr4: str | None = None, kubelet_cgroup: int = 0) -> bytes:
     """Pack the node configuration; ``locator`` is a CIDR such as ``fd00:0:1::/48``; ``addr4`` is the
-    node's IPv4 address (the IPv4 masquerade source), None when it has none."""
+    node's IPv4 address (the IPv4 masquerade source), None when it has none; ``kubelet_cgroup`` the
+    cgroup ID whose sockets may open probes into other networks (0: any host process)."""
     raw, bits = _locator(locator, None)
     under = ipaddress.IPv6Address(underlay_addr.strip())
     v4 = ipaddress.IPv4Address(addr4.strip()).packed if addr4 else bytes(4)
     return CONFIG.pack(
         locator=raw, locator_len=bits, underlay_addr=under.packed, node_id=check_u32(node_id, "node ID"),
         uplink_ifindex=uplink_ifindex, mtu=mtu, flags=int(flags), addr4=v4,
+        kubelet_cgroup=kubelet_cgroup,
     )
 
 
@@ -153,4 +156,5 @@ def decode_config(raw: bytes) -> dict[str, Any]:
         "mtu": v["mtu"],
         "flags": flag_labels(ConfigFlag, v["flags"]),
         "addr4": str(ipaddress.IPv4Address(v["addr4"])) if any(v["addr4"]) else None,
+        "kubelet_cgroup": v["kubelet_cgroup"],
     }

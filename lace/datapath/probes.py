@@ -17,6 +17,14 @@ from lace.datapath.common import (
     enum_label,
 )
 
+class ProbeFlag(enum.IntFlag):
+    """lace_probe.flags (LACE_PROBE_F_*)."""
+
+    #: the (probe address, port 0, proto 0) entry: every port of the address without an entry of
+    #: its own is denied
+    ADDRESS = 0x1
+
+
 PROBES_MAX = 16384
 PROBE_COOKIE_MAX = 65536
 
@@ -58,6 +66,7 @@ PROBE_COOKIE = Layout(
 C_MACROS: dict[str, int] = {
     "LACE_PROBES_MAX": PROBES_MAX,
     "LACE_PROBE_COOKIE_MAX": PROBE_COOKIE_MAX,
+    "LACE_PROBE_F_ADDRESS": ProbeFlag.ADDRESS,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {}
 
@@ -116,3 +125,9 @@ def decode_probe_cookie(raw: bytes) -> dict[str, Any]:
         "network": v["network"],
         "created_ns": v["created_ns"],
     }
+
+
+def probe_address_key(addr: AddressLike) -> bytes:
+    """The key of a probe address's marker entry (ProbeFlag.ADDRESS): port 0, protocol 0."""
+    family, raw = addr16(addr)
+    return PROBE_KEY.pack(addr=raw, port=0, proto=0, family=family)

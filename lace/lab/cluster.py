@@ -37,7 +37,8 @@ def _agent_argv(state_dir: str, node: Any) -> list[str]:
     return [sys.executable, "-m", "lace.agent", "--node", node.name,
             "--store", os.path.join(state_dir, STORE_FILE), "--pin-root", node.pin_root,
             "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
-            "--mtu", str(topology.POD_MTU)] + (["--cgroup", node.cgroup] if node.cgroup else [])
+            "--mtu", str(topology.POD_MTU)] + \
+        (["--cgroup", node.cgroup, "--kubelet-cgroup", topology.kubelet_cgroup(node.cgroup)] if node.cgroup else [])
 
 
 def start_agent(state_dir: str, node: Any) -> int:

@@ -131,6 +131,13 @@ def node_cgroup(lab: str, node: str) -> str:
     return os.path.join(root, f"lace-{lab}", node) if root else ""
 
 
+def kubelet_cgroup(node_cgroup_path: str) -> str:
+    """The cgroup the node's kubelet probes from, ``<node cgroup>/kubelet`` ("" without a node cgroup):
+    a child of the host cgroup, so the host's socket hooks apply to it too, and the only cgroup whose
+    sockets may open probes into pods of other networks (the agent's ``--kubelet-cgroup``)."""
+    return os.path.join(node_cgroup_path, "kubelet") if node_cgroup_path else ""
+
+
 def join_cgroup(path: str) -> None:
     """Move the calling process into cgroup ``path`` (a child process calls it before exec)."""
     with open(os.path.join(path, "cgroup.procs"), "w") as f:
@@ -309,7 +316,7 @@ def _build_node(lab: str, fabric: str, i: int) -> LabNode:
     os.makedirs(pin_root(lab, name), exist_ok=True)
     desc = _node_desc(lab, i, info.ifindex, info.mac)
     try:
-        os.makedirs(desc.cgroup, exist_ok=True)
+        os.makedirs(kubelet_cgroup(desc.cgroup), exist_ok=True)
     except OSError as exc:
         raise LabError(f"cannot build lab {lab}: cannot create the host cgroup {desc.cgroup} of {name}: "
                        f"{exc.strerror}") from None

@@ -187,11 +187,12 @@ def test_sid_rejects_bad_locators(loc: str, bits: int | None) -> None:
 
 def test_config_roundtrip() -> None:
     raw = config.config_value(locator="fd00:0:3::/48", underlay_addr="2001:db8::3", node_id=3,
-                              uplink_ifindex=9, mtu=1460, flags=config.ConfigFlag.TRACE_ALL)
-    assert len(raw) == config.CONFIG.size == 48
+                              uplink_ifindex=9, mtu=1460, flags=config.ConfigFlag.TRACE_ALL,
+                              kubelet_cgroup=4242)
+    assert len(raw) == config.CONFIG.size == 56
     assert config.decode_config(raw) == {
         "locator": "fd00:0:3::/48", "underlay_addr": "2001:db8::3", "node_id": 3, "uplink_ifindex": 9,
-        "mtu": 1460, "flags": ["trace-all"], "addr4": None,
+        "mtu": 1460, "flags": ["trace-all"], "addr4": None, "kubelet_cgroup": 4242,
     }
 
 

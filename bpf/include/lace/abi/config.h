@@ -18,6 +18,8 @@ struct lace_config {
 	__u8  locator_len;       /* prefix length in bits: a multiple of 8, at most 64 */
 	__u8  flags;             /* LACE_CFG_F_* */
 	__u8  addr4[4];          /* the node's IPv4 address: IPv4 masquerade source (0.0.0.0: none) */
+	__u64 kubelet_cgroup;    /* cgroup ID of the kubelet: only its sockets may open probes into a
+				  * pod of another network (0: any process of the host cgroup) */
 };
 
 #endif

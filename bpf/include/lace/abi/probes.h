@@ -13,6 +13,11 @@ struct lace_probe_key {
 	__u8   family;
 };
 
+/* lace_probe.flags */
+/* The entry keyed (probe address, port 0, proto 0) marks an address as a probe address: a packet
+ * to it on any port or protocol that has no entry of its own is denied (PROBE_DENIED). */
+#define LACE_PROBE_F_ADDRESS 0x1
+
 struct lace_probe {
 	__u32  network;
 	__u32  endpoint_id;
