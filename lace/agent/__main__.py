@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cgroup", default=None, metavar="PATH",
                     help="the node's host cgroup (a cgroup2 directory): the socket hooks that let the "
                          "node's own processes reach service addresses attach there (default: none)")
+    ap.add_argument("--kubelet-cgroup", default=None, metavar="PATH",
+                    help="the kubelet's cgroup (cgroup2; inside --cgroup): only its sockets may open probes "
+                         "into pods of other networks than the default (default: any process of --cgroup)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("agent failed: cannot open the store %s: %s", args.store, e)
         return 1
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
-                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup)
+                  socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup,
+                  kubelet_cgroup=args.kubelet_cgroup)
     try:
         agent.run_forever()
     except Exception as e:

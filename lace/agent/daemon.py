@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from lace import netlink
+from lace.bpf.cgroup import cgroup_id
 from lace.datapath import registry
 from lace.datapath.config import DEFAULT_POD_MTU
 from lace.policy.program import PolicyProgrammer
@@ -43,13 +44,17 @@ class Agent:
     and ``stop`` undoes it, whether or not ``start`` got through."""
 
     def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
-                 uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None) -> None:
+                 uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None,
+                 kubelet_cgroup: str | None = None) -> None:
         self.node = node
         self.store = store
         self.pin_root = pin_root
         self.socket_path = socket_path
         self.uplink = uplink
         self.mtu = mtu
+        #: the kubelet's cgroup: its ID goes into the config map (resolved at start, when it must exist)
+        self.kubelet_cgroup = kubelet_cgroup
+        self.kubelet_cgroup_id = 0
         self.stopping = threading.Event()
         self.dirty = threading.Event()
         self._reconcile_lock = threading.Lock()
@@ -82,6 +87,12 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.kubelet_cgroup:
+            try:
+                self.kubelet_cgroup_id = cgroup_id(self.kubelet_cgroup)
+            except OSError as e:
+                raise NotRegistered(f"kubelet cgroup {self.kubelet_cgroup}: {e.strerror}: create it (cgroup2) "
+                                    "or fix --kubelet-cgroup") from None
         self.datapath.load()
         if self.socklb is not None:
             self.socklb.attach(self.datapath)
@@ -143,7 +154,7 @@ class Agent:
         with self._reconcile_lock, netlink.reuse():
             if resync:
                 self.hostdev.ensure()
-            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu)
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}

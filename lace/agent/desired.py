@@ -44,7 +44,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     out["config"][cfg.config_key()] = cfg.config_value(
         locator=str(me.locator), underlay_addr=str(me.underlay), node_id=me.node_id,
         uplink_ifindex=s.config.uplink_ifindex, mtu=s.config.mtu,
-        addr4=str(me.underlay4) if me.underlay4 else None)
+        addr4=str(me.underlay4) if me.underlay4 else None, kubelet_cgroup=s.config.kubelet_cgroup)
 
     out["devices"][device_key(s.config.uplink_ifindex)] = device_value(s.config.uplink_mac, DeviceRole.UPLINK)
     for ep in s.endpoints:

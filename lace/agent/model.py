@@ -136,6 +136,8 @@ class NodeConfig:
     uplink_ifindex: int
     uplink_mac: str
     mtu: int
+    #: the kubelet's cgroup ID (0: any process of the host cgroup may probe)
+    kubelet_cgroup: int = 0
 
 
 @dataclass

@@ -30,7 +30,7 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
     return (network, namespace, tuple(sorted(labels.items())))
 
 
-def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapshot:
+def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0) -> Snapshot:
     net_objs = store.list("networks").items
     ids = by_name(net_objs)
     networks = {n.name: n for n in (parse_network(o, ids) for o in net_objs) if n}
@@ -41,7 +41,7 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int) -> Snapsho
     up = netlink.link(uplink)
     if up is None:
         raise NotRegistered(f'node "{node_name}" has no uplink interface "{uplink}"')
-    snap = Snapshot(NodeConfig(me, up.ifindex, up.mac, mtu), networks, nodes)
+    snap = Snapshot(NodeConfig(me, up.ifindex, up.mac, mtu, kubelet_cgroup), networks, nodes)
 
     for o in store.list("ipblocks").items:
         s = o["spec"]
