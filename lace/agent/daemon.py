@@ -4,6 +4,7 @@ diff; a periodic resync repairs anything changed behind its back)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 from lace import netlink
+from lace.bpf import BPFError
 from lace.bpf.cgroup import cgroup_id
 from lace.datapath import registry
 from lace.datapath.config import DEFAULT_POD_MTU
@@ -28,6 +30,7 @@ from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
 from .hostdev import HostDevice
 from .metrics import AgentMetrics
+from .probes import stale_cookies
 from .socklb import SockLB
 from .state import NotRegistered, build_snapshot
 
@@ -159,6 +162,7 @@ class Agent:
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
             self.datapath.apply(changes, OWNED_MAPS)
+            self._collect_probe_cookies(want["probes"])
             changed = {}
             for name, ch in changes.items():
                 n = len(ch.updates) + len(ch.deletes)
@@ -175,6 +179,16 @@ class Agent:
             self._log_service_pressure()
             self._export_pressure()
             return changed
+
+    def _collect_probe_cookies(self, probe_entries: dict[bytes, bytes]) -> None:
+        """Delete the probe-cookie entries the socket hooks left behind (lace.agent.probes)."""
+        m = self.datapath.map("probe-cookie")
+        cookies = dict(m.items())
+        if not cookies:
+            return
+        for k in stale_cookies(cookies, probe_entries, time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
+            with contextlib.suppress(BPFError):   # its socket closed meanwhile: already gone
+                m.delete(k)
 
     def _log_policy_pressure(self) -> None:
         """Warn once per change of what a full policy map leaves out (MAP_FULL)."""

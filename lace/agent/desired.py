@@ -17,6 +17,7 @@ from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_N
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
+from lace.datapath.probes import ProbeFlag, probe_address_key, probe_key, probe_value
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
 from lace.policy.program import PolicyProgrammer
@@ -68,6 +69,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     if s.policy is not None:
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
+    _probes(s, out["probes"])
     svc = services if services is not None else ServiceProgrammer()
     # node-port frontends answer on this node's own addresses
     out["services"], out["backends"], out["maglev"] = svc.entries(on_node(s.frontends, me.underlay4, me.underlay))
@@ -119,6 +121,31 @@ def _delivery(s: Snapshot, out: Entries) -> None:
         if h.node == me and default is not None:
             plen = 32 if h.ip.version == 4 else 128
             out[delivery_key(default, f"{h.ip}/{plen}")] = DELIVERY.pack(kind=DeliveryKind.HOST)
+
+
+def _probes(s: Snapshot, out: Entries) -> None:
+    """The probe targets of this node's pods (lace.agent.probes). A pod of another network than the
+    default one is probed through its probe address of each family: one entry per probe port to
+    the pod's own address of that family, and the address's marker (every other port is denied). A
+    pod of the default network is probed at its own address, as any host connection to it: its
+    entries only show what the kubelet probes."""
+    default = s.network_id(K.DEFAULT_NETWORK)
+    for ep in s.endpoints:
+        if not ep.probe_ports:
+            continue
+        if ep.network == default:
+            pairs = [(ip, ip) for ip in ep.ips()]
+        else:
+            pairs = [(probe, ip) for probe in ep.probe_ips for ip in ep.ips() if ip.version == probe.version]
+        for addr, target in pairs:
+            for port in ep.probe_ports:
+                out[probe_key(str(addr), port)] = probe_value(
+                    network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
+                    target_addr=str(target), target_port=port)
+            if addr != target:
+                out[probe_address_key(str(addr))] = probe_value(
+                    network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
+                    target_addr=str(target), target_port=0, flags=ProbeFlag.ADDRESS)
 
 
 def _host_segments(s: Snapshot, out: Entries) -> None:

@@ -21,10 +21,14 @@ from lace import netlink
 from lace.cni.spec import (CNI_VERSION, E_INVALID_CONFIG, E_INVALID_ENV, E_IO, E_IPAM_EXHAUSTED, E_POD_UNKNOWN,
                            E_UNKNOWN_CONTAINER, error_result)
 from lace.store.errors import NotFound
+from lace.probes import pod_probe_ports
+from lace.store import kinds as K
 from lace.store.kinds import pod_network
 
+from .hostdev import HOST_IFNAME
 from .ipam import Ipam, IpamExhausted
-from .model import ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease
+from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease, lease_container,
+                    probe_container_id)
 
 log = logging.getLogger("lace.agent.endpoints")
 
@@ -142,6 +146,11 @@ class Endpoints:
             leases = self.ipam.allocate(net_name, cidrs, ref, req.container_id, req.ifname)
         except IpamExhausted as e:
             raise CniError(E_IPAM_EXHAUSTED, str(e)) from None
+        try:
+            probe_leases = self._probe_leases(pod, net_name, leases, ref, req.container_id)
+        except IpamExhausted as e:
+            self.ipam.release(req.container_id)
+            raise CniError(E_IPAM_EXHAUSTED, f"pod {ref}: no probe address: {e}") from None
         self.store.allocate_segment(net_name, req.pod_namespace, labels)
         mark("ipam")
 
@@ -159,7 +168,7 @@ class Endpoints:
             mark("attach")
             # default routes go in last: until now the pod could send nowhere
             self._default_routes(req, families)
-            result = self._result(req, host, mac, leases)
+            result = self._result(req, host, mac, leases, probe_leases)
             mark("routes")
             return result
         except CniError:
@@ -168,6 +177,27 @@ class Endpoints:
         except Exception as e:
             self._undo(req, host)
             raise CniError(E_IO, f"could not set up the interface of pod {ref}: {e}") from None
+
+    def _probe_leases(self, pod: dict, net_name: str, leases, ref: str, container_id: str) -> list:
+        """A pod of another network than the default one that the kubelet probes over TCP gets one
+        probe address per family it has: an address of the default network from this node's block,
+        leased to the pseudo-pod ``probe/<namespace>/<name>`` (no pod has that name, so nothing
+        takes it for a pod address). The kubelet connects there; the host device's program sends
+        exactly the configured probe ports of exactly the kubelet's sockets on into the pod
+        (lace.agent.probes). Pods of the default network are probed at their own addresses."""
+        if net_name == K.DEFAULT_NETWORK or not pod_probe_ports(pod):
+            return []
+        try:
+            default = self.store.get("networks", K.DEFAULT_NETWORK)
+        except NotFound:
+            return []
+        families = {lease.ip.version for lease in leases}
+        cidrs = [c for c in (ipaddress.ip_network(c) for c in default["spec"].get("cidrs") or [])
+                 if c.version in families]
+        if not cidrs:
+            return []
+        return self.ipam.allocate(K.DEFAULT_NETWORK, cidrs, f"probe/{ref}", probe_container_id(container_id),
+                                  "probe")
 
     def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach"]:
         netlink.delete_link(host)   # a leftover of an interrupted ADD of the same container
@@ -208,7 +238,10 @@ class Endpoints:
         ann[ANN_POD_MAC] = mac
         self.store.update(obj)
 
-    def _result(self, req: CniRequest, host: str, mac: str, leases) -> dict[str, Any]:
+    def _result(self, req: CniRequest, host: str, mac: str, leases, probe_leases) -> dict[str, Any]:
+        """The CNI result. The pod's own addresses are on its interface (index 1, the one with a
+        sandbox), as a runtime reads them; its probe addresses, if any, are listed on the node's
+        host device (index 2, no sandbox): what a kubelet connects to for the pod's probes."""
         hinfo = netlink.link(host)
         ips, routes = [], []
         for lease in leases:
@@ -216,10 +249,15 @@ class Endpoints:
             ips.append({"address": f"{lease.ip}/{32 if v4 else 128}",
                         "gateway": str(GATEWAY4 if v4 else GATEWAY6), "interface": 1})
             routes.append({"dst": "0.0.0.0/0" if v4 else "::/0", "gw": str(GATEWAY4 if v4 else GATEWAY6)})
+        interfaces = [{"name": host, "mac": hinfo.mac},
+                      {"name": req.ifname, "mac": mac, "mtu": self.mtu, "sandbox": req.netns}]
+        if probe_leases:
+            interfaces.append({"name": HOST_IFNAME})
+            for lease in probe_leases:
+                ips.append({"address": f"{lease.ip}/{32 if lease.ip.version == 4 else 128}", "interface": 2})
         return {
             "cniVersion": CNI_VERSION,
-            "interfaces": [{"name": host, "mac": hinfo.mac},
-                           {"name": req.ifname, "mac": mac, "mtu": self.mtu, "sandbox": req.netns}],
+            "interfaces": interfaces,
             "ips": ips,
             "routes": routes,
             "dns": {},
@@ -235,6 +273,7 @@ class Endpoints:
         except Exception as e:
             log.warning("delete %s: %s", host, e)
         self.ipam.release(req.container_id)
+        self.ipam.release(probe_container_id(req.container_id))
         self.reconcile()
 
     # -- DEL / CHECK -------------------------------------------------------------------------
@@ -246,10 +285,11 @@ class Endpoints:
 
     def _delete(self, req: CniRequest) -> dict[str, Any]:
         host = host_ifname(req.container_id)
-        leases = self.ipam.leases_for(req.container_id)
+        leases = self.ipam.leases_for(req.container_id) + self.ipam.leases_for(probe_container_id(req.container_id))
         self.datapath.detach_pod(host)
         netlink.delete_link(host)
         self.ipam.release(req.container_id)
+        self.ipam.release(probe_container_id(req.container_id))
         self.reconcile()
         for o in leases:
             try:
@@ -263,8 +303,8 @@ class Endpoints:
         """CNI GC: release what this node holds for containers the runtime no longer knows (the
         node's own host addresses are not a container's: they stay)."""
         keep = {a.get("containerID") for a in valid}
-        stale = {o["spec"].get("containerID") for o in self.store.list("ipleases").items
-                 if o["spec"]["node"] == self.node and o["spec"].get("containerID") not in keep
+        stale = {lease_container(o["spec"]) for o in self.store.list("ipleases").items
+                 if o["spec"]["node"] == self.node and lease_container(o["spec"]) not in keep
                  and not is_host_lease(o["spec"])}
         for cid in stale:
             if cid:

@@ -44,6 +44,29 @@ def is_host_lease(spec: dict) -> bool:
     return spec.get("containerID") == HOST_CONTAINER_ID
 
 
+#: the IPLease of a pod's probe address (an address of the default network that the node's kubelet
+#: probes a pod of another network through, see lace.agent.probes) holds this prefix before the pod's
+#: container ID: the pod's own leases and its probe leases are released together, and no CNI call
+#: can name a probe lease by itself
+PROBE_CONTAINER_PREFIX = "lace:probe:"
+
+
+def probe_container_id(container_id: str) -> str:
+    """The containerID of a container's probe-address leases."""
+    return PROBE_CONTAINER_PREFIX + container_id
+
+
+def is_probe_lease(spec: dict) -> bool:
+    """Whether an IPLease spec records a pod's probe address rather than one of its own."""
+    return str(spec.get("containerID") or "").startswith(PROBE_CONTAINER_PREFIX)
+
+
+def lease_container(spec: dict) -> str:
+    """The container an IPLease belongs to (a probe lease's pod container)."""
+    cid = str(spec.get("containerID") or "")
+    return cid[len(PROBE_CONTAINER_PREFIX):] if cid.startswith(PROBE_CONTAINER_PREFIX) else cid
+
+
 @dataclass(frozen=True)
 class Route:
     """A Network route: destination network ID (or NETWORK_OUTSIDE), prefixes, masquerade."""
@@ -106,6 +129,10 @@ class LocalEndpoint:
     pod_mac: str
     ipv4: ipaddress.IPv4Address | None
     ipv6: ipaddress.IPv6Address | None
+    #: the TCP ports the node's kubelet probes (lace.probes.pod_probe_ports)
+    probe_ports: tuple[int, ...] = ()
+    #: the pod's probe addresses (default network; only for pods of other networks)
+    probe_ips: tuple[IPAddr, ...] = ()
 
     def ips(self) -> list[IPAddr]:
         return [ip for ip in (self.ipv4, self.ipv6) if ip is not None]

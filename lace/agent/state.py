@@ -13,13 +13,15 @@ from typing import Any
 
 from lace import netlink
 from lace.policy.sources import policy_inputs
+from lace.probes import pod_probe_ports
 from lace.services.model import frontends, imports_by_service
 
 from lace.store import kinds as K
 
 from .hostdev import NET_IFNAME
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, Block, HostAddress, HostLink, LocalEndpoint, NodeConfig,
-                    PodAddress, Snapshot, by_name, is_host_lease, parse_network, parse_node)
+                    PodAddress, Snapshot, by_name, is_host_lease, is_probe_lease, lease_container, parse_network,
+                    parse_node)
 
 
 class NotRegistered(Exception):
@@ -53,11 +55,17 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cg
     pods = {f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}': p for p in store.list("pods").items}
 
     local: dict[str, dict[str, Any]] = {}
+    #: this node's containers -> their probe addresses (not pod addresses: no segment, no delivery)
+    probe_ips: dict[str, list] = {}
     for lease in store.list("ipleases").items:
         s = lease["spec"]
         if is_host_lease(s):
             if s["network"] == K.DEFAULT_NETWORK:
                 snap.host_addresses.append(HostAddress(s["node"], ipaddress.ip_address(s["ip"])))
+            continue
+        if is_probe_lease(s):
+            if s["node"] == node_name:
+                probe_ips.setdefault(lease_container(s), []).append(ipaddress.ip_address(s["ip"]))
             continue
         pod = pods.get(s["pod"])
         net_id = ids.get(s["network"])
@@ -92,5 +100,7 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cg
         snap.endpoints.append(LocalEndpoint(
             endpoint_id=link.ifindex, pod=ep["pod"], container_id=cid, network=ep["network"],
             segment=ep["segment"], ifindex=link.ifindex, host_ifname=ep["host"], host_mac=link.mac,
-            pod_mac=ep["mac"], ipv4=ep["ipv4"], ipv6=ep["ipv6"]))
+            pod_mac=ep["mac"], ipv4=ep["ipv4"], ipv6=ep["ipv6"],
+            probe_ports=tuple(sorted(pod_probe_ports(pods[ep["pod"]]))) if ep["pod"] in pods else (),
+            probe_ips=tuple(sorted(probe_ips.get(cid, ()), key=lambda a: (a.version, a)))))
     return snap
