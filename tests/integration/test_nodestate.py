@@ -67,9 +67,15 @@ def fill(maps: dict[str, Any]) -> None:
     m("prefix-segment").update(prefix_segment_key(1, "203.0.113.0/24"), segment_value(2))
     m("probes").update(P.probe_key("10.244.1.10", 8080), P.probe_value(
         network=1, endpoint_id=77, ifindex=77, target_addr="10.244.1.10", target_port=8080))
+    # an isolated pod's probe address (default network) and its marker
+    m("probes").update(P.probe_key("10.244.1.40", 8080), P.probe_value(
+        network=2, endpoint_id=78, ifindex=78, target_addr="10.10.0.5", target_port=8080))
+    m("probes").update(P.probe_address_key("10.244.1.40"), P.probe_value(
+        network=2, endpoint_id=78, ifindex=78, target_addr="10.10.0.5", target_port=0, flags=P.ProbeFlag.ADDRESS))
     now = time.clock_gettime_ns(COARSE)
     m("probe-cookie").update(P.probe_cookie_key(12345), P.PROBE_COOKIE.pack(
-        orig_addr=bytes(16), orig_port=8080, family=4, proto=6, network=1, created_ns=now))
+        orig_addr=ipaddress.ip_address("10.244.1.40").packed.ljust(16, b"\0"), orig_port=8080, family=4,
+        proto=6, network=2, created_ns=now))
     vip = ipaddress.ip_address("10.96.0.10").packed.ljust(16, b"\0")
     live = dict(created_ns=now - 192 * 10**9, last_seen_ns=now, expires_ns=now + 3600 * 10**9, packets_fwd=10,
                 bytes_fwd=1000, packets_rev=8, bytes_rev=9000, state=C.CtState.ESTABLISHED,
@@ -129,18 +135,22 @@ def test_every_map_shows(node_env: dict[str, str], name: str) -> None:
     assert doc["map"] == name and doc["count"] >= 1 and doc["numeric"] is True
 
 
-@pytest.mark.parametrize("name,feature", [("probes", "probes"), ("probe-cookie", "probes")])
-def test_unimplemented_maps_say_so(node_env: dict[str, str], name: str, feature: str) -> None:
-    """Nothing programs the probes maps yet: they show, but never as a working feature."""
-    note = f"note: {feature} are not implemented yet: nothing programs this map\n"
-    rc, out, err = node(node_env, "bpf", "show", name)
-    assert rc == 0 and err == note and out.strip().splitlines()[-1].startswith(name)
-    rc, out, err = node(node_env, "bpf", "show", name, "-o", "json")
+def test_probe_maps(node_env: dict[str, str]) -> None:
+    """Probe targets show where each leads; a marker row denies the address's other ports; an
+    in-flight cookie shows the destination asked for and what it resolved to."""
+    rc, out, err = node(node_env, "bpf", "show", "probes", "-o", "json", "-n")
+    assert rc == 0 and err == "", err
     doc = json.loads(out)
-    assert rc == 0 and err == note and doc["implemented"] is False and doc["map"] == name
-    for live in ("routing", "services"):
-        rc, out, err = node(node_env, "bpf", "show", live, "-o", "json")
-        assert rc == 0 and err == "" and "implemented" not in json.loads(out)
+    rows = {(e["addr"], e["port"]): e for e in doc["entries"]}
+    assert rows[("10.244.1.40", 8080)]["target_addr"] == "10.10.0.5" and not rows[("10.244.1.40", 8080)]["marker"]
+    assert rows[("10.244.1.40", 0)]["marker"] and rows[("10.244.1.40", 0)]["network"] == 2
+    rc, out, err = node(node_env, "bpf", "show", "probes", "-n")
+    assert rc == 0 and "other ports denied" in out
+    rc, out, err = node(node_env, "bpf", "show", "probe-cookie", "-o", "json", "-n")
+    assert rc == 0 and err == "", err
+    (c,) = json.loads(out)["entries"]
+    assert (c["cookie"], c["orig_addr"], c["orig_port"]) == (12345, "10.244.1.40", 8080)
+    assert (c["target_addr"], c["target_port"]) == ("10.10.0.5", 8080) and 0 <= c["age_s"] < 60
 
 
 def test_names_and_unresolved(node_env: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
 from lace.datapath.policy import HOST_RULE
+from lace.datapath.probes import ProbeFlag
 from lace.datapath.registry import MapDef
 
 
@@ -319,31 +320,47 @@ def view_prefix_segment(entries: list[Entry], res: NumericResolver, names: Names
 
 
 def view_probes(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    """Probe targets: the address and port the kubelet connects to, the pod and network they lead into
+    and the pod's own address:port there. An address's marker row (port and protocol ``*``) says
+    every other port of that probe address is denied."""
     v = View(["ADDRESS", "PORT", "PROTO", "NETWORK", "POD", "IFINDEX", "TARGET"])
     for e in sorted(entries, key=lambda e: (_pfx_sort(e.key["addr"]), e.key["port"])):
         k, val = e.key, e.value
         ifname = names.ifname(val["ifindex"])
         pod = (res.pod_for_ifname(ifname) if ifname else None) or res.pod_for_ip(val["network"], val["target_addr"])
+        marker = bool(val["flags"] & ProbeFlag.ADDRESS)
         tgt = f'[{val["target_addr"]}]' if ":" in val["target_addr"] else val["target_addr"]
-        v.rows.append([k["addr"], k["port"], k["proto"], _net(res, val["network"]), pod,
+        v.rows.append([k["addr"], "*" if marker else k["port"], "*" if marker else k["proto"],
+                       _net(res, val["network"]), pod,
                        f'{val["ifindex"]}' + (f" ({ifname})" if ifname and not res.numeric else ""),
-                       f'{tgt}:{val["target_port"]}'])
-        doc = {**k, **val, "pod": pod, "ifname": ifname}
+                       "other ports denied" if marker else f'{tgt}:{val["target_port"]}'])
+        doc = {**k, **val, "pod": pod, "ifname": ifname, "marker": marker}
         _names(res, doc, network=val["network"])
         v.docs.append(doc)
     return v
 
 
-def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, args: Any,
+                      probes: dict[tuple, dict[str, Any]] | None = None) -> View:
+    """In-flight probe connections by socket cookie: the destination the kubelet asked for, the pod
+    it resolved to (through the probes map) and the connection's age."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    v = View(["COOKIE", "ORIGINAL-DESTINATION", "PROTO", "NETWORK", "AGE"])
+    v = View(["COOKIE", "ORIGINAL-DESTINATION", "PROTO", "NETWORK", "POD", "AGE"])
     for e in sorted(entries, key=lambda e: e.key["cookie"]):
         k, val = e.key, e.value
         dst = f'[{val["orig_addr"]}]' if ":" in val["orig_addr"] else val["orig_addr"]
         age_s = (now - val["created_ns"]) / 1e9 if val["created_ns"] else None
-        v.rows.append([k["cookie"], f'{dst}:{val["orig_port"]}', val["proto"], _net(res, val["network"]),
+        target = (probes or {}).get((val["orig_addr"], val["orig_port"], val["proto"]))
+        pod = None
+        if target is not None:
+            ifname = names.ifname(target["ifindex"])
+            pod = (res.pod_for_ifname(ifname) if ifname else None) or \
+                res.pod_for_ip(target["network"], target["target_addr"])
+        v.rows.append([k["cookie"], f'{dst}:{val["orig_port"]}', val["proto"], _net(res, val["network"]), pod,
                        render.human_duration(age_s) if age_s is not None else None])
-        doc = {**k, **val, "age_s": age_s}
+        doc = {**k, **val, "age_s": age_s, "pod": pod,
+               "target_addr": target["target_addr"] if target else None,
+               "target_port": target["target_port"] if target else None}
         _names(res, doc, network=val["network"])
         v.docs.append(doc)
     return v
@@ -356,10 +373,6 @@ VIEWS: dict[str, Callable[..., View]] = {
 }
 assert tuple(VIEWS) == registry.SHOWABLE
 
-#: maps whose layout is final but that nothing programs yet -> the feature that will: shown as
-#: they are (empty), with a note on stderr and ``"implemented": false`` in ``-o json``, so an
-#: empty table is not taken for a working feature
-NOT_IMPLEMENTED = {"probes": "probes", "probe-cookie": "probes"}
 
 
 def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
@@ -371,10 +384,6 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     if args.endpoints and name != "services":
         raise UsageError("--endpoints applies to `node bpf show services` only")
     _show(args, inv, name)
-    feature = NOT_IMPLEMENTED.get(name)
-    if feature:
-        inv.stderr.write(f"note: {feature} are not implemented yet: nothing programs this map\n")
-        inv.stderr.flush()
     return ExitStatus.OK
 
 
@@ -390,6 +399,10 @@ def _show(args: argparse.Namespace, inv: Invocation, name: str) -> None:
             bes, _ = dump_entries(node_env, registry.get("backends"))
             backends = {b.key["backend_id"]: b.value for b in bes}
         view = view_services(entries, res, names, args, backends)
+    elif name == "probe-cookie":
+        targets, _ = dump_entries(node_env, registry.get("probes"))
+        view = view_probe_cookie(entries, res, names, args, {
+            (t.key["addr"], t.key["port"], t.key["proto"]): t.value for t in targets})
     else:
         view = VIEWS[name](entries, res, names, args)
     total = len(view.docs)
@@ -397,8 +410,6 @@ def _show(args: argparse.Namespace, inv: Invocation, name: str) -> None:
     shown_docs = view.docs if limit is None else view.docs[:limit]
     if args.output == "json":
         doc: dict[str, Any] = {"node": node_env.node, "map": name}
-        if name in NOT_IMPLEMENTED:
-            doc["implemented"] = False
         doc.update({
             "pin": node_env.map_path(name), "capacity": cap, "count": total, "entries_in_map": len(entries),
             "shown": len(shown_docs), "truncated": len(shown_docs) < total, "numeric": bool(args.numeric),
