@@ -71,6 +71,23 @@ _CONTAINER_PORT = {
     "properties": {"containerPort": {"type": "integer"}, "name": _STR, "protocol": _STR},
 }
 
+# a container's startupProbe, livenessProbe and readinessProbe (validation.py checks the values)
+_PROBE = {
+    "type": "object",
+    "properties": {
+        "httpGet": {"type": "object", "required": ["port"], "properties": {
+            "path": _STR, "port": _INT_OR_STR, "host": _STR, "scheme": _STR,
+            "httpHeaders": {"type": "array", "items": {"type": "object", "required": ["name", "value"],
+                                                       "properties": {"name": _STR, "value": _STR}}}}},
+        "tcpSocket": {"type": "object", "required": ["port"], "properties": {"port": _INT_OR_STR, "host": _STR}},
+        "grpc": {"type": "object", "required": ["port"], "properties": {"port": _INT, "service": _STR}},
+        "exec": {"type": "object", "required": ["command"], "properties": {"command": _STR_LIST}},
+        "initialDelaySeconds": _INT, "periodSeconds": _INT, "timeoutSeconds": _INT,
+        "successThreshold": _INT, "failureThreshold": _INT, "terminationGracePeriodSeconds": _INT,
+    },
+}
+_IPS = {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}}
+
 POD = _object({
     "type": "object",
     "properties": {
@@ -79,14 +96,20 @@ POD = _object({
         "containers": {
             "type": "array",
             "items": {"type": "object", "properties": {
-                "name": _STR, "image": _STR, "ports": {"type": "array", "items": _CONTAINER_PORT}}},
+                "name": _STR, "image": _STR, "args": _STR_LIST, "ports": {"type": "array", "items": _CONTAINER_PORT},
+                "startupProbe": _PROBE, "livenessProbe": _PROBE, "readinessProbe": _PROBE}},
         },
     },
 }, status={"type": "object", "properties": {
     "phase": _STR, "podIP": _STR,
-    "podIPs": {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}},
+    "podIPs": _IPS,
+    # a lace extension: the pod's probe addresses (the kubelet probes a pod of an isolated network there)
+    "probeIPs": _IPS,
     "conditions": {"type": "array", "items": {"type": "object", "required": ["type", "status"],
                                               "properties": {"type": _STR, "status": _STR}}},
+    "containerStatuses": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+        "name": _STR, "image": _STR, "ready": _BOOL, "started": _BOOL, "restartCount": _INT,
+        "state": {"type": "object"}, "lastState": {"type": "object"}}}},
 }})
 
 NAMESPACE = _object({"type": "object"})

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import jsonschema
 
+from lace import probes as P
 from lace.store import kinds as K
 from lace.store.errors import UnknownKind, ValidationError
 from lace.store.schemas import SCHEMAS
@@ -31,6 +32,7 @@ from lace.store.selectors import (InvalidSelector, label_key_problem, label_valu
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HTTP_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 IP_FAMILIES = ("IPv4", "IPv6")
@@ -286,9 +288,78 @@ def _check_pod(c: _Checker) -> None:
             c.protocol(port.get("protocol"), f"{where}.protocol")
             if "name" in port:
                 c.named_or_numeric_port(port["name"], f"{where}.name")
-    for i, entry in enumerate((c.obj.get("status") or {}).get("podIPs") or []):
-        if "ip" in entry:
-            c.ip(entry["ip"], f"status.podIPs[{i}].ip")
+        for field in P.PROBE_FIELDS:
+            if field in container:
+                _check_probe(c, container[field], field, f"spec.containers[{i}].{field}")
+    for key in ("podIPs", "probeIPs"):
+        for i, entry in enumerate((c.obj.get("status") or {}).get(key) or []):
+            if "ip" in entry:
+                c.ip(entry["ip"], f"status.{key}[{i}].ip")
+
+
+def _check_probe(c: _Checker, probe: dict, kind: str, where: str) -> None:
+    """A container's probe, as Kubernetes checks it (one handler, ports, path, timings), with
+    Kubernetes' defaults filled in (timings; httpGet's path and scheme)."""
+    handlers = [h for h in P.HANDLERS if h in probe]
+    if not handlers:
+        c.fail(where, "the probe has no handler", "set exactly one of httpGet, tcpSocket, exec or grpc")
+    if len(handlers) > 1:
+        c.fail(f"{where}.{handlers[1]}", f"a probe has one handler, but {' and '.join(handlers)} are set",
+               "keep only one of them")
+    handler = handlers[0]
+    spec = probe[handler]
+    at = f"{where}.{handler}"
+    if handler == "exec":
+        if not spec["command"]:
+            c.fail(f"{at}.command", "the command is empty",
+                   "list the program and its arguments, e.g. [cat, /tmp/healthy]")
+    elif handler == "grpc":
+        c.port(spec["port"], f"{at}.port")
+    else:
+        c.named_or_numeric_port(spec["port"], f"{at}.port")
+        if isinstance(spec["port"], str) and spec["port"].isdigit():
+            spec["port"] = int(spec["port"])
+        host = spec.get("host")
+        if host:
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                if len(host) > 253 or not _DNS_SUBDOMAIN.match(host):
+                    c.fail(f"{at}.host", f'"{host}" is neither an IP address nor a host name',
+                           "leave host out to probe the pod itself, or give an address like 10.244.0.5")
+    if handler == "httpGet":
+        path = spec.setdefault("path", "/")
+        if not path.startswith("/"):
+            c.fail(f"{at}.path", f'"{path}" does not start with "/"', f'write it as "/{path}"')
+        if any(ch in path for ch in " \r\n"):
+            c.fail(f"{at}.path", f"{path!r} contains whitespace", "percent-encode it (%20)")
+        scheme = spec.setdefault("scheme", "HTTP")
+        if scheme not in P.SCHEMES:
+            c.fail(f"{at}.scheme", f"unsupported scheme {scheme!r}", "use HTTP or HTTPS")
+        for k, header in enumerate(spec.get("httpHeaders") or []):
+            if not _HTTP_TOKEN.match(header["name"]):
+                c.fail(f"{at}.httpHeaders[{k}].name", f'"{header["name"]}" is not an HTTP header name',
+                       "use letters, digits and -, e.g. X-Probe")
+            if any(ch in header["value"] for ch in "\r\n\0"):
+                c.fail(f"{at}.httpHeaders[{k}].value", "a header value may not contain line breaks",
+                       "put it on one line")
+    if "initialDelaySeconds" in probe and probe["initialDelaySeconds"] < 0:
+        c.fail(f"{where}.initialDelaySeconds", f"{probe['initialDelaySeconds']} is negative",
+               "use 0 or more seconds (default 0)")
+    for key, default in P.DEFAULT_TIMING.items():
+        value = probe.setdefault(key, default)
+        if value < 1:
+            c.fail(f"{where}.{key}", f"{value} is below 1", f"use 1 or more (default {default})")
+    if kind != "readinessProbe" and probe["successThreshold"] != 1:
+        c.fail(f"{where}.successThreshold", f"must be 1 for a {kind}, not {probe['successThreshold']}",
+               "set 1 or leave it out (only a readinessProbe may need several successes)")
+    if "terminationGracePeriodSeconds" in probe:
+        if kind == "readinessProbe":
+            c.fail(f"{where}.terminationGracePeriodSeconds", "a readinessProbe does not restart the container",
+                   "remove it (livenessProbe and startupProbe take it)")
+        if probe["terminationGracePeriodSeconds"] < 1:
+            c.fail(f"{where}.terminationGracePeriodSeconds",
+                   f"{probe['terminationGracePeriodSeconds']} is below 1", "use 1 or more seconds")
 
 
 def _check_policy_ports(c: _Checker, ports: list[dict], where: str) -> None:
