@@ -44,6 +44,8 @@
 /* lace_flow.svc_flags of a new service flow */
 #define LACE_SVC_FLOW_HAIRPIN  0x1   /* its source is translated to the hairpin address */
 #define LACE_SVC_FLOW_AFFINITY 0x2   /* a new ClientIP affinity choice, remembered once admitted */
+#define LACE_SVC_FLOW_PROBE    0x4   /* a kubelet probe into another network (lib/probe.h): its
+				      * entries are flagged LACE_CT_F_PROBE */
 
 /* Fixed, never random per boot: a flow must hash the same on every node and after a restart, so
  * that a flow whose conntrack entry was lost lands on the same backend. */
@@ -187,6 +189,8 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 	ct_init(&e, f, now);
 	e.rev_nat_id = f->service_id;
 	e.flags |= LACE_CT_F_DNAT;
+	if (f->svc_flags & LACE_SVC_FLOW_PROBE)
+		e.flags |= LACE_CT_F_PROBE;
 	lace_copy16_a8(e.nat_addr, f->nat_addr);
 	e.nat_port = f->nat_port;
 	rc = ct_store(f, f->src_network, seen.b, f->daddr, f->sport, f->dport, &e);

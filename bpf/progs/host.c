@@ -7,10 +7,11 @@
  * default, source segment HOST.
  *
  * Walk: parse -> device check -> source validation -> conntrack (the host's own flows, replies of
- * pods' flows to the host, ICMP errors the node's stack sends pods) -> routing in the default
- * network -> segment -> delivery: a local pod (its ingress policy for peer HOST, then into the pod)
- * or a pod on another node (SRv6 to that node, whose uplink checks the pod's ingress policy for
- * peer REMOTE_NODE) -> trace.
+ * pods' flows to the host, ICMP errors the node's stack sends pods; a kubelet probe's later packets
+ * follow its frontend entry) -> probe targets -> routing in the default network -> segment ->
+ * delivery: a local pod (its ingress policy for peer HOST, then into the pod) or a pod on another
+ * node (SRv6 to that node, whose uplink checks the pod's ingress policy for peer REMOTE_NODE) ->
+ * trace.
  *
  * Decisions:
  * - Source: only this node's host addresses (the segment map holds them as segment HOST, local) may
@@ -21,7 +22,10 @@
  *   the uplink program.
  * - Network: the host sends in the default network only. A destination the default network routes
  *   into another network (a Network route) has no route from the host (NO_ROUTE): pods of other
- *   networks stay out of the host's reach.
+ *   networks stay out of the host's reach. The one exception is the kubelet's probe of such a pod,
+ *   addressed to the pod's probe address (a default-network address): a new flow to a probe target
+ *   of another network passes only from the kubelet socket that connected to it, translated to
+ *   that pod alone; any other packet to a probe address is PROBE_DENIED (lib/probe.h).
  * - Policy: the host has no egress policy (no NetworkPolicy selects it); the destination pod's
  *   ingress policy is checked with peer HOST, which the agent allows for every pod by default (a
  *   kubelet must reach the pods of its node; lace/policy/resolve.py).
@@ -38,6 +42,8 @@
 #include "lib/conntrack.h"
 #include "lib/delivery.h"
 #include "lib/forward.h"
+#include "lib/service.h"
+#include "lib/probe.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -71,6 +77,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_config *cfg;
 	struct lace_ct_entry *e;
 	struct lace_route *route;
+	struct lace_probe *p;
 	__u32 zero = 0;
 	__u64 now;
 	int rc, quoted_orig;
@@ -94,7 +101,12 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	if (!f->icmp_error) {
 		e = ct_classify(f, net, now);
 		if (e) {
-			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
+			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
+				/* a probe admitted into another network: translated as its first packet was */
+				rc = service_forward(skb, f, e, now);
+				if (rc)
+					return lace_drop(skb, f, rc);
+			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
 				f->dst_network = e->dst_network;
 				f->dst_segment = e->dst_segment;
 			} else {
@@ -102,6 +114,25 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 				f->dst_segment = e->src_segment;
 			}
 			return forward_to_pod(skb, f, cfg, 0, cfg->underlay_addr);
+		}
+		/* a probe target: of another network only for the kubelet's socket; another port of a
+		 * probe address is no target (its marker). A default-network pod's entry is for the
+		 * record only: the walk goes on as for any host flow. */
+		p = probe_lookup(f->daddr, f->dport, f->proto, f->family);
+		if (!p)
+			p = probe_lookup(f->daddr, 0, 0, f->family);
+		if (p) {
+			f->dst_network = net;   /* addressed inside the default network, until translated */
+			if (p->flags & LACE_PROBE_F_ADDRESS)
+				return lace_drop(skb, f, LACE_DROP_PROBE_DENIED);
+			if (p->network != net) {
+				rc = probe_new_flow(skb, f, p, &d);
+				if (!rc)
+					rc = service_ct_create(f, now);
+				if (rc)
+					return lace_drop(skb, f, rc);
+				return forward_local(skb, f, cfg, d);
+			}
 		}
 	}
 	route = route_lookup(net, f->family, f->daddr);

@@ -22,6 +22,7 @@
 #include "lib/reject.h"
 #include "lib/masquerade.h"
 #include "lib/nodeport.h"
+#include "lib/probe.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -61,7 +62,7 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 	if (!d)
 		d = delivery_lookup(f->dst_network, f->family, f->daddr);
 	if (!d)
-		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
+		return lace_drop(skb, f, probe_no_delivery(f));   /* a probe address: PROBE_DENIED */
 	f->delivery = d->kind;
 	switch (d->kind) {
 	case LACE_DELIVERY_LOCAL:

@@ -30,6 +30,7 @@
 #include "lib/service.h"
 #include "lib/masquerade.h"
 #include "lib/nodeport.h"
+#include "lib/probe.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -174,7 +175,7 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 
 	d = delivery_lookup(dst_net, f->family, f->daddr);
 	if (!d)
-		return lace_drop(skb, f, LACE_DROP_NO_DELIVERY);
+		return lace_drop(skb, f, probe_no_delivery(f));   /* a probe address: PROBE_DENIED */
 	f->delivery = d->kind;
 	if (d->kind != LACE_DELIVERY_LOCAL && d->kind != LACE_DELIVERY_HOST)
 		return lace_drop(skb, f, LACE_DROP_NOT_LOCAL);

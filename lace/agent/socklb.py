@@ -4,7 +4,9 @@ attached to the node's host cgroup through pinned links.
 Processes in the host cgroup (the node's own tools, hostNetwork pods) reach ClusterIPs through
 these hooks: connect and sendmsg to a frontend are rewritten to a backend, recvmsg and getpeername
 show the frontend again (``bpf/lib/sock_lb.h``). Pods are never in the host cgroup; the tc path of
-their own network serves them.
+their own network serves them. The connect hooks also record the kubelet's connections to probe
+targets in other networks by socket cookie, and the socket-release hook forgets them when the socket
+closes (``bpf/lib/probe.h``).
 
 The links are pinned under the node's links directory as ``sock-<hook>``, so translation goes on
 while the agent is down. A restarted agent swaps its new programs into those links in place; a
@@ -36,6 +38,7 @@ HOOK_PROGRAMS: dict[str, str] = {
     "recvmsg6": "lace_sock_recvmsg6",
     "getpeername4": "lace_sock_getpeername4",
     "getpeername6": "lace_sock_getpeername6",
+    "sock_release": "lace_sock_release",
 }
 
 

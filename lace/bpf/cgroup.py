@@ -1,4 +1,5 @@
-"""Attach cgroup socket-address programs (connect, sendmsg, recvmsg, getpeername) through BPF links.
+"""Attach cgroup socket programs through BPF links: socket-address hooks (connect, sendmsg,
+recvmsg, getpeername) and the socket-release hook (sock_release, a ``cgroup/sock_release`` program).
 
 A cgroup :class:`~lace.bpf.link.Link` applies to every process in the cgroup and its descendants,
 lives as long as an fd or a pin refers to it, and swaps its program atomically with
@@ -24,6 +25,7 @@ from .link import Link, pinned
 ATTACH_TYPES: dict[str, int] = {
     "connect4": 10, "connect6": 11, "sendmsg4": 14, "sendmsg6": 15,
     "recvmsg4": 19, "recvmsg6": 20, "getpeername4": 29, "getpeername6": 30,
+    "sock_release": 34,   # BPF_CGROUP_INET_SOCK_RELEASE
 }  # fmt: skip
 BPF_LINK_TYPE_CGROUP = 3
 

@@ -128,11 +128,11 @@ _DROP_TEXT: dict[int, str] = {
     24: 'address translation failed',
     25: 'packet too big for the underlay after encapsulation',
     26: 'packet on an interface lace does not manage',
-    27: 'host traffic to an isolated pod that is not a configured probe',
+    27: 'traffic to a probe address that is not a kubelet probe of its pod',
     28: 'a datapath map is full',
 }
 
-_DROP_RESERVED: frozenset[int] = frozenset({25, 27, 28})
+_DROP_RESERVED: frozenset[int] = frozenset({25, 28})
 
 
 class TracePoint(enum.IntEnum):

@@ -450,7 +450,7 @@ def test_without_the_affinity_flag_no_entry_is_kept(host: Host) -> None:
 #: the hooks as bpftool names their attach types
 BPFTOOL_ATTACH_TYPES = ["cgroup_inet4_connect", "cgroup_inet6_connect", "cgroup_udp4_sendmsg", "cgroup_udp6_sendmsg",
                         "cgroup_udp4_recvmsg", "cgroup_udp6_recvmsg", "cgroup_inet4_getpeername",
-                        "cgroup_inet6_getpeername"]
+                        "cgroup_inet6_getpeername", "cgroup_inet_sock_release"]
 
 
 def _bpftool_cgroup(path: str) -> list[dict[str, Any]]:
