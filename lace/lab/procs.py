@@ -5,7 +5,11 @@ with stdin from /dev/null and stdout/stderr appended to a log file.  It enters i
 namespace in the child between fork and exec (setns on /run/netns/NAME), so no ``ip netns exec``
 wrapper sits between us and it and the recorded pid is the program itself.  A pod's processes
 also get a private mount namespace there, with the pod's resolv.conf over /etc/resolv.conf
-(``mountns``).
+(``mountns``), and a node's prober joins the node's kubelet cgroup there (``cgroup``: the parent
+opens its ``cgroup.procs``, the child writes itself into it).
+
+``run`` is for short commands instead (a kubelet's exec probes): the same namespace and resolv.conf,
+waited for with a timeout after which its whole process group is killed; nothing is recorded.
 
 The record is ``<state_dir>/procs.json``: ``{name: {pid, argv, started, netns, log_path,
 starttime}}``, rewritten atomically under an flock so concurrent writers do not lose entries.
@@ -118,6 +122,45 @@ def _forget(state_dir: str | os.PathLike[str], name: str, pid: int) -> None:
 
 # ---- start ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _child_setup(name: str, netns: str | None, resolv_conf: str | os.PathLike[str] | None,
+                 cgroup: str | os.PathLike[str] | None) -> Iterator[Any]:
+    """The ``preexec_fn`` that puts a child into ``netns``, ``cgroup`` and a mount namespace with
+    ``resolv_conf`` (None when there is nothing to do); what it needs is opened here, in the parent,
+    so a missing namespace or cgroup is a ProcError naming it, and closed after the block."""
+    fds: list[int] = []
+    try:
+        ns_fd = cg_fd = None
+        if netns is not None:
+            try:
+                ns_fd = os.open(nsenter.path_of(netns), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise ProcError(f"cannot start {name} in netns {netns}: {exc.strerror}") from None
+            fds.append(ns_fd)
+        if cgroup is not None:
+            path = os.path.join(os.fspath(cgroup), "cgroup.procs")
+            try:
+                cg_fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise ProcError(f"cannot start {name} in cgroup {os.fspath(cgroup)}: {exc.strerror}") from None
+            fds.append(cg_fd)
+        private = PrivateFile(resolv_conf) if resolv_conf is not None else None
+
+        def enter() -> None:
+            # runs between fork and exec: write(2) "0" (the writer itself) into the cgroup, setns(2),
+            # and unshare(2) and two mount(2)s for a resolv.conf
+            if cg_fd is not None:
+                os.write(cg_fd, b"0")
+            if ns_fd is not None:
+                nsenter.setns(ns_fd)
+            if private is not None:
+                private.enter()
+        yield enter if fds or private is not None else None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -128,11 +171,14 @@ def spawn(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     resolv_conf: str | os.PathLike[str] | None = None,
+    cgroup: str | os.PathLike[str] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> int:
     """Start ``argv`` detached inside NETNS (None: the caller's namespace) as ``name``; return its pid.
 
     With ``resolv_conf`` the process sees that file as /etc/resolv.conf (a mount namespace of
-    its own).  A process already recorded under ``name`` and still running is an error (stop it
+    its own); with ``cgroup`` (a cgroup2 directory) it runs in that cgroup; ``pass_fds`` stay open
+    in it.  A process already recorded under ``name`` and still running is an error (stop it
     first); a dead one's record is replaced.
     """
     if not argv:
@@ -140,35 +186,18 @@ def spawn(
     old = _entry(state_dir, name)
     if old and alive(int(old["pid"]), old.get("starttime")):
         raise ProcError(f"cannot start {name}: already running as pid {old['pid']} (stop it first)")
-    ns_fd = None
-    if netns is not None:
-        ns_path = nsenter.path_of(netns)
-        try:
-            ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ProcError(f"cannot start {name} in netns {netns}: {exc.strerror}") from None
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    private = PrivateFile(resolv_conf) if resolv_conf is not None else None
-
-    def enter() -> None:
-        # runs between fork and exec: setns(2), and unshare(2) and two mount(2)s for a resolv.conf
-        if ns_fd is not None:
-            nsenter.setns(ns_fd)
-        if private is not None:
-            private.enter()
+    where = f" in netns {netns}" if netns else ""
     try:
-        with open(log_path, "ab", buffering=0) as log, open(os.devnull, "rb") as devnull:
+        with _child_setup(name, netns, resolv_conf, cgroup) as enter, \
+                open(log_path, "ab", buffering=0) as log, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
                 list(argv), stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                close_fds=True, env=dict(env) if env is not None else None, cwd=cwd,
-                preexec_fn=enter if ns_fd is not None or private is not None else None,
+                close_fds=True, pass_fds=tuple(pass_fds), env=dict(env) if env is not None else None, cwd=cwd,
+                preexec_fn=enter,
             )
     except (OSError, subprocess.SubprocessError) as exc:
-        where = f" in netns {netns}" if netns else ""
         raise ProcError(f"cannot start {name}{where} ({argv[0]}): {exc}") from None
-    finally:
-        if ns_fd is not None:
-            os.close(ns_fd)
     record = {"pid": proc.pid, "argv": list(argv), "started": time.time(), "netns": netns,
               "log_path": os.fspath(log_path), "starttime": _starttime(proc.pid)}
     with _locked(state_dir) as path:
@@ -176,6 +205,55 @@ def spawn(
         data[name] = record
         write_json(path, data)
     return proc.pid
+
+
+# ---- short commands -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Completed:
+    """How a command ``run`` waited for ended: its exit status (None: killed at its timeout), and
+    the start of what it wrote (stdout and stderr together)."""
+
+    returncode: int | None
+    output: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run(argv: Sequence[str], *, netns: str | None, timeout: float,
+        resolv_conf: str | os.PathLike[str] | None = None, output_limit: int = 10 * 1024) -> Completed:
+    """Run ``argv`` inside NETNS (with ``resolv_conf`` as /etc/resolv.conf) and wait at most
+    ``timeout`` seconds; then its process group is killed.  A command that cannot be executed ends
+    with 127 (not found) or 126, as in a shell; ProcError if the namespace cannot be entered."""
+    if not argv:
+        raise ProcError("cannot run an empty command")
+    try:
+        with _child_setup(argv[0], netns, resolv_conf, None) as enter:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    preexec_fn=enter)
+    except OSError as exc:
+        # the command itself cannot be executed: what a shell reports with 127 / 126
+        return Completed(127 if isinstance(exc, FileNotFoundError) else 126, f"{argv[0]}: {exc.strerror}")
+    except subprocess.SubprocessError as exc:
+        where = f" in netns {netns}" if netns else ""
+        raise ProcError(f"cannot run {argv[0]}{where}: {exc}") from None
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, _ = proc.communicate(timeout=1)
+        except subprocess.TimeoutExpired:   # something that left the group holds the pipe open
+            proc.kill()
+            proc.wait()
+            out = b""
+        code = None
+    return Completed(code, out[:output_limit].decode(errors="replace"))
 
 
 # ---- inspect and stop -----------------------------------------------------------------------
