@@ -1,12 +1,26 @@
 """What a lab pod runs: HTTP servers that answer with the pod's name and UDP echo servers, dual-stack.
 
     python -m lace.lab.podserver --name NS/POD --tcp 80 --tcp 8080 --udp 53 [--ready-file PATH]
+                                 [--startup-delay SECONDS]
 
 Every TCP port answers any GET (or HEAD) with ``NS/POD\\n`` and status 200; every UDP port sends each
 datagram back unchanged.  Each port is one IPv6 socket with IPV6_V6ONLY off, so IPv4 clients are
 served too (as v4-mapped peers); where IPv6 is disabled it falls back to IPv4 only.  The ready
 file is written once every socket is bound, so a client may connect as soon as it exists.
 SIGTERM and SIGINT stop it with exit status 0.
+
+A health switch, one per process and flipped from inside the cluster (any client that reaches a TCP
+port), lets tests make a pod fail its probes on purpose:
+
+- ``GET /healthz``: 200 ``ok NS/POD`` while healthy, 500 ``unhealthy NS/POD`` after ``/fail``, and 503
+  ``starting NS/POD`` during the first ``--startup-delay`` seconds (default 0) — the ports are bound
+  at once, so a tcpSocket probe succeeds while an httpGet of /healthz still waits;
+- ``GET /fail``: /healthz answers 500 from now on (200 ``failing NS/POD``);
+- ``GET /recover``: /healthz is healthy again (200 ``recovered NS/POD``).
+
+The switch lives in the process: a restarted server (the kubelet restarts a pod whose liveness probe
+fails) is healthy again.  The lab's kubelet passes a pod's container ``args`` on to it, so
+``args: ["--startup-delay", "5"]`` delays a pod's health.  HEAD answers as GET but flips nothing.
 
 Standard library only, and nothing else from lace: dozens of pods start this at once.
 """
@@ -21,6 +35,7 @@ import socket
 import socketserver
 import sys
 import threading
+import time
 from typing import Sequence
 
 
@@ -41,20 +56,49 @@ def _dual_stack_socket(kind: int, port: int) -> socket.socket:
     return sock
 
 
+class Health:
+    """The process's health switch (see the module docstring)."""
+
+    def __init__(self, startup_delay: float = 0.0) -> None:
+        self.healthy_from = time.monotonic() + startup_delay
+        self.failing = False
+
+    def status(self) -> tuple[int, str]:
+        if self.failing:
+            return 500, "unhealthy"
+        if time.monotonic() < self.healthy_from:
+            return 503, "starting"
+        return 200, "ok"
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "lace-podserver"
     sys_version = ""
     # keep-alive: a client may hold one connection for many requests (the agent-restart test does)
     protocol_version = "HTTP/1.1"
+    name = ""
     body = b"\n"
+    health = Health()
+
+    def _reply(self, flip: bool) -> tuple[int, bytes]:
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            code, word = self.health.status()
+            return code, f"{word} {self.name}\n".encode()
+        if path in ("/fail", "/recover"):
+            if flip:
+                self.health.failing = path == "/fail"
+            return 200, f"{'failing' if path == '/fail' else 'recovered'} {self.name}\n".encode()
+        return 200, self.body
 
     def _answer(self, with_body: bool) -> None:
-        self.send_response(200)
+        code, body = self._reply(flip=with_body)
+        self.send_response(code)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if with_body:
-            self.wfile.write(self.body)
+            self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._answer(True)
@@ -109,15 +153,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tcp", type=int, action="append", default=[], metavar="PORT", help="HTTP port (repeatable)")
     parser.add_argument("--udp", type=int, action="append", default=[], metavar="PORT", help="UDP echo port (repeatable)")
     parser.add_argument("--ready-file", help="written with 'ready' once every port is bound")
+    parser.add_argument("--startup-delay", type=float, default=0.0, metavar="SECONDS",
+                        help="/healthz answers 503 for this long after the start")
     args = parser.parse_args(argv)
     if not args.tcp and not args.udp:
         parser.error("give at least one --tcp or --udp port")
+    if args.startup_delay < 0:
+        parser.error("--startup-delay must be at least 0")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    handler = type("Handler", (_Handler,), {"body": f"{args.name}\n".encode()})
+    handler = type("Handler", (_Handler,), {"name": args.name, "body": f"{args.name}\n".encode(),
+                                            "health": Health(args.startup_delay)})
     servers: list[_HTTPServer] = []
     udp: list[socket.socket] = []
     threads: list[threading.Thread] = []
