@@ -3,7 +3,8 @@
 For every Pod: pick a node when it has none (fewest pods first), create its network namespace,
 call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
 configuration on stdin, the result on stdout) from inside the node's namespace, write the pod's
-resolv.conf, start what the pod runs and report the pod Running with its addresses. A Pod deleted
+resolv.conf, start what the pod runs and report the pod Running with its addresses, then run its
+probes (below). A Pod deleted
 gracefully (``metadata.deletionTimestamp`` set by the store) is stopped — its processes get SIGTERM
 and, after its grace period, SIGKILL — then gets CNI DEL, loses its namespace and files, and the
 kubelet removes the Pod object (grace period 0). A Pod removed at once is stopped the same way
@@ -17,8 +18,37 @@ own, see ``mountns``):
   the pod's addresses, the records in ``<state>/dns/hosts``, nothing of the machine's), followed by
   the container's ``args``; ready once its pid file exists (it writes it after binding).
 - any other image (``lace/podserver`` by convention): ``lace.lab.podserver``, HTTP answering with the
-  pod's name on each TCP containerPort and UDP echo on each UDP port; a pod without ports runs
-  nothing.
+  pod's name on each TCP containerPort and UDP echo on each UDP port, followed by the container's
+  ``args`` (e.g. ``--startup-delay 5``; its ``/healthz``, ``/fail`` and ``/recover`` make probes
+  fail on purpose); a pod without ports runs nothing.
+
+The pod's addresses come from the CNI result: ``status.podIPs`` (and ``podIP``, the first) are the
+addresses on the interface with a ``sandbox`` (the pod's eth0); addresses on the agent's host
+device (``lace_host``, no sandbox) are the pod's probe addresses, reported as ``status.probeIPs``
+(a lace extension, like ``status.network``; ``split_cni_ips``).
+
+Probes (``startupProbe``, ``livenessProbe``, ``readinessProbe`` of each container) run with
+Kubernetes' semantics (``lace.lab.probing``). Network probes (httpGet, tcpSocket) leave from the
+node's host namespace and the node's kubelet cgroup (``<node cgroup>/kubelet``, the only cgroup the
+datapath lets into pods of isolated networks): the kubelet cannot be in every node's cgroup, so it
+starts one prober process per node there (``lace.lab.prober``, procs name ``prober-<node>``, on
+first use; started again if it dies; stopped with the kubelet) and sends it each probe over a unix
+socket pair. A probe connects to its ``host`` if it names one, else to the pod's probe address of
+the family of its pod IP when the pod belongs to another network than ``default``, else to its pod
+IP. Exec probes run the command in the pod's network namespace with the pod's resolv.conf, as the
+pod's processes run. grpc probes are accepted but not run by the lab (their runs are discarded, so
+such a readiness probe never passes); so are runs that cannot be made (a named port the container
+does not have), as a kubelet discards probe errors.
+
+Readiness makes the pod's ``Ready`` and ``ContainersReady`` conditions (lastTransitionTime when they
+change); a pod without readiness probes is Ready once started. A failed liveness probe (or a startup
+probe failed past its threshold) restarts the pod's processes — all of them: the lab runs one
+process for all of a pod's containers — without a new sandbox or CNI call: stopped (SIGTERM, the
+probe's or pod's termination grace period, then SIGKILL) and started again as at first, and every
+container's ``restartCount`` goes up by one (``containerStatuses``: name, image, ready, started,
+restartCount, state, lastState). Probing stops the moment a pod is deleted. A restarted kubelet
+continues from the stored status: restart counts, start times, readiness and the conditions'
+transition times.
 
 A pod's resolv.conf (``<state>/kubelet/<uid>.resolv.conf``) is ``lace.lab.dns.resolv_conf``:
 the cluster DNS VIPs, the namespace's search path and ``ndots:5`` when the pod's network can reach
@@ -43,24 +73,72 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
+from typing import NamedTuple
 
 from lace import netlink
+from lace import probes as P
 from lace.cni.spec import CNI_VERSION
 from lace.store import STORE_FILE
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
-from lace.store.kinds import pod_network
+from lace.store.kinds import DEFAULT_NETWORK, pod_network
 from lace.store import SqliteStore
 
-from . import dns, procs
+from . import dns, probing, procs
 from .files import write_json
+from .topology import kubelet_cgroup
 
 log = logging.getLogger("lace.lab.kubelet")
 
 
 
+_TIME = "%Y-%m-%dT%H:%M:%SZ"
+#: the status fields written when a pod starts (the probes add conditions and containerStatuses)
+BASE_STATUS = ("phase", "hostIP", "startTime", "network", "podIP", "podIPs", "probeIPs")
+#: Kubernetes' default terminationGracePeriodSeconds
+DEFAULT_GRACE = 30
+
+
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.timezone.utc).strftime(_TIME)
+
+
+def _age(stamp: str | None) -> float:
+    """Seconds since an RFC 3339 time as the kubelet writes them (0 when unreadable)."""
+    try:
+        then = dt.datetime.strptime(str(stamp), _TIME).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return 0.0
+    return max(0.0, (dt.datetime.now(dt.timezone.utc) - then).total_seconds())
+
+
+def split_cni_ips(result: dict | None) -> tuple[list[str], list[str]]:
+    """(pod IPs, probe IPs) of a CNI result: the addresses of the interface with a ``sandbox`` (or
+    of no interface) are the pod's; those of ``lace_host`` (``lace.probes.PROBE_INTERFACE``, no
+    sandbox) are its probe addresses; addresses of other interfaces are neither."""
+    interfaces = (result or {}).get("interfaces") or []
+    pod, probe = [], []
+    for entry in (result or {}).get("ips") or []:
+        address = str(entry.get("address") or "").split("/")[0]
+        if not address:
+            continue
+        idx = entry.get("interface")
+        iface = interfaces[idx] if isinstance(idx, int) and 0 <= idx < len(interfaces) else None
+        if iface is None or iface.get("sandbox"):
+            pod.append(address)
+        elif iface.get("name") == P.PROBE_INTERFACE:
+            probe.append(address)
+    return pod, probe
+
+
+class ProbeContext(NamedTuple):
+    """What running a pod's probes needs beyond the probe: where the pod is and its addresses."""
+
+    node: str
+    netns: str
+    resolv_conf: str | None
+    pod_ips: tuple[str, ...]
+    probe_ips: tuple[str, ...]
+    isolated: bool
 
 
 def sandbox_netns(lab: str, uid: str) -> str:
@@ -141,8 +219,20 @@ class Kubelet:
         # pods start and stop in parallel (one slow pod must not hold up the others), but the
         # operations of one pod run one at a time, in order
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pod")
+        # status writes after probe results have threads of their own, so that a burst of pod
+        # starts does not hold up readiness (they still take the pod's lock)
+        self.status_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="status")
         self._pod_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # probes: the scheduler, one prober process per node (on first use), exec probes in threads
+        self.prober = probing.Prober(self._dispatch, self._probe_changed, self._probe_restart)
+        self.prober_clients: dict[str, probing.ProberClient] = {}
+        self._clients_guard = threading.Lock()
+        self.exec_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exec-probe")
+        self._probe_ctx: dict[str, ProbeContext] = {}
+        #: uid -> the status last written, so that unchanged statuses are not written again
+        self._written: dict[str, dict] = {}
+        self._warned: set[tuple[str, str, str]] = set()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -188,6 +278,8 @@ class Kubelet:
             return
         rec = self.sandboxes.get(uid)
         if rec is not None and rec.get("ready"):
+            if not self.prober.has(uid):
+                self.adopt(pod, rec)   # running before this kubelet started
             return
         fails, next_try = self.backoff.get(uid, (0, 0.0))
         if time.monotonic() < next_try:
@@ -206,8 +298,8 @@ class Kubelet:
             self.backoff[uid] = (fails + 1, time.monotonic() + min(0.2 * 2 ** fails, 10.0))
             self._fail(pod, str(e))
             return
-        ips = [ip["address"].split("/")[0] for ip in (result or {}).get("ips", [])]
-        rec.update(ips=ips, resolv_conf=self.write_resolv_conf(pod, rec, ips))
+        ips, probe_ips = split_cni_ips(result)
+        rec.update(ips=ips, probe_ips=probe_ips, resolv_conf=self.write_resolv_conf(pod, rec, ips))
         self.sandboxes.put(rec)
         t_cni = time.monotonic()
         problem = self.run_containers(pod, rec, ips)
@@ -218,17 +310,19 @@ class Kubelet:
             return
         self.backoff.pop(uid, None)
         t_run = time.monotonic()
-        rec.update(ready=True)
-        self.sandboxes.put(rec)
         # status.network (a lace extension): the network the pod is attached to, so that
         # `lace get pods -o json` shows it for pods that rely on the default
         status = {"phase": "Running", "hostIP": self.nodes[node]["underlay_addr"], "startTime": _now(),
                   "network": pod_network(pod),
-                  "podIP": ips[0] if ips else None, "podIPs": [{"ip": ip} for ip in ips],
-                  "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _now()}]}
-        try:
-            self.store.update_status("pods", meta["name"], meta["namespace"], status)
-        except NotFound:
+                  "podIP": ips[0] if ips else None, "podIPs": [{"ip": ip} for ip in ips]}
+        if probe_ips:
+            status["probeIPs"] = [{"ip": ip} for ip in probe_ips]
+        rec.update(ready=True, status=status)
+        self.sandboxes.put(rec)
+        self._probe_ctx[uid] = self._context(pod, rec)
+        if not self.prober.add(probing.PodProbes.of(pod, time.monotonic(), status["startTime"])):
+            return   # deleted meanwhile: finish_pod follows
+        if not self.write_status(uid):
             self.stop_pod(rec)
             return
         log.info("pod %s/%s running on %s: netns %.0f ms, CNI ADD %.0f ms, servers %.0f ms, status %.0f ms",
@@ -271,6 +365,7 @@ class Kubelet:
                 argv += ["--tcp", str(p)]
             for p in udp:
                 argv += ["--udp", str(p)]
+            argv += pod_args(pod)
         log_path = os.path.join(self.state_dir, "logs", f"{rec['proc']}.log")
         try:
             pid = procs.spawn(argv, netns=rec["netns"], name=rec["proc"], state_dir=self.state_dir,
@@ -304,24 +399,191 @@ class Kubelet:
             self.stop_pod(rec)
 
     def stop_pod(self, rec: dict, grace: float = 2) -> None:
+        self.prober.remove(rec["uid"])
+        self._probe_ctx.pop(rec["uid"], None)
+        self._written.pop(rec["uid"], None)
         procs.stop(rec["proc"], self.state_dir, timeout=grace)
         try:
             self._cni("DEL", rec["node"], rec)
         except Exception as e:
             log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
         netlink.netns.delete(rec["netns"])
+        self._remove_run_files(rec)
+        try:
+            os.unlink(os.path.join(self.state_dir, "kubelet", rec["uid"] + ".resolv.conf"))
+        except FileNotFoundError:
+            pass
+        self.sandboxes.remove(rec["uid"])
+
+    def _remove_run_files(self, rec: dict) -> None:
+        """What a run of the pod's processes leaves (its ready file, dnsmasq's pid file)."""
         for path in (os.path.join(self.state_dir, "kubelet", rec["uid"] + ".ready"),
-                     os.path.join(self.state_dir, "kubelet", rec["uid"] + ".resolv.conf"),
                      os.path.join(self.dns_dir, dns.pid_file_name(rec["uid"]))):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self.sandboxes.remove(rec["uid"])
+
+    # -- probes ------------------------------------------------------------------------------
+
+    def _context(self, pod: dict, rec: dict) -> ProbeContext:
+        return ProbeContext(rec["node"], rec["netns"], rec.get("resolv_conf"), tuple(rec.get("ips") or ()),
+                            tuple(rec.get("probe_ips") or ()), pod_network(pod) != DEFAULT_NETWORK)
+
+    def prober_client(self, node: str) -> probing.ProberClient:
+        """The node's prober (started by its first probe)."""
+        with self._clients_guard:
+            client = self.prober_clients.get(node)
+            if client is None:
+                desc = self.nodes[node]
+                cgroup = kubelet_cgroup(desc.get("cgroup") or "")
+                client = probing.ProberClient(node, desc["netns"], cgroup or None, self.state_dir)
+                self.prober_clients[node] = client
+            return client
+
+    def _dispatch(self, task: probing.Task, done: probing.Done) -> None:
+        """Run one probe (the prober's scheduler thread calls this; it must not block)."""
+        ctx, act = self._probe_ctx.get(task.uid), task.action
+        problem = None
+        if ctx is None:
+            problem = "the pod is not running"
+        elif act is None:
+            problem = "the probe has no handler"
+        elif act.handler == "grpc":
+            problem = "the lab's kubelet does not run grpc probes"
+        elif act.handler != "exec" and act.port is None:
+            problem = f"its port names no TCP containerPort of container {task.container}"
+        if problem is not None:
+            key = (task.uid, task.container, task.kind)
+            if ctx is not None and key not in self._warned:
+                self._warned.add(key)
+                log.warning("pod %s: %s of container %s is not run: %s", task.ref, task.kind, task.container,
+                            problem)
+            done(probing.UNKNOWN, problem)
+            return
+        assert ctx is not None and act is not None
+        if act.handler == "exec":
+            def run() -> None:
+                try:
+                    result = probing.run_exec(act.command, ctx.netns, ctx.resolv_conf, task.timeout)
+                except Exception as e:   # never leave a probe in flight for good
+                    result = (probing.UNKNOWN, str(e))
+                done(*result)
+            self.exec_pool.submit(run)
+            return
+        host = P.connect_host(act, ctx.pod_ips, ctx.probe_ips, ctx.isolated)
+        if host is None:
+            done(probing.UNKNOWN, "the pod has no address")
+            return
+        self.prober_client(ctx.node).submit(probing.network_request(act, host, task.timeout), done)
+
+    def _probe_changed(self, uid: str) -> None:
+        self._serial(uid, self.write_status, uid, pool=self.status_pool)
+
+    def _probe_restart(self, uid: str, why: str) -> None:
+        self._serial(uid, self.restart_pod, uid, why)
+
+    def pod_status(self, uid: str) -> dict | None:
+        """The pod's whole status as it is now (None when it does not run here)."""
+        rec, pp = self.sandboxes.get(uid), self.prober.get(uid)
+        if rec is None or not rec.get("ready") or pp is None:
+            return None
+        status = {k: v for k, v in (rec.get("status") or {}).items() if k in BASE_STATUS}
+        with self.prober.locked():
+            status["conditions"] = pp.conditions(_now())
+            status["containerStatuses"] = pp.container_statuses()
+        return status
+
+    def write_status(self, uid: str) -> bool:
+        """Write the pod's status unless it is what was written last; False if the pod is gone."""
+        status = self.pod_status(uid)
+        if status is None or self._written.get(uid) == status:
+            return True
+        rec = self.sandboxes.get(uid)
+        assert rec is not None
+        try:
+            self.store.update_status("pods", rec["name"], rec["namespace"], status)
+        except NotFound:
+            return False
+        self._written[uid] = status
+        return True
+
+    def adopt(self, pod: dict, rec: dict) -> None:
+        """Probe a pod that ran before this kubelet started, continuing from its stored status."""
+        uid, st = pod["metadata"]["uid"], pod.get("status") or {}
+        if not rec.get("status"):   # recorded by an older kubelet: the status holds what it wrote
+            rec["status"] = {k: st[k] for k in BASE_STATUS if k in st}
+            self.sandboxes.put(rec)
+        stored = {cs.get("name"): cs for cs in st.get("containerStatuses") or () if isinstance(cs, dict)}
+        names = [str(c.get("name") or "") for c in (pod.get("spec") or {}).get("containers") or ()]
+        counts = [int((stored.get(n) or {}).get("restartCount") or 0) for n in names]
+        first = stored.get(names[0]) if names else None
+        state = (first or {}).get("state") or {}
+        started_wall = (state.get("running") or state.get("terminated") or {}).get("startedAt") \
+            or st.get("startTime") or _now()
+        now = time.monotonic()
+        initial = {}
+        for n in names:
+            cs = stored.get(n) or {}
+            if cs.get("ready"):
+                initial[(n, probing.READINESS)] = probing.SUCCESS
+            if cs.get("started"):
+                initial[(n, probing.STARTUP)] = probing.SUCCESS
+        pp = probing.PodProbes.of(pod, now, _now(), restart_counts=counts, started_wall=started_wall,
+                                  started_at=now - _age(started_wall), initial=initial)
+        for cond in st.get("conditions") or ():
+            if cond.get("type") in ("Ready", "ContainersReady") and cond.get("lastTransitionTime"):
+                pp.transitions[cond["type"]] = (cond.get("status"), cond["lastTransitionTime"])
+        pp.last_state = {n: cs["lastState"] for n, cs in stored.items() if isinstance(cs.get("lastState"), dict)}
+        interrupted = any("terminated" in ((stored.get(n) or {}).get("state") or {}) for n in names)
+        if interrupted:   # the previous kubelet stopped in the middle of restarting the pod's processes
+            pp.paused = "the kubelet restarted while restarting the pod's processes"
+        self._probe_ctx[uid] = self._context(pod, rec)
+        if not self.prober.add(pp):
+            return
+        log.info("pod %s/%s: adopted (restarts %s)", rec["namespace"], rec["name"], counts)
+        if interrupted:
+            self.restart_pod(uid, pp.paused)
+        else:
+            self.write_status(uid)
+
+    def restart_pod(self, uid: str, why: str) -> None:
+        """Restart the pod's processes after a failed liveness or startup probe (see the module
+        docstring); its probes start over."""
+        rec, pp = self.sandboxes.get(uid), self.prober.get(uid)
+        if rec is None or not rec.get("ready") or pp is None or not pp.paused:
+            return
+        try:
+            pod = self.store.get("pods", rec["name"], rec["namespace"])
+        except NotFound:
+            return
+        if pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
+            return   # being deleted: finish_pod stops it
+        self.write_status(uid)   # not ready while it restarts
+        grace = pp.cause_grace if pp.cause_grace is not None else \
+            (pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE)
+        log.warning("pod %s/%s: %s: restarting its processes", rec["namespace"], rec["name"], why)
+        procs.stop(rec["proc"], self.state_dir, timeout=max(0.1, float(grace)))
+        finished = _now()
+        self._remove_run_files(rec)
+        problem = self.run_containers(pod, rec, rec.get("ips") or [])
+        if problem is not None:
+            log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], problem)
+            fails, _ = self.backoff.get(uid, (0, 0.0))
+            self.backoff[uid] = (fails + 1, time.monotonic() + min(0.2 * 2 ** fails, 10.0))
+            self._fail(pod, problem, reason="RunContainerError")
+            return
+        new = probing.PodProbes.of(pod, time.monotonic(), _now(),
+                                   restart_counts=[c.restart_count + 1 for c in pp.containers])
+        new.transitions = dict(pp.transitions)
+        new.last_state = {c.name: {"terminated": {"reason": "Error", "message": why, "startedAt": c.started_wall,
+                                                  "finishedAt": finished}} for c in pp.containers}
+        if self.prober.add(new):
+            self.write_status(uid)
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _serial(self, uid: str, fn, *args) -> None:
+    def _serial(self, uid: str, fn, *args, pool: ThreadPoolExecutor | None = None) -> None:
         with self._locks_guard:
             lock = self._pod_locks.setdefault(uid, threading.Lock())
 
@@ -331,13 +593,14 @@ class Kubelet:
                     fn(*args)
                 except Exception:
                     log.exception("pod %s", uid)
-        self.pool.submit(work)
+        (pool or self.pool).submit(work)
 
     def sync(self, pods: list[dict]) -> None:
         """Level-triggered: make sandboxes match the stored pods."""
         live = {p["metadata"]["uid"]: p for p in pods}
         for rec in self.sandboxes.all():
             if rec["uid"] not in live:
+                self.prober.remove(rec["uid"], deleted=True)
                 self._serial(rec["uid"], self.stop_pod, rec)
         for pod in pods:
             self.handle(pod)
@@ -357,6 +620,7 @@ class Kubelet:
 
     def handle(self, pod: dict) -> None:
         if pod["metadata"].get("deletionTimestamp"):
+            self.prober.remove(pod["metadata"]["uid"], deleted=True)   # no probe of a pod going away
             self._serial(pod["metadata"]["uid"], self.finish_pod, pod)
             return
         spec = pod.get("spec") or {}
@@ -369,6 +633,7 @@ class Kubelet:
 
     def remove(self, pod: dict) -> None:
         uid = pod["metadata"]["uid"]
+        self.prober.remove(uid, deleted=True)
 
         def stop() -> None:
             rec = self.sandboxes.get(uid)
@@ -376,7 +641,19 @@ class Kubelet:
                 self.stop_pod(rec)
         self._serial(uid, stop)
 
+    def close(self) -> None:
+        """Stop probing and the nodes' probers (the pods keep running, for the next kubelet)."""
+        self.stopping.set()
+        self.prober.stop()
+        with self._clients_guard:
+            clients = list(self.prober_clients.values())
+        for client in clients:
+            client.close()
+        self.exec_pool.shutdown(wait=False, cancel_futures=True)
+        self.status_pool.shutdown(wait=False, cancel_futures=True)
+
     def run(self) -> None:
+        self.prober.start()
         while not self.stopping.is_set():
             lst = self.store.list("pods")
             self.sync(lst.items)
@@ -406,7 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     k = Kubelet(args.lab, args.state_dir)
     signal.signal(signal.SIGTERM, lambda *_: (k.stopping.set(), sys.exit(0)))
-    k.run()
+    try:
+        k.run()
+    finally:
+        k.close()
     return 0
 
 
