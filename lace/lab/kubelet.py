@@ -46,7 +46,9 @@ probe failed past its threshold) restarts the pod's processes — all of them: t
 process for all of a pod's containers — without a new sandbox or CNI call: stopped (SIGTERM, the
 probe's or pod's termination grace period, then SIGKILL) and started again as at first, and every
 container's ``restartCount`` goes up by one (``containerStatuses``: name, image, ready, started,
-restartCount, state, lastState). Probing stops the moment a pod is deleted. A restarted kubelet
+restartCount, state, lastState). Restarts are not delayed further (no CrashLoopBackOff): a pod that
+keeps failing restarts every failureThreshold x periodSeconds. Probing stops the moment a pod is
+deleted. A restarted kubelet
 continues from the stored status: restart counts, start times, readiness and the conditions'
 transition times.
 

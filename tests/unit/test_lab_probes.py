@@ -661,3 +661,37 @@ def test_a_restarted_kubelet_continues_from_the_stored_status(tmp_path):
         kubelet.close()
         kubelet.pool.shutdown(wait=True)
         store.close()
+
+
+def test_prober_https_does_not_check_the_certificate(tmp_path, worker):
+    import shutil
+    import ssl
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=not-the-probed-host"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve():
+        conn, _ = server.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += tls.recv(4096)
+            tls.sendall(b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n")
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    port = server.getsockname()[1]
+    [https, plain] = worker.ask({"handler": "httpGet", "host": "127.0.0.1", "port": port, "path": "/", "scheme": "HTTPS",
+                                 "timeout": 5},
+                                {"handler": "httpGet", "host": "127.0.0.1", "port": free_port(), "path": "/",
+                                 "scheme": "HTTPS", "timeout": 1})
+    t.join(5)
+    server.close()
+    assert (https["result"], https["message"]) == (SUCCESS, "HTTP probe succeeded with statuscode: 302")
+    assert plain["result"] == FAILURE
