@@ -190,6 +190,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	route = route_lookup(src_net, f->family, f->daddr);
 	if (!route)
 		return lace_drop(skb, f, LACE_DROP_NO_ROUTE);
+	/* a frontend the full services map left out: named, not routed on as a plain address */
+	if ((route->flags & LACE_ROUTE_F_SERVICE_MAP_FULL) && !f->icmp_error)
+		return lace_drop(skb, f, LACE_DROP_MAP_FULL);
 	f->dst_network = route->dst_network;
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, f->dst_network, now, &quoted_orig);

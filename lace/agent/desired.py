@@ -21,6 +21,7 @@ from lace.datapath.probes import ProbeFlag, probe_address_key, probe_key, probe_
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import segment_key, segment_value
 from lace.policy.program import PolicyProgrammer
+from lace.datapath.services import ServiceFlag
 from lace.services.model import on_node
 from lace.services.program import ServiceProgrammer
 from lace.store import kinds as K
@@ -73,7 +74,34 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     svc = services if services is not None else ServiceProgrammer()
     # node-port frontends answer on this node's own addresses
     out["services"], out["backends"], out["maglev"] = svc.entries(on_node(s.frontends, me.underlay4, me.underlay))
+    _service_overflow_routes(s, svc, out["routing"])
     return out
+
+
+#: at most this many map-full routes (the routing map is shared with every network's prefixes)
+OVERFLOW_ROUTES_MAX = 4096
+
+
+def _service_overflow_routes(s: Snapshot, svc: ServiceProgrammer, out: Entries) -> None:
+    """A host route, flagged SERVICE_MAP_FULL, for the address of every frontend the full services
+    map left out, in each network it serves: a packet to it then drops as map-full (named, counted,
+    traced) instead of being routed on as a plain address. Node-port frontends answer on the node's
+    own addresses, which must stay routable, so they get none."""
+    pr = svc.pressure
+    if pr is None or not pr.left_out_frontends:
+        return
+    own = {a for a in (s.config.node.underlay4, s.config.node.underlay) if a is not None}
+    added = 0
+    for f in pr.left_out_frontends:
+        if f.addr in own or f.flags & ServiceFlag.NODEPORT:
+            continue
+        plen = 32 if f.addr.version == 4 else 128
+        for net in f.networks:
+            key = routing_key(net, f"{f.addr}/{plen}")
+            if key in out or added >= OVERFLOW_ROUTES_MAX:
+                continue
+            out[key] = route_value(net, service_map_full=True)
+            added += 1
 
 
 def _routing(s: Snapshot, out: Entries) -> None:

@@ -132,7 +132,7 @@ _DROP_TEXT: dict[int, str] = {
     28: 'a datapath map is full',
 }
 
-_DROP_RESERVED: frozenset[int] = frozenset({25, 28})
+_DROP_RESERVED: frozenset[int] = frozenset({25})
 
 
 class TracePoint(enum.IntEnum):

@@ -24,6 +24,8 @@ class RouteFlag(enum.IntFlag):
     """Bits of lace_route.flags (LACE_ROUTE_F_*)."""
 
     MASQUERADE = 0x1
+    #: a service frontend's address the full services map left out: its packets drop as map-full
+    SERVICE_MAP_FULL = 0x2
 
 
 #: struct lace_routing_key (routing.h): LPM trie key, IPv4 in addr[0..3]
@@ -45,6 +47,7 @@ C_MACROS: dict[str, int] = {
     "LACE_ROUTING_MAX": ROUTING_MAX,
     "LACE_ROUTING_PREFIX_BASE": ROUTING_PREFIX_BASE,
     "LACE_ROUTE_F_MASQUERADE": RouteFlag.MASQUERADE,
+    "LACE_ROUTE_F_SERVICE_MAP_FULL": RouteFlag.SERVICE_MAP_FULL,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {}
 
@@ -54,8 +57,9 @@ def routing_key(src_network: int, cidr: NetworkLike) -> bytes:
     return lpm_addr_key(ROUTING_KEY, ROUTING_PREFIX_BASE, "src_network", src_network, cidr)
 
 
-def route_value(dst_network: int, *, masquerade: bool = False) -> bytes:
-    flags = RouteFlag.MASQUERADE if masquerade else RouteFlag(0)
+def route_value(dst_network: int, *, masquerade: bool = False, service_map_full: bool = False) -> bytes:
+    flags = (RouteFlag.MASQUERADE if masquerade else RouteFlag(0)) | \
+        (RouteFlag.SERVICE_MAP_FULL if service_map_full else RouteFlag(0))
     return ROUTE.pack(dst_network=check_u32(dst_network, "destination network"), flags=int(flags))
 
 
@@ -71,5 +75,6 @@ def decode_route(raw: bytes) -> dict[str, Any]:
         "dst_network": v["dst_network"],
         "outside": v["dst_network"] == NETWORK_OUTSIDE,
         "masquerade": bool(v["flags"] & RouteFlag.MASQUERADE),
+        "service_map_full": bool(v["flags"] & RouteFlag.SERVICE_MAP_FULL),
         "flags": flag_labels(RouteFlag, v["flags"]),
     }

@@ -74,6 +74,8 @@ class ServicePressure:
     tables_used: int = 0
     without_table: int = 0
     left_out: list[str] = field(default_factory=list)
+    #: the frontends left out (for the datapath's map-full routes)
+    left_out_frontends: list[Frontend] = field(default_factory=list)
 
     @property
     def reason(self) -> str | None:
@@ -225,6 +227,7 @@ class ServiceProgrammer:
             pr.entries_desired += need
             if len(services) + need > self.capacity:
                 pr.left_out.append(f"{f.service}:{f.port}")
+                pr.left_out_frontends.append(f)
                 continue
             pr.programmed += 1
             built = self._memo.get(f)

@@ -673,3 +673,23 @@ def test_frontend_keys_are_per_protocol_and_port(dp):
     assert dp.m("services").lookup(service_key(NET1, VIP[4], PORT, 6)) is not None
     assert_dropped(dp.from_pod(a, dp.l3(a, VIP[4], 4) / UDP(sport=1, dport=PORT)), DropReason.NO_ROUTE)
     assert_dropped(dp.from_pod(a, dp.l3(a, VIP[4], 4) / TCP(sport=1, dport=81, flags="S")), DropReason.NO_ROUTE)
+
+
+# -- a frontend the full services map left out ---------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_frontend_left_out_of_a_full_map_drops_as_map_full(dp, family):
+    """The agent writes a SERVICE_MAP_FULL host route for a left-out frontend's address: a packet
+    to it is dropped as map-full, with no conntrack entry, while a programmed frontend still works."""
+    from lace.datapath.routing import route_value, routing_key
+    a, b = dp.pods["a"], dp.pods["b"]
+    plen = 32 if family == 4 else 128
+    left_out = {4: "10.96.0.11", 6: "fd00:10:96::b"}[family]
+    dp.m("routing").update(routing_key(NET1, f"{left_out}/{plen}"), route_value(NET1, service_map_full=True))
+    one_backend(dp, family)
+    res = dp.from_pod(a, dp.l3(a, left_out, family) / TCP(sport=41000, dport=PORT, flags="S"))
+    assert_dropped(res, DropReason.MAP_FULL)
+    assert ct_count(dp) == 0
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41001, dport=PORT, flags="S"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "b"))
+    assert out.dst == b.ip(family)

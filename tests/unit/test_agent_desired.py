@@ -124,3 +124,22 @@ def test_diff_keeps_policy_hit_counters():
 def test_desired_is_deterministic():
     assert desired_maps(snapshot()) == desired_maps(snapshot())
     assert not any(diff_all(desired_maps(snapshot()), desired_maps(snapshot())).values())
+
+
+def test_frontends_left_out_of_a_full_services_map_get_map_full_routes():
+    from lace.datapath.routing import decode_route, routing_key
+    from lace.services.model import Backend, Frontend
+    from lace.services.program import ServiceProgrammer
+    s = snapshot()
+    b = Backend(1, ia.ip_address("10.244.0.5"), 8080, 6)
+    s.frontends = [Frontend(i, f"x/s{i}", "", (1,), ia.ip_address(f"10.96.0.{i}"), 80, 6, 0, 0, (b,))
+                   for i in (1, 2, 3)]
+    svc = ServiceProgrammer(capacity=4)     # two frontends of two entries each fit
+    want = desired_maps(s, services=svc)
+    assert svc.pressure.reason == "services map full" and svc.pressure.programmed == 2
+    r = decode_route(want["routing"][routing_key(1, "10.96.0.3/32")])
+    assert r["service_map_full"] and not r["masquerade"]
+    assert routing_key(1, "10.96.0.1/32") not in want["routing"], "a programmed frontend has no such route"
+    # room again: the route goes
+    svc_ok = ServiceProgrammer(capacity=100)
+    assert routing_key(1, "10.96.0.3/32") not in desired_maps(s, services=svc_ok)["routing"]

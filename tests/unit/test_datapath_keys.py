@@ -294,7 +294,8 @@ def test_registry() -> None:
     m = registry.MAPS["routing"]
     assert m.key_dict(routing.routing_key(1, "10.0.0.0/8"))["prefix"] == "10.0.0.0/8"
     assert m.value_dict(routing.route_value(2, masquerade=True)) == {
-        "dst_network": 2, "outside": False, "masquerade": True, "flags": ["masquerade"]}
+        "dst_network": 2, "outside": False, "masquerade": True, "service_map_full": False,
+        "flags": ["masquerade"]}
 
 
 def test_bpf_object_path(tmp_path, monkeypatch) -> None:

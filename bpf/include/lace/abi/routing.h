@@ -7,6 +7,9 @@
 #define LACE_ROUTING_PREFIX_BASE 64
 
 #define LACE_ROUTE_F_MASQUERADE 0x1
+/* A service frontend's address that the full services map left out (the agent writes a host route
+ * for it): a packet that found no frontend there is dropped as MAP_FULL, not routed on. */
+#define LACE_ROUTE_F_SERVICE_MAP_FULL 0x2
 
 /* LPM trie key. IPv4 addresses occupy addr[0..3]. */
 struct lace_routing_key {
