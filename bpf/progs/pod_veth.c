@@ -232,6 +232,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			return lace_drop(skb, f, rc);
 		return deliver(skb, f, cfg, 0);
 	}
+	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
+	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
+		return lace_drop(skb, f, probe_no_delivery(f));
 	rc = ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);

@@ -163,6 +163,7 @@ def test_a_pod_reaching_a_probe_address_is_denied(dp, host, family):
     assert_dropped(res, DropReason.PROBE_DENIED, TracePoint.FROM_POD)
     res = dp.from_pod(a, dp.l3(a, PROBE[family], family) / icmp_echo(family, 0x52))
     assert_dropped(res, DropReason.PROBE_DENIED, TracePoint.FROM_POD)
+    assert ct_tables_empty(dp), "a packet with nowhere to go leaves no conntrack entry"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -174,6 +175,7 @@ def test_the_same_bytes_in_an_isolated_network_are_no_probe_address(dp, host, fa
     res = dp.from_pod(d, dp.l3(d, PROBE[family], family) / TCP(sport=42001, dport=PROBE_PORT, flags="S"))
     assert_dropped(res, DropReason.NO_DELIVERY, TracePoint.FROM_POD)
     assert res.events[-1]["dst_network"] == NET2
+    assert ct_tables_empty(dp)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -244,3 +246,4 @@ def test_without_the_probes_entries_the_pods_packet_to_the_host_goes_nowhere(dp,
     res = dp.from_pod(c, dp.l3(c, HOST[family], family) / TCP(sport=TARGET_PORT, dport=43002, flags="SA"))
     assert_dropped(res, DropReason.NO_DELIVERY, TracePoint.FROM_POD)
     assert res.events[-1]["dst_network"] == NET2
+    assert ct_tables_empty(dp)
