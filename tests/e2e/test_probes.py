@@ -258,3 +258,31 @@ def test_a_pod_deleted_mid_probe_leaves_nothing(lab, iso):
                           if e["orig_addr"] in addrs], "no cookie of the gone pod")
     _, out, _ = lab.lace("get", "ipleases", "-o", "json")
     assert not [o for o in json.loads(out)["items"] if o["spec"]["ip"] in addrs], "its probe addresses released"
+
+
+def test_readiness_takes_a_backend_out_of_its_service_and_back(lab, iso):
+    """A failing readiness probe (no liveness probe: nothing restarts) turns the pod not Ready, and
+    its EndpointSlice endpoint not ready; recovering brings both back."""
+    ns = iso["ns"]
+    lab.apply([probed_pod("backend", ns, liveness=False, failure_threshold=1),
+               {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "be", "namespace": ns},
+                "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80, "targetPort": "http"}]}}])
+    wait_ready(lab, ns, ["backend"])
+
+    def endpoint_ready() -> bool | None:
+        _, out, _ = lab.lace("get", "endpointslices", "-n", ns, "-o", "json")
+        eps = [ep for s in json.loads(out)["items"] if s["metadata"].get("labels", {}).get(
+            "kubernetes.io/service-name") == "be" for ep in s["endpoints"]]
+        return eps[0]["conditions"]["ready"] if eps else None
+
+    wait_for(lambda: endpoint_ready() is True, "the ready endpoint")
+    for path, want in (("/fail", False), ("/recover", True)):
+        rc, out = lab.exec(f"{ns}/backend", sys.executable, "-c",
+                           f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{PORT}{path}')")
+        assert rc == 0, out
+        wait_for(lambda: condition(lab.pods(ns)["backend"]) == ("True" if want else "False"),
+                 f"Ready {want} after {path}")
+        wait_for(lambda: endpoint_ready() is want, f"endpoint ready {want} after {path}")
+    assert restarts(lab.pods(ns)["backend"]) == 0
+    lab.lace("delete", "service", "be", "-n", ns)
+    lab.lace("delete", "pod", "backend", "-n", ns, "--force")
