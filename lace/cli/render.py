@@ -237,6 +237,24 @@ def _pod_phase(pod: Mapping[str, Any]) -> str:
     return _get(pod, "status", "phase") or "Pending"
 
 
+def _pod_ready(pod: Mapping[str, Any]) -> str:
+    """Ready containers / containers, as kubectl shows them (from status.containerStatuses; before
+    the kubelet reports them, from the Ready condition)."""
+    containers = _get(pod, "spec", "containers") or []
+    statuses = _get(pod, "status", "containerStatuses") or []
+    if statuses:
+        ready = sum(1 for c in statuses if isinstance(c, Mapping) and c.get("ready"))
+        return f"{ready}/{max(len(containers), len(statuses))}"
+    conds = _get(pod, "status", "conditions") or []
+    ok = any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    return f"{len(containers) if ok else 0}/{len(containers)}"
+
+
+def _pod_restarts(pod: Mapping[str, Any]) -> int:
+    return sum(int(c.get("restartCount") or 0) for c in _get(pod, "status", "containerStatuses") or []
+               if isinstance(c, Mapping))
+
+
 def _allocation_value(rec: Mapping[str, Any]) -> Any:
     spec = rec.get("spec") or {}
     return next((spec[k] for k in ("ip", "port", "id") if k in spec), None)
@@ -264,7 +282,9 @@ COLUMNS: dict[str, list[Column]] = {
             Column("NODE", lambda o: cell(_get(o, "spec", "nodeName"))),
             Column("NETWORK", K.pod_network),
             Column("IPS", _pod_ips),
+            Column("READY", _pod_ready),
             Column("PHASE", _pod_phase),
+            Column("RESTARTS", _pod_restarts),
             _AGE, _LABELS],
     "Namespace": [_NAME, Column("STATUS", lambda o: _get(o, "status", "phase") or "Active"), _AGE, _LABELS],
     "Node": [_NAME, Column("STATUS", _node_status), Column("INTERNAL-IP", _node_ip),

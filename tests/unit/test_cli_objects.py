@@ -145,14 +145,15 @@ def test_apply_missing_file(run, tmp_path):
 def test_get_pods_table_and_all_namespaces(run, manifest, env):
     run("apply", "-f", manifest)
     with store_of(env) as s:
-        s.update_status("pod", "web", "demo", {"phase": "Running",
-                                               "podIPs": [{"ip": "10.10.0.5"}, {"ip": "fd00:b::5"}]})
+        s.update_status("pod", "web", "demo", {
+            "phase": "Running", "podIPs": [{"ip": "10.10.0.5"}, {"ip": "fd00:b::5"}],
+            "containerStatuses": [{"name": "c", "ready": False, "restartCount": 2}]})
     assert run("get", "pods") == ExitStatus.OK
     assert run.out == "" and run.err == "No resources found in default namespace.\n"
     assert run("get", "po", "-n", "demo") == ExitStatus.OK
     header, row = run.out.splitlines()
-    assert header.split() == ["NAME", "NODE", "NETWORK", "IPS", "PHASE", "AGE"]
-    assert row.split()[:5] == ["web", "node-1", "blue", "10.10.0.5,fd00:b::5", "Running"]
+    assert header.split() == ["NAME", "NODE", "NETWORK", "IPS", "READY", "PHASE", "RESTARTS", "AGE"]
+    assert row.split()[:7] == ["web", "node-1", "blue", "10.10.0.5,fd00:b::5", "0/1", "Running", "2"]
     assert run("get", "pods", "-A", "-o", "wide") == ExitStatus.OK
     header, row = run.out.splitlines()
     assert header.split()[:2] == ["NAMESPACE", "NAME"] and header.split()[-1] == "LABELS"
