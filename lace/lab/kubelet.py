@@ -50,7 +50,9 @@ restartCount, state, lastState). Restarts are not delayed further (no CrashLoopB
 keeps failing restarts every failureThreshold x periodSeconds. Probing stops the moment a pod is
 deleted. A restarted kubelet
 continues from the stored status: restart counts, start times, readiness and the conditions'
-transition times.
+transition times. Every probe run is counted per node (``lace.lab.probing.ProbeStats``: run,
+success, failure, unknown) in ``<state>/kubelet/probe-stats.json``, written at most once a second
+and only when a count changed.
 
 A pod's resolv.conf (``<state>/kubelet/<uid>.resolv.conf``) is ``lace.lab.dns.resolv_conf``:
 the cluster DNS VIPs, the namespace's search path and ``ndots:5`` when the pod's network can reach
@@ -232,6 +234,8 @@ class Kubelet:
         self._clients_guard = threading.Lock()
         self.exec_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exec-probe")
         self._probe_ctx: dict[str, ProbeContext] = {}
+        #: what the probes did, per node (written by a thread run() starts)
+        self.stats = probing.ProbeStats(os.path.join(state_dir, probing.PROBE_STATS_FILE))
         #: uid -> the status last written, so that unchanged statuses are not written again
         self._written: dict[str, dict] = {}
         self._warned: set[tuple[str, str, str]] = set()
@@ -446,6 +450,8 @@ class Kubelet:
     def _dispatch(self, task: probing.Task, done: probing.Done) -> None:
         """Run one probe (the prober's scheduler thread calls this; it must not block)."""
         ctx, act = self._probe_ctx.get(task.uid), task.action
+        if ctx is not None:
+            done = self.stats.counting(ctx.node, done)
         problem = None
         if ctx is None:
             problem = "the pod is not running"
@@ -653,9 +659,11 @@ class Kubelet:
             client.close()
         self.exec_pool.shutdown(wait=False, cancel_futures=True)
         self.status_pool.shutdown(wait=False, cancel_futures=True)
+        self.stats.stop()
 
     def run(self) -> None:
         self.prober.start()
+        self.stats.start()
         while not self.stopping.is_set():
             lst = self.store.list("pods")
             self.sync(lst.items)

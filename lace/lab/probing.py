@@ -22,6 +22,23 @@ the caller passes in. ``Prober`` schedules them (one thread and a heap of due ti
 probe to a dispatcher and applies what comes back; the lab's kubelet dispatches network probes
 (httpGet, tcpSocket) to the node's prober process (``ProberClient``, lace.lab.prober) and exec
 probes to ``run_exec`` (the command in the pod's network namespace, with the pod's resolv.conf).
+
+``ProbeStats`` counts what the kubelet's probes did, per node — ``run`` (made: ``success`` +
+``failure``), ``success``, ``failure`` and ``unknown`` (thrown away, not made) — since the kubelet
+started, and keeps them in ``<state>/kubelet/probe-stats.json`` (``PROBE_STATS_FILE``) for anyone to
+read (bench/lab.py takes the probe rate from it)::
+
+    {"pid": 4711, "since": 1767225600.0, "written": 1767225671.3, "monotonic": 8123.402,
+     "nodes": {"worker-1": {"run": 14000, "success": 14000, "failure": 0, "unknown": 0}}}
+
+``written`` and ``monotonic`` are when the counts were taken (``time.time()`` and
+``time.monotonic()``, the system-wide CLOCK_MONOTONIC: a rate is Δrun / Δmonotonic of two
+versions). Counting is a lock and an increment on the result's path; the file is written by a
+thread of its own, at most once a second (``STATS_INTERVAL``) and only when a count changed: the
+first change after a quiet spell is written at once, later ones when a second has passed since the
+previous write, so the file is never more than a second behind. While nothing changes the thread
+sleeps on a condition with no timeout — an idle kubelet never wakes up for it. The last counts
+are written when the kubelet stops.
 """
 
 from __future__ import annotations
@@ -42,6 +59,7 @@ from typing import Any, Callable, Sequence
 from lace import probes as P
 
 from . import procs
+from .files import write_json
 
 log = logging.getLogger("lace.lab.probing")
 
@@ -433,6 +451,109 @@ class Prober:
             self.on_change(pp.uid)
         if out.restart:
             self.on_restart(pp.uid, out.restart)
+
+
+# ---- counting the runs ----------------------------------------------------------------------
+
+#: where the kubelet keeps its ProbeStats, under its state dir
+PROBE_STATS_FILE = os.path.join("kubelet", "probe-stats.json")
+#: the least time between two writes of the stats file, in seconds
+STATS_INTERVAL = 1.0
+#: the counts of one node, in the order the file lists them
+STATS_KEYS = ("run", SUCCESS, FAILURE, UNKNOWN)
+
+
+class ProbeStats:
+    """Per-node counts of probe runs, kept in a file (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str], interval: float = STATS_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = os.fspath(path)
+        self.interval = interval
+        self.clock = clock
+        self.since = time.time()
+        #: node -> key -> count
+        self.counts: dict[str, dict[str, int]] = {}
+        #: how many times the file was written (for tests)
+        self.writes = 0
+        self._dirty = False
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def record(self, node: str, result: str) -> None:
+        """Count one run's result on ``node`` (any thread)."""
+        key = result if result in (SUCCESS, FAILURE) else UNKNOWN
+        with self._cond:
+            c = self.counts.get(node)
+            if c is None:
+                c = self.counts[node] = dict.fromkeys(STATS_KEYS, 0)
+            c[key] += 1
+            if key != UNKNOWN:
+                c["run"] += 1
+            if not self._dirty:   # the writer wakes once per write, not once per probe
+                self._dirty = True
+                self._cond.notify()
+
+    def counting(self, node: str, done: Done) -> Done:
+        """``done`` that also counts its result on ``node`` (the first call only, as ``Prober`` does)."""
+        once = threading.Lock()
+
+        def counted(result: str, message: str) -> None:
+            if once.acquire(blocking=False):
+                self.record(node, result)
+            done(result, message)
+        return counted
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the file holds: the counts as they are now."""
+        with self._cond:
+            nodes = {n: dict(c) for n, c in self.counts.items()}
+        return {"pid": os.getpid(), "since": self.since, "written": time.time(), "monotonic": time.monotonic(),
+                "nodes": nodes}
+
+    def write(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        write_json(self.path, self.snapshot())
+        self.writes += 1
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="probe-stats", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the writer; counts not yet written are written now."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._cond:
+            dirty, self._dirty = self._dirty, False
+        if dirty:
+            self._write_logged()
+
+    def _write_logged(self) -> None:
+        try:
+            self.write()
+        except OSError as exc:
+            log.warning("cannot write the probe stats %s: %s", self.path, exc)
+
+    def _loop(self) -> None:
+        last = float("-inf")
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()                 # idle: no timeout, no wake-ups
+                if self._stopping:
+                    return                            # stop() writes what is left
+                wait = last + self.interval - self.clock()
+                if wait > 0:
+                    self._cond.wait(wait)             # only stop() notifies now: the flag is set
+                    continue
+                self._dirty = False
+            last = self.clock()
+            self._write_logged()
 
 
 # ---- where the runs happen ------------------------------------------------------------------

@@ -695,3 +695,90 @@ def test_prober_https_does_not_check_the_certificate(tmp_path, worker):
     server.close()
     assert (https["result"], https["message"]) == (SUCCESS, "HTTP probe succeeded with statuscode: 302")
     assert plain["result"] == FAILURE
+
+
+# ---- counting the runs ---------------------------------------------------------------------
+
+def test_probe_stats_count_per_node_and_write_at_most_once_an_interval_only_on_change(tmp_path):
+    path = tmp_path / "kubelet" / "probe-stats.json"
+    stats = probing.ProbeStats(path, interval=0.3)
+    stats.start()
+    try:
+        assert stats.writes == 0 and not path.exists()     # nothing counted: nothing written
+        stats.record("worker-1", SUCCESS)
+        deadline = time.monotonic() + 5
+        while stats.writes == 0:                            # the first change is written at once
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first = json.loads(path.read_text())
+        assert first["nodes"] == {"worker-1": {"run": 1, "success": 1, "failure": 0, "unknown": 0}}
+        assert first["pid"] == os.getpid() and first["since"] <= first["written"]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:                  # a burst: written about once an interval
+            stats.record("worker-1", SUCCESS)
+            stats.record("worker-2", FAILURE)
+            stats.record("worker-2", UNKNOWN)
+            time.sleep(0.001)
+        time.sleep(0.4)                                     # the last of it is written within an interval
+        assert 2 <= stats.writes <= 5, stats.writes
+        doc = json.loads(path.read_text())
+        w1, w2 = doc["nodes"]["worker-1"], doc["nodes"]["worker-2"]
+        assert w1["run"] == w1["success"] == stats.counts["worker-1"]["success"] > 100
+        assert w2["run"] == w2["failure"] == w2["unknown"] > 100 and w2["success"] == 0
+        assert doc["monotonic"] - first["monotonic"] >= 1.0
+        idle = stats.writes
+        time.sleep(1.0)                                     # idle: no writes
+        assert stats.writes == idle
+    finally:
+        stats.stop()
+    assert stats.writes == idle                             # nothing left to write at stop
+    stats.record("worker-1", FAILURE)                       # counted after the writer stopped:
+    stats.stop()                                            # written by stop()
+    assert json.loads(path.read_text())["nodes"]["worker-1"]["failure"] == 1
+
+
+def test_probe_stats_count_each_run_once():
+    stats = probing.ProbeStats("/nonexistent/never-written.json")
+    got = []
+    done = stats.counting("n", lambda result, message: got.append(result))
+    done(SUCCESS, "")
+    done(FAILURE, "")                                       # a second answer is not another run
+    assert stats.counts == {"n": {"run": 1, "success": 1, "failure": 0, "unknown": 0}}
+    assert got == [SUCCESS, FAILURE]                        # Prober's own guard drops the second
+
+
+def test_the_kubelet_counts_its_probe_runs_per_node(tmp_path):
+    from lace.lab.kubelet import Kubelet, ProbeContext
+    state = tmp_path / "lab"
+    state.mkdir()
+    (state / "lab.json").write_text(json.dumps({"nodes": [{"name": "worker-1", "netns": "lace-x-worker-1",
+                                                           "cgroup": "", "underlay_addr": "fd5e:ff::1"}]}))
+    kubelet = Kubelet("x", str(state))
+    sent = []
+
+    class Client:
+        def submit(self, request, done):
+            sent.append(request)
+            done(SUCCESS if request["port"] == 8080 else FAILURE, "")
+
+    try:
+        kubelet.prober_client = lambda node: Client()
+        kubelet._probe_ctx["u1"] = ProbeContext("worker-1", "lace-x-p", None, ("10.244.0.5",), (), False)
+        http_action = P.action({"ports": [{"name": "http", "containerPort": 8080}]},
+                               {"httpGet": {"path": "/healthz", "port": "http"}})
+        tcp_action = P.action({}, {"tcpSocket": {"port": 81}})
+        grpc_action = P.action({}, {"grpc": {"port": 9000}})
+        results = []
+        for action in (http_action, http_action, tcp_action, grpc_action):
+            kubelet._dispatch(probing.Task("u1", "c", READINESS, action, 1.0), lambda r, m: results.append(r))
+        kubelet._dispatch(probing.Task("gone", "c", READINESS, http_action, 1.0), lambda r, m: results.append(r))
+        assert results == [SUCCESS, SUCCESS, FAILURE, UNKNOWN, UNKNOWN]
+        assert len(sent) == 3
+        # a pod not running here is on no node: not counted
+        assert kubelet.stats.counts == {"worker-1": {"run": 3, "success": 2, "failure": 1, "unknown": 1}}
+    finally:
+        kubelet.close()
+        kubelet.pool.shutdown(wait=True)
+        kubelet.store.close()
+    doc = json.loads((state / probing.PROBE_STATS_FILE).read_text())   # written when it stops
+    assert doc["nodes"]["worker-1"]["run"] == 3
