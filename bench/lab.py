@@ -7,9 +7,26 @@ pods on different nodes (SRv6 across the fabric) — TCP throughput (iperf3), UD
 CPUs, medians of interleaved rounds, and each path's ratio to the baseline. Then the time from
 applying a pod to the first packet it answers (ICMP echo from a pod on another node).
 
-Run as root after `make install`:  .venv/bin/python bench/lab.py [--rounds N] [--seconds S]
+Then kubelet probes. Round trip: a podserver pod of an isolated network (``probed``, 10.77.0.0/16)
+and one of the default network on worker-1, each with an httpGet readiness probe on a named port;
+from worker-1's host namespace in its kubelet cgroup (as the node's prober), --probe-rtts rounds of
+an httpGet probe (connect, GET /healthz with Connection: close, read the answer, close) and a
+tcpSocket probe (connect, close) to each — the isolated pod at its probe address (``status.probeIPs``),
+the other at its pod IP — interleaved; medians, p90 and the ratio. Rate: --probe-pods pods of the
+isolated network on worker-1 with httpGet readiness and liveness probes every second; once all are
+Ready, the probe runs per second over --probe-window seconds as the lab kubelet counts them
+(``<lab>/kubelet/probe-stats.json``, lace.lab.probing.ProbeStats) with the CPU share (utime + stime
+from /proc, % of one core) of worker-1's agent, the lab kubelet (it serves every node) and
+worker-1's prober, beside the same shares idle before the pods. Every pod and the network are
+deleted afterwards, and the lab torn down.
+
+Run as root after `make install`:
+    .venv/bin/python bench/lab.py [--rounds N] [--seconds S] [--pods N] [--only paths|first-packet|probes]
+                                  [--probe-rtts N] [--probe-pods N] [--probe-window S]
 Targets: same node >= 0.95x TCP and >= 0.85x packet rate of bare veth; cross node >= 0.95x TCP;
-pod creation to first packet: median under 100 ms.
+pod creation to first packet: median under 100 ms; an httpGet probe to a pod of an isolated network
+<= 1.1x the round trip of the same probe to a default-network pod; 2 probes/s per pod at a 1 s period
+(200/s for 100 pods) with no failures.
 """
 
 from __future__ import annotations
@@ -26,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -65,8 +83,8 @@ class Bench:
     def pods(self) -> dict[str, dict]:
         return {p["metadata"]["name"]: p for p in json.loads(self.lace("get", "pods", "-o", "json"))["items"]}
 
-    def wait(self, names: list[str]) -> dict[str, dict]:
-        deadline = time.monotonic() + 60
+    def wait(self, names: list[str], timeout: float = 60) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
         while True:
             ps = self.pods()
             if all(ps.get(n, {}).get("status", {}).get("phase") == "Running" for n in names):
@@ -102,6 +120,7 @@ class Bench:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
+        self.procs = []
 
 
 def bare_pair() -> None:
@@ -194,59 +213,339 @@ def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
     return out
 
 
+# A kubelet's probes, as lace.lab.prober makes them: an httpGet probe connects, sends a GET with
+# Connection: close, reads the status line, headers and body, and closes; a tcpSocket probe connects
+# and closes. Each kind in a pass of its own, every round probing each target once, the order
+# turning from round to round.
+_PROBE_RTT = r"""
+import json, socket, statistics, sys, time
+targets, n, warmup = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+def http(ip, port):
+    s = socket.create_connection((ip, port), timeout=2)
+    try:
+        s.sendall(("GET /healthz HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: kube-probe/lace\r\nAccept: */*\r\n"
+                   "Connection: close\r\n\r\n" % (ip, port)).encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise SystemExit(f"{ip}:{port}: the connection closed in the headers")
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        if head.split(None, 2)[1] != b"200":
+            raise SystemExit(f"{ip}:{port}: {head[:60]!r}")
+        length = next((int(l.split(b":", 1)[1]) for l in head.split(b"\r\n")[1:]
+                       if l.lower().startswith(b"content-length:")), None)
+        while length is not None and len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    finally:
+        s.close()
+
+def tcp(ip, port):
+    socket.create_connection((ip, port), timeout=2).close()
+
+out = {k: {} for k in targets}
+order = list(targets.items())
+for kind, fn in (("http", http), ("tcp", tcp)):
+    res = {k: [] for k in targets}
+    for i in range(warmup + n):
+        for k, (ip, port) in (order if i % 2 else order[::-1]):   # A B B A A B ...: each follows each alike
+            t0 = time.perf_counter_ns()
+            fn(ip, port)
+            if i >= warmup:
+                res[k].append(time.perf_counter_ns() - t0)
+    for k, v in res.items():
+        v.sort()
+        out[k][kind] = {"median": statistics.median(v) / 1000, "p90": v[int(len(v) * 0.9)] / 1000}
+print(json.dumps(out))
+"""
+
+PROBE_NET = "probed"
+PROBE_PORT = 8080
+
+
+def in_kubelet(b: Bench, node: str, argv: list[str], cpu: int, timeout: float = 300):
+    """Run argv on the node's host (its namespace) as the node's kubelet (its cgroup) does."""
+    from lace.lab import topology
+    netns = topology.netns_name(LAB, node)
+    group = topology.kubelet_cgroup(topology.node_cgroup(LAB, node))
+    fd = os.open(netlink.netns.path(netns), os.O_RDONLY | os.O_CLOEXEC)
+
+    def enter() -> None:   # between fork and exec
+        nsenter.setns(fd)
+        topology.join_cgroup(group)
+    try:
+        return subprocess.run(["taskset", "-c", str(cpu)] + argv, preexec_fn=enter, capture_output=True,
+                              text=True, timeout=timeout)
+    finally:
+        os.close(fd)
+
+
+def probed_pod(name: str, net: str | None, liveness: bool = False) -> dict:
+    """A podserver on worker-1 with an httpGet /healthz readiness probe (and liveness) every second."""
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1}
+    container = {"name": "c", "image": "lace/podserver", "ports": [{"name": "http", "containerPort": PROBE_PORT}],
+                 "readinessProbe": probe}
+    if liveness:
+        container["livenessProbe"] = probe
+    meta: dict = {"name": name, "namespace": "default"}
+    if net:
+        meta["annotations"] = {"lace.dev/network": net}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": "worker-1", "containers": [container]}}
+
+
+def _ready(p: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (p.get("status") or {}).get("conditions") or ())
+
+
+def wait_ready(b: Bench, names: list[str], timeout: float) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        ps = b.pods()
+        if all(_ready(ps.get(n, {})) for n in names):
+            return ps
+        if time.monotonic() > deadline:
+            missing = [n for n in names if not _ready(ps.get(n, {}))]
+            raise SystemExit(f"{len(missing)} probed pods not Ready after {timeout:.0f} s: {missing[:5]}")
+        time.sleep(0.2)
+
+
+def delete_pods(b: Bench, names: list[str], timeout: float = 120) -> None:
+    """Delete gracefully and wait until the kubelet has stopped them all (processes, CNI DEL,
+    namespace) and removed them; all at once (``lace delete`` waits for one pod after the other)."""
+    if not names:
+        return
+    b.lace("delete", "pods", *names, "--grace-period", "1", "--ignore-not-found", "--wait=false")
+    deadline = time.monotonic() + timeout
+    while left := set(names) & set(b.pods()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{len(left)} pods not gone {timeout:.0f} s after their deletion")
+        time.sleep(0.2)
+
+
+def pin_pods(b: Bench, names: list[str], cpu: int) -> None:
+    """Pin every thread of the named pods' processes (their podservers) to ``cpu``."""
+    from lace.lab import procs as labprocs
+    state = os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB)
+    ps = b.pods()
+    wanted = {f"pod-{ps[n]['metadata']['uid'][:13]}" for n in names}
+    for p in labprocs.list_procs(state):
+        if p.name in wanted and p.alive:
+            subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(p.pid)], check=True, capture_output=True)
+
+
+def _v4(entries: list[dict]) -> str:
+    return next(e["ip"] for e in entries if ":" not in e["ip"])
+
+
+def probe_rtt(b: Bench, n: int) -> dict[str, dict[str, dict[str, float]]]:
+    """HTTP and TCP probe round trips from worker-1's host in its kubelet cgroup to a pod of network
+    PROBE_NET (its probe address) and to a default-network pod (its pod IP), interleaved."""
+    b.apply([probed_pod("probe-iso", PROBE_NET), probed_pod("probe-dflt", None)])
+    try:
+        ps = wait_ready(b, ["probe-iso", "probe-dflt"], 60)
+        pin_pods(b, ["probe-iso", "probe-dflt"], cpu=1)   # the servers on CPU 1, the probes on CPU 0
+        iso, dflt = ps["probe-iso"]["status"], ps["probe-dflt"]["status"]
+        targets = {"isolated": (_v4(iso["probeIPs"]), PROBE_PORT), "default": (_v4(dflt["podIPs"]), PROBE_PORT)}
+        print(f"probe round trips: isolated via probe address {targets['isolated'][0]} (pod IP {_v4(iso['podIPs'])}), "
+              f"default at {targets['default'][0]}", file=sys.stderr)
+        r = in_kubelet(b, "worker-1", [sys.executable, "-c", _PROBE_RTT, json.dumps(targets), str(n),
+                                       str(max(20, n // 20))], cpu=0)
+        if r.returncode != 0:
+            raise SystemExit(f"probe round trips failed: {(r.stderr.strip() or r.stdout.strip())[-600:]}")
+        return json.loads(r.stdout)
+    finally:
+        delete_pods(b, ["probe-iso", "probe-dflt"])
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])     # utime + stime
+
+
+def _stats(b: Bench) -> dict | None:
+    from lace.lab.probing import PROBE_STATS_FILE
+    try:
+        with open(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, PROBE_STATS_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _fresh_stats(b: Bench, after: float, timeout: float = 5) -> dict:
+    """The kubelet's probe stats as first written after monotonic time ``after``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = _stats(b)
+        if doc is not None and doc["monotonic"] > after:
+            return doc
+        if time.monotonic() > deadline:
+            raise SystemExit("the kubelet's probe stats were not written (is it an old kubelet?)")
+        time.sleep(0.02)
+
+
+def _cpu_share(watched: dict[str, int], seconds: float) -> dict[str, float]:
+    """% of one CPU each pid used over ``seconds`` from now."""
+    hz = os.sysconf("SC_CLK_TCK")
+    before, t0 = {k: _cpu_ticks(pid) for k, pid in watched.items()}, time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    return {k: (_cpu_ticks(pid) - before[k]) / hz / elapsed * 100 for k, pid in watched.items()}
+
+
+def probe_load(b: Bench, count: int, window: float) -> dict[str, Any]:
+    """``count`` pods of network PROBE_NET on worker-1, readiness and liveness (httpGet) every second;
+    over ``window`` seconds once all are Ready: probe runs per second on worker-1 (the kubelet's own
+    count) and the CPU share of worker-1's agent, the lab kubelet and worker-1's prober; beside the
+    same shares idle (before the pods)."""
+    from lace.lab import procs as labprocs
+    state = os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB)
+
+    def watched() -> dict[str, int]:
+        pids = {p.name: p.pid for p in labprocs.list_procs(state) if p.alive}
+        out = {"agent": pids["agent-worker-1"], "kubelet": pids["kubelet"]}
+        if "prober-worker-1" in pids:
+            out["prober"] = pids["prober-worker-1"]
+        return out
+
+    idle = _cpu_share(watched(), min(5.0, window))
+    names = [f"load-{i}" for i in range(count)]
+    t0 = time.monotonic()
+    b.apply([probed_pod(n, PROBE_NET, liveness=True) for n in names])
+    try:
+        wait_ready(b, names, 60 + count)
+        ready_s = time.monotonic() - t0
+        time.sleep(2)   # past the burst of first probes and status writes
+        pids = watched()
+        hz = os.sysconf("SC_CLK_TCK")
+        first = _fresh_stats(b, time.monotonic())
+        before, c0 = {k: _cpu_ticks(pid) for k, pid in pids.items()}, time.monotonic()
+        time.sleep(window)
+        last = _fresh_stats(b, time.monotonic())
+        elapsed = time.monotonic() - c0
+        busy = {k: (_cpu_ticks(pid) - before[k]) / hz / elapsed * 100 for k, pid in pids.items()}
+        span = last["monotonic"] - first["monotonic"]
+        w0, w1 = first["nodes"].get("worker-1", {}), last["nodes"].get("worker-1", {})
+        delta = {k: w1.get(k, 0) - w0.get(k, 0) for k in ("run", "success", "failure", "unknown")}
+        ps = b.pods()
+        restarts = sum(int(c.get("restartCount") or 0) for n in names
+                       for c in (ps.get(n, {}).get("status") or {}).get("containerStatuses") or ())
+        unready = sum(not _ready(ps.get(n, {})) for n in names)
+    finally:
+        t1 = time.monotonic()
+        delete_pods(b, names)
+        print(f"{count} probed pods deleted in {time.monotonic() - t1:.1f} s", file=sys.stderr)
+    return {"pods": count, "ready_s": ready_s, "span": span, "rate": delta["run"] / span, "delta": delta,
+            "cpu": busy, "idle": idle, "restarts": restarts, "unready": unready}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--pods", type=int, default=10, help="pods for the creation-to-first-packet figure")
+    ap.add_argument("--only", choices=("paths", "first-packet", "probes"), help="run this part only")
+    ap.add_argument("--probe-rtts", type=int, default=2000, help="probe round trips per target and kind")
+    ap.add_argument("--probe-pods", type=int, default=100, help="probed pods on one node for the probe rate")
+    ap.add_argument("--probe-window", type=float, default=20.0, help="seconds the probe rate is measured over")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/lab.py needs root", file=sys.stderr)
         return 2
+    want = lambda part: a.only in (None, part)  # noqa: E731
     state = tempfile.mkdtemp(prefix="lace-bench-")
     b = Bench(state)
     results: dict[str, dict[str, list[float]]] = {}
+    first: list[float] = []
+    rtt: dict | None = None
+    load: dict | None = None
     try:
         b.lace("lab", "up", "--name", LAB, "--nodes", "2")
-        pod = lambda n, node: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default"},  # noqa: E731
-                               "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
-        b.apply([pod("client", "worker-1"), pod("local", "worker-1"), pod("remote", "worker-2")])
-        ps = b.wait(["client", "local", "remote"])
-        ip = {n: next(x["ip"] for x in ps[n]["status"]["podIPs"] if ":" not in x["ip"]) for n in ("local", "remote")}
-        bare_pair()
-        paths = {"bare veth": (BARE_A, BARE_B, BARE_IP_B),
-                 "same node": (b.netns_of("client"), b.netns_of("local"), ip["local"]),
-                 "cross node": (b.netns_of("client"), b.netns_of("remote"), ip["remote"])}
-        for _, (_, srv, _) in paths.items():
-            b.run_in(srv, ["iperf3", "-s"], cpu=1, background=True)
-            b.run_in(srv, ["sockperf", "server", "--tcp", "-p", "11111"], cpu=1, background=True)
-        time.sleep(0.5)   # servers bind; the first measurement would otherwise race them
-        for r in range(a.rounds):
-            for name, (cli, _, dst) in paths.items():
-                res = results.setdefault(name, {"tcp": [], "pps": [], "rr": []})
-                res["tcp"].append(tcp_gbps(b, cli, dst, a.seconds))
-                res["pps"].append(udp_kpps(b, cli, dst, a.seconds))
-                res["rr"].append(rr_us(b, cli, dst, a.seconds))
-            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-        first = first_packet_ms(b, b.netns_of("remote"), a.pods)
+        if want("paths") or want("first-packet"):
+            pod = lambda n, node: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default"},  # noqa: E731
+                                   "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
+            b.apply([pod("client", "worker-1"), pod("local", "worker-1"), pod("remote", "worker-2")])
+            ps = b.wait(["client", "local", "remote"])
+        if want("paths"):
+            ip = {n: next(x["ip"] for x in ps[n]["status"]["podIPs"] if ":" not in x["ip"]) for n in ("local", "remote")}
+            bare_pair()
+            paths = {"bare veth": (BARE_A, BARE_B, BARE_IP_B),
+                     "same node": (b.netns_of("client"), b.netns_of("local"), ip["local"]),
+                     "cross node": (b.netns_of("client"), b.netns_of("remote"), ip["remote"])}
+            for _, (_, srv, _) in paths.items():
+                b.run_in(srv, ["iperf3", "-s"], cpu=1, background=True)
+                b.run_in(srv, ["sockperf", "server", "--tcp", "-p", "11111"], cpu=1, background=True)
+            time.sleep(0.5)   # servers bind; the first measurement would otherwise race them
+            for r in range(a.rounds):
+                for name, (cli, _, dst) in paths.items():
+                    res = results.setdefault(name, {"tcp": [], "pps": [], "rr": []})
+                    res["tcp"].append(tcp_gbps(b, cli, dst, a.seconds))
+                    res["pps"].append(udp_kpps(b, cli, dst, a.seconds))
+                    res["rr"].append(rr_us(b, cli, dst, a.seconds))
+                print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+            b.close()   # the servers: not to weigh on what follows
+        if want("first-packet"):
+            first = first_packet_ms(b, b.netns_of("remote"), a.pods)
+        if want("probes"):
+            b.apply([{"apiVersion": "lace.dev/v1alpha1", "kind": "Network", "metadata": {"name": PROBE_NET},
+                      "spec": {"cidrs": ["10.77.0.0/16", "fd00:77::/112"]}}])
+            rtt = probe_rtt(b, a.probe_rtts)
+            print("probe round trips done", file=sys.stderr)
+            if a.probe_pods > 0:
+                load = probe_load(b, a.probe_pods, a.probe_window)
+            b.lace("delete", "network", PROBE_NET)
     finally:
-        b.close()
-        b.lace("lab", "down", "--name", LAB)
-        for ns in (BARE_A, BARE_B):
-            netlink.netns.delete(ns)
-        subprocess.run(["rm", "-rf", state])
+        try:
+            b.close()
+            b.lace("lab", "down", "--name", LAB)
+        finally:
+            for ns in (BARE_A, BARE_B):
+                netlink.netns.delete(ns)
+            subprocess.run(["rm", "-rf", state])
 
-    base = {k: statistics.median(v) for k, v in results["bare veth"].items()}
-    print(f"\nlab pod-to-pod vs bare veth (medians of {a.rounds} interleaved rounds, {a.seconds:.0f} s each, "
-          f"client CPU 0, server CPU 1, MTU {MTU})")
-    print(f"{'path':<12}{'TCP Gbit/s':>12}{'ratio':>8}{'UDP64 kpps':>13}{'ratio':>8}{'TCP RR us':>12}{'ratio':>8}")
-    for name, res in results.items():
-        m = {k: statistics.median(v) for k, v in res.items()}
-        print(f"{name:<12}{m['tcp']:>12.2f}{m['tcp'] / base['tcp']:>7.2f}x{m['pps']:>13.0f}{m['pps'] / base['pps']:>7.2f}x"
-              f"{m['rr']:>12.1f}{m['rr'] / base['rr']:>7.2f}x")
-    print("targets: same node >= 0.95x TCP and >= 0.85x pps; cross node >= 0.95x TCP")
-    print(f"\npod creation to first packet answered (ICMP from another node), {len(first)} pods: "
-          f"median {statistics.median(first):.0f} ms, min {min(first):.0f}, max {max(first):.0f}   (target < 100 ms)")
+    if results:
+        base = {k: statistics.median(v) for k, v in results["bare veth"].items()}
+        print(f"\nlab pod-to-pod vs bare veth (medians of {a.rounds} interleaved rounds, {a.seconds:.0f} s each, "
+              f"client CPU 0, server CPU 1, MTU {MTU})")
+        print(f"{'path':<12}{'TCP Gbit/s':>12}{'ratio':>8}{'UDP64 kpps':>13}{'ratio':>8}{'TCP RR us':>12}{'ratio':>8}")
+        for name, res in results.items():
+            m = {k: statistics.median(v) for k, v in res.items()}
+            print(f"{name:<12}{m['tcp']:>12.2f}{m['tcp'] / base['tcp']:>7.2f}x{m['pps']:>13.0f}{m['pps'] / base['pps']:>7.2f}x"
+                  f"{m['rr']:>12.1f}{m['rr'] / base['rr']:>7.2f}x")
+        print("targets: same node >= 0.95x TCP and >= 0.85x pps; cross node >= 0.95x TCP")
+    if first:
+        print(f"\npod creation to first packet answered (ICMP from another node), {len(first)} pods: "
+              f"median {statistics.median(first):.0f} ms, min {min(first):.0f}, max {max(first):.0f}   (target < 100 ms)")
+    if rtt is not None:
+        print(f"\nkubelet probe round trips from worker-1's host namespace in its kubelet cgroup (CPU 0; pods' servers "
+              f"on CPU 1), "
+              f"{a.probe_rtts} of each interleaved: median (p90) us")
+        print(f"{'probe':<22}{'isolated, probe addr':>22}{'default, pod IP':>20}{'ratio':>8}")
+        for kind, title in (("http", "httpGet /healthz"), ("tcp", "tcpSocket (connect)")):
+            i, d = rtt["isolated"][kind], rtt["default"][kind]
+            print(f"{title:<22}{i['median']:>12.1f} ({i['p90']:>6.1f}){d['median']:>10.1f} ({d['p90']:>6.1f})"
+                  f"{i['median'] / d['median']:>7.2f}x")
+        print("target: an httpGet probe to a pod of an isolated network <= 1.1x the same probe to a default-network pod")
+    if load is not None:
+        d, n = load["delta"], load["pods"]
+        print(f"\nprobe rate: {n} pods of an isolated network on worker-1, httpGet readiness + liveness every 1 s "
+              f"(all Ready {load['ready_s']:.1f} s after applying them)")
+        print(f"  {load['rate']:.1f} probes/s run over {load['span']:.1f} s (expected {2 * n}/s): "
+              f"{d['success']} succeeded, {d['failure']} failed, {d['unknown']} not run; "
+              f"{load['restarts']} restarts, {load['unready']} pods not Ready at the end")
+        print("  CPU, % of one core    idle  under probes")
+        for k, title in (("agent", "agent (worker-1)"), ("kubelet", "lab kubelet (all nodes)"),
+                         ("prober", "prober (worker-1)")):
+            if k in load["cpu"]:
+                idle = f"{load['idle'][k]:>6.1f}" if k in load["idle"] else "     -"
+                print(f"  {title:<22}{idle}{load['cpu'][k]:>14.1f}")
     return 0
 
 
