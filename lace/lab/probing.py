@@ -314,12 +314,40 @@ class Task:
 Dispatch = Callable[[Task, Done], None]
 
 
-class Prober:
+class _Background:
+    """A daemon thread running ``self._loop`` until :meth:`stop`: ``_cond`` guards ``_stopping`` and
+    whatever the loop waits on."""
+
+    thread_name = "background"
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class Prober(_Background):
     """Runs the probes of every registered pod: a scheduler thread hands due probes to ``dispatch``
     (which must not block long and calls ``done(result, message)`` once, from any thread), applies
     the results, and tells the kubelet: ``on_change(uid)`` when a pod's readiness or startedness
     changed, ``on_restart(uid, why)`` when its processes must restart (its probes are paused until
     it registers the pod again)."""
+
+    thread_name = "prober"
 
     def __init__(self, dispatch: Dispatch, on_change: Callable[[str], None],
                  on_restart: Callable[[str, str], None], clock: Callable[[], float] = time.monotonic) -> None:
@@ -332,9 +360,7 @@ class Prober:
         self.gone: set[str] = set()
         self._heap: list[tuple[float, int, PodProbes, ContainerProbes, ProbeWorker, int]] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     # -- registration (any thread) -----------------------------------------------------------
 
@@ -374,17 +400,6 @@ class Prober:
 
     def _push(self, pp: PodProbes, c: ContainerProbes, w: ProbeWorker) -> None:
         heapq.heappush(self._heap, (w.next_at, next(self._seq), pp, c, w, w.gen))
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="prober", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def due_tasks(self) -> list[tuple[PodProbes, ContainerProbes, ProbeWorker, Task]]:
         """Take the probes due now off the heap (marked in flight)."""
@@ -463,8 +478,10 @@ STATS_INTERVAL = 1.0
 STATS_KEYS = ("run", SUCCESS, FAILURE, UNKNOWN)
 
 
-class ProbeStats:
+class ProbeStats(_Background):
     """Per-node counts of probe runs, kept in a file (see the module docstring)."""
+
+    thread_name = "probe-stats"
 
     def __init__(self, path: str | os.PathLike[str], interval: float = STATS_INTERVAL,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -477,9 +494,7 @@ class ProbeStats:
         #: how many times the file was written (for tests)
         self.writes = 0
         self._dirty = False
-        self._stopping = False
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def record(self, node: str, result: str) -> None:
         """Count one run's result on ``node`` (any thread)."""
@@ -517,17 +532,9 @@ class ProbeStats:
         write_json(self.path, self.snapshot())
         self.writes += 1
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="probe-stats", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
         """Stop the writer; counts not yet written are written now."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         with self._cond:
             dirty, self._dirty = self._dirty, False
         if dirty:
