@@ -33,6 +33,7 @@ from .metrics import AgentMetrics
 from .probes import stale_cookies
 from .socklb import SockLB
 from .state import NotRegistered, build_snapshot
+from .verify import register_routes as register_verify_routes
 
 log = logging.getLogger("lace.agent")
 
@@ -86,6 +87,7 @@ class Agent:
         self.api.route("GET", "/v1/status", lambda _: (200, self.health()))
         self.api.route("GET", "/metrics", lambda _: (200, ("text/plain; version=0.0.4",
                                                            self.metrics.exposition())))
+        register_verify_routes(self)   # GET /v1/verify, POST /v1/verify/repair (drift audit)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ the node (``lace exec --node NODE -- node ...``); it reads the pinned maps direc
 with the agent down, and resolves IDs to names through the store unless ``-n/--numeric``.
 
     node bpf show MAP        node ct list|gc TABLE      node trace flow      node device list
+    node verify [--repair]   (drift audit, through the agent)
 
 ``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
 
@@ -28,7 +29,7 @@ from lace.cli.invocation import Invocation, run_command
 from lace.cli.status import ExitStatus, exit_with
 
 #: command group -> module of this package that registers it
-GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device"}
+GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device", "verify": "verify"}
 
 
 def _positive(text: str) -> int:
