@@ -24,7 +24,7 @@ from lace.store.errors import Gone, StoreError
 from .api import ApiServer
 from .conntrack import flush_addresses
 from .datapath import NodeDatapath
-from .desired import OWNED_MAPS, desired_maps
+from .desired import OWNED_MAPS, Entries, desired_maps
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
@@ -181,6 +181,17 @@ class Agent:
             self._log_service_pressure()
             self._export_pressure()
             return changed
+
+    def audit(self, names: list[str]) -> tuple[dict[str, Entries], dict[str, Entries]]:
+        """What a reconcile pass would want in the maps ``names`` and what the kernel holds there,
+        applying nothing (lace.agent.verify): the service programmer is a scratch copy, so an audit
+        hands out no backend ID or table number, and the kernel is read without refreshing the
+        writer's record of its own writes."""
+        with self._reconcile_lock, netlink.reuse():
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
+            want = desired_maps(snap, self.policy, self.services.scratch())
+            have = {n: self.datapath.read_kernel(n) for n in names}
+        return {n: want[n] for n in names}, have
 
     def _collect_probe_cookies(self, probe_entries: dict[bytes, bytes]) -> None:
         """Delete the probe-cookie entries the socket hooks left behind (lace.agent.probes)."""

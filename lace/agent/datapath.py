@@ -162,6 +162,12 @@ class NodeDatapath:
             self._shadow[cli_name] = dict(entries)
             return entries
 
+    def read_kernel(self, cli_name: str) -> Entries:
+        """The map's entries from the kernel, leaving what this agent last wrote as it is (an audit
+        must not make the next pass trust the kernel)."""
+        with self._lock:
+            return self._read_kernel(cli_name)
+
     def _read_kernel(self, cli_name: str) -> Entries:
         size = TABLES.get(cli_name)
         if size is None:

@@ -29,26 +29,32 @@ on two dicts of packed entries; :func:`register_routes` puts the routes on an ag
 
 from __future__ import annotations
 
-import copy
 import struct
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from lace import netlink
 from lace.datapath import registry
 
 from .datapath import TABLES
-from .desired import OWNED_MAPS, Entries, desired_maps
+from .desired import OWNED_MAPS, Entries
 from .diff import COMPARE
-from .state import build_snapshot
 
-if TYPE_CHECKING:
-    from lace.services.program import ServiceProgrammer
 
-    from .daemon import Agent
+class Audited(Protocol):
+    """What the audit needs of an agent (lace.agent.daemon.Agent)."""
+
+    node: str
+    dirty: threading.Event
+    stopping: threading.Event
+    stats: dict[str, Any]
+    api: Any
+
+    def audit(self, names: list[str]) -> tuple[dict[str, Entries], dict[str, Entries]]: ...
+
+    def reconcile(self, *, resync: bool = False) -> dict[str, int]: ...
 
 #: the kinds of drift, in the order they are listed
 KINDS = ("missing", "stale", "different")
@@ -178,22 +184,10 @@ def parse_maps(query: dict[str, str]) -> list[str]:
     return [n for n in OWNED_MAPS if n in names]
 
 
-def scratch_services(svc: ServiceProgrammer) -> ServiceProgrammer:
-    """A copy of the agent's service programmer to compute with: its containers copied (the
-    entries they hold are never changed in place), a lock of its own."""
-    with svc._lock:
-        c = copy.copy(svc)
-        for attr, value in vars(svc).items():
-            if isinstance(value, (dict, list, set)):
-                setattr(c, attr, copy.copy(value))
-    c._lock = threading.Lock()
-    return c
-
-
 class Verifier:
     """The audit on one agent; see the module docstring."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Audited) -> None:
         self.agent = agent
 
     def routes(self) -> list[tuple[str, str, Any]]:
@@ -210,15 +204,7 @@ class Verifier:
 
     def look(self, names: list[str]) -> tuple[dict[str, list[Drift]], dict[str, Entries], dict[str, Entries]]:
         """One look: (drift, desired, actual) of ``names``, computed as a reconcile would, applying nothing."""
-        a = self.agent
-        dp = a.datapath
-        with a._reconcile_lock, netlink.reuse():
-            snap = build_snapshot(a.store, a.node, a.uplink, a.mtu, a.kubelet_cgroup_id)
-            want = desired_maps(snap, a.policy, scratch_services(a.services))
-            # the kernel, not the shadow: and the shadow left as the agent's writes left it
-            with dp._lock:
-                have = {n: dp._read_kernel(n) for n in names}
-        want = {n: want[n] for n in names}
+        want, have = self.agent.audit(names)
         return {n: classify(n, want[n], have[n]) for n in names}, want, have
 
     def verify(self, names: list[str], *, confirm: bool = True) -> dict[str, Any]:
@@ -264,7 +250,7 @@ class Verifier:
         return 200, after
 
 
-def register_routes(agent: Agent) -> Verifier:
+def register_routes(agent: Audited) -> Verifier:
     """Serve ``GET /v1/verify`` and ``POST /v1/verify/repair`` on the agent's API."""
     v = Verifier(agent)
     for method, path, fn in v.routes():

@@ -19,6 +19,7 @@ IDs; the agent's datapath writer spreads a table over its slice of the ``maglev`
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import struct
 import threading
@@ -116,6 +117,18 @@ class ServiceProgrammer:
 
     # -- stable IDs ---------------------------------------------------------------------------
 
+
+    def scratch(self) -> ServiceProgrammer:
+        """A copy to compute desired entries with (an audit) without touching this one's IDs,
+        tables or memo: its containers copied (the entries they hold are never changed in place),
+        a lock of its own."""
+        with self._lock:
+            c = copy.copy(self)
+            for attr, value in vars(self).items():
+                if isinstance(value, (dict, list, set)):
+                    setattr(c, attr, copy.copy(value))
+        c._lock = threading.Lock()
+        return c
     def _backend_id(self, b: Backend) -> int:
         bid = self._ids.get(b.identity)
         if bid is None:

@@ -121,11 +121,11 @@ def test_parse_maps() -> None:
         av.parse_maps({"maps": "ct-tcp-v4"})
 
 
-def test_scratch_services_leaves_the_agents_allocation_alone() -> None:
+def test_a_scratch_service_programmer_leaves_the_agents_allocation_alone() -> None:
     svc = ServiceProgrammer()
     svc._ids["x"] = 5
     svc._free_tables.append(3)
-    c = av.scratch_services(svc)
+    c = svc.scratch()
     c._ids["y"] = 6
     c._free_tables.pop()
     assert svc._ids == {"x": 5} and svc._free_tables == [3] and c._lock is not svc._lock
