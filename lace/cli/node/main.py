@@ -6,6 +6,7 @@ with the agent down, and resolves IDs to names through the store unless ``-n/--n
 
     node bpf show MAP        node ct list|gc TABLE      node trace flow      node device list
     node verify [--repair]   (drift audit, through the agent)
+    node endpoint list       (local endpoints: veth entry, delivery, program)
 
 ``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
 
@@ -29,7 +30,8 @@ from lace.cli.invocation import Invocation, run_command
 from lace.cli.status import ExitStatus, exit_with
 
 #: command group -> module of this package that registers it
-GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device", "verify": "verify"}
+GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device", "verify": "verify",
+          "endpoint": "endpoint"}
 
 
 def _positive(text: str) -> int:
