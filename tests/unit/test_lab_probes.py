@@ -721,7 +721,11 @@ def test_probe_stats_count_per_node_and_write_at_most_once_an_interval_only_on_c
             stats.record("worker-2", FAILURE)
             stats.record("worker-2", UNKNOWN)
             time.sleep(0.001)
-        time.sleep(0.4)                                     # the last of it is written within an interval
+        deadline = time.monotonic() + 5                     # the last of it is written within an interval
+        while json.loads(path.read_text())["nodes"].get("worker-2", {}).get("unknown") != \
+                stats.counts["worker-2"]["unknown"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         assert 2 <= stats.writes <= 5, stats.writes
         doc = json.loads(path.read_text())
         w1, w2 = doc["nodes"]["worker-1"], doc["nodes"]["worker-2"]
