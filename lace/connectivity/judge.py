@@ -63,26 +63,43 @@ def _norm(addr: Any) -> str | None:
     return str(a)
 
 
-def flow_matches(flow: dict[str, Any], addrs: Iterable[str], proto: str, start: float, end: float,
-                 slack: float = SLACK) -> bool:
-    """Whether ``flow`` belongs to a scenario with ``addrs``, ``proto`` (``any`` for all) and the
-    window ``[start, end]``."""
+Dest = tuple[str, "int | None"]   # (address, port); port None: any port
+
+
+def flow_matches(flow: dict[str, Any], sources: Iterable[str], dests: Iterable[Dest], proto: str,
+                 start: float, end: float, *, family: int = 0, slack: float = SLACK) -> bool:
+    """Whether ``flow`` belongs to a scenario: recorded in ``[start, end]`` (with ``slack``),
+    ``proto`` (``any`` for all), ``family`` (4 or 6; 0 for either), from one of ``sources`` to one
+    of ``dests`` — an (address, port) the packet was sent to or translated to — or the reply the
+    other way. Ports keep apart checks that run at once between the same pods."""
     t = flow.get("time")
     if not isinstance(t, (int, float)) or t < start - slack or t > end + slack:
         return False
     fp = str(flow.get("proto"))
     if proto != "any" and fp != proto and not (proto == "icmp" and fp == "icmpv6"):
         return False
-    wanted = {a for a in (_norm(x) for x in addrs) if a}
-    src = _norm(flow.get("saddr"))
-    dsts = {_norm(flow.get("daddr")), _norm(flow.get("nat_addr"))} - {None}
-    return src in wanted and bool(dsts & wanted)
+    if family and str(flow.get("family") or "") not in ("", f"ipv{family}"):
+        return False
+    srcs = {a for a in (_norm(x) for x in sources) if a}
+    want: dict[str, set[int | None]] = {}
+    for addr, port in dests:
+        a = _norm(addr)
+        if a:
+            want.setdefault(a, set()).add(port)
+
+    def hit(addr: Any, port: Any) -> bool:
+        ports = want.get(_norm(addr) or "")
+        return ports is not None and (None in ports or port in ports)
+    saddr, daddr = _norm(flow.get("saddr")), _norm(flow.get("daddr"))
+    forward = saddr in srcs and (hit(daddr, flow.get("dport")) or hit(flow.get("nat_addr"), flow.get("nat_port")))
+    reply = daddr in srcs and hit(saddr, flow.get("sport"))
+    return forward or reply
 
 
-def select_flows(flows: Iterable[dict[str, Any]], addrs: Iterable[str], proto: str, start: float, end: float
-                 ) -> list[dict[str, Any]]:
-    addrs = list(addrs)
-    got = [f for f in flows if flow_matches(f, addrs, proto, start, end)]
+def select_flows(flows: Iterable[dict[str, Any]], sources: Iterable[str], dests: Iterable[Dest], proto: str,
+                 start: float, end: float, *, family: int = 0) -> list[dict[str, Any]]:
+    sources, dests = list(sources), list(dests)
+    got = [f for f in flows if flow_matches(f, sources, dests, proto, start, end, family=family)]
     return sorted(got, key=lambda f: (f.get("time") or 0, str(f.get("node"))))
 
 

@@ -36,6 +36,7 @@ NETWORK_CIDRS = {"iso": ("10.201.0.0/16", "fd20:201::/64"), "masq": ("10.202.0.0
                  "open": ("10.203.0.0/16", "fd20:203::/64")}
 TCP_PORTS, UDP_PORTS = (80, 8080), (53, 5353)
 SERVICE = "echo"
+SERVICE_PORTS = {80: 8080, 53: 5353}   # service port -> the pods' port behind it
 PROBE_PORT = 8080
 NETCHECK = [sys.executable, "-m", "lace.lab.netcheck"]
 PMTU = [sys.executable, "-m", "lace.connectivity.pmtu"]
@@ -156,8 +157,18 @@ class Plan:
     where: tuple[str, str] = ("", "")     # ("pod", role) | ("host", node) | ("none", "")
     argv: list[str] = field(default_factory=list)
     want: list[str] = field(default_factory=list)
-    addrs: set[str] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)                 # the flows' source addresses
+    dests: set[tuple[str, int | None]] = field(default_factory=set)  # (address, port) they go to
     send_to: str = ""                      # SEND: the outside must see this address
+    family: int = 0                        # the flows' family (0: either)
+
+    @property
+    def addrs(self) -> set[str]:
+        """Every address involved (the agents' flow filter)."""
+        return set(self.sources) | {a for a, _ in self.dests}
+
+    def select(self, flows: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
+        return select_flows(flows, self.sources, self.dests, self.scenario.proto, start, end, family=self.family)
 
 
 @dataclass
@@ -192,39 +203,47 @@ def _of(addrs: list[str], family: int) -> str | None:
 
 def plan(s: S.Scenario, env: Env) -> Plan:
     """How to run ``s`` in ``env`` (pure)."""
-    p = Plan(s)
+    p = Plan(s, family=s.family)
     fam = s.family
     timeout = "2" if s.expect_connect else "1"
     names = {r: f"{env.ns}/{r}" for r in POD_ROLES}
     backends = [names["echo-same"], names["echo-other"]]
+
+    def to(addrs: list[str] | set[str], *ports: int | None) -> None:
+        p.dests |= {(a, port) for a in addrs for port in ports}
     if s.source.startswith("host:") or s.source.startswith("kubelet:"):
         node = env.node_a
         p.where = ("host", node) if s.source.startswith("host:") else ("none", "")
-        p.addrs |= set(env.host_addrs.get(node, []))
+        p.sources |= set(env.host_addrs.get(node, []))
     else:
         p.where = ("pod", s.source)
-        p.addrs |= set(env.ips(s.source))
+        p.sources |= set(env.ips(s.source))
+    echo_ips = env.ips("echo-same") + env.ips("echo-other")
     if s.target == "service":
         dst = _of(env.vips, fam) or ""
-        p.addrs |= set(env.vips) | set(env.ips("echo-same")) | set(env.ips("echo-other"))
+        to(env.vips, s.port)
+        to(echo_ips, SERVICE_PORTS[s.port])
         p.want = backends
     elif s.target == "service-name":
         dst = f"{SERVICE}.{env.ns}"
-        p.addrs |= set(env.vips) | set(env.ips("echo-same")) | set(env.ips("echo-other")) | set(env.dns_addrs)
+        to(env.vips, 80)
+        to(echo_ips, 8080)
+        to(env.dns_addrs, 53)
         p.want = backends
+        p.family = 0
     elif s.target == "outside":
         dst = env.internet.get(fam, "")
-        p.addrs |= set(env.internet.values())
         src_node = env.node_b if s.source in NODE_B_ROLES else env.node_a
-        p.addrs |= set(env.node_addrs.get(src_node, []))
+        p.sources |= set(env.node_addrs.get(src_node, []))   # after masquerade
+        to(list(env.internet.values()), env.outside_ports.get("tcp" if s.mode == S.TCP else "udp", 0))
         p.want = [a for a in env.node_addrs.get(src_node, []) if (":" in a) == (fam == 6)] \
             if s.answer == S.ANSWER_NODE_ADDRESS else [a for a in [env.ip(s.source, fam)] if a]
     else:
         dst = env.ip(s.target, fam) or ""
-        p.addrs |= set(env.ips(s.target))
+        to(env.ips(s.target), s.port)
         p.want = [names.get(s.target, s.target)]
         if s.mode == S.PROBE:
-            p.addrs |= {e["ip"] for e in (env.pods.get(s.target, {}).get("status") or {}).get("probeIPs") or []}
+            to([e["ip"] for e in (env.pods.get(s.target, {}).get("status") or {}).get("probeIPs") or []], s.port)
     if s.mode == S.TCP:
         port = env.outside_ports.get("tcp", 0) if s.target == "outside" else s.port
         p.argv = [*NETCHECK, "tcp", dst, str(port), "--timeout", timeout]
@@ -237,7 +256,8 @@ def plan(s: S.Scenario, env: Env) -> Plan:
         name = f"{SERVICE}.{env.ns}.svc.cluster.local"
         p.argv = [sys.executable, "-c", RESOLVE_CODE, name, *env.vips]
         p.want = list(env.vips)
-        p.addrs |= set(env.dns_addrs)
+        p.dests = {(a, 53) for a in env.dns_addrs}
+        p.family = 0
     elif s.mode == S.SEND:
         p.argv = [sys.executable, "-c", SEND_CODE, dst, str(env.outside_ports.get("udp", 0))]
         p.send_to = env.ip(s.source, fam) or ""
@@ -482,16 +502,15 @@ class Runner:
                     outcome = Outcome(rc, text, started, time.time())
                     if rc == 0 and s.expect_connect:
                         outcome.answer_ok, outcome.answer_problem = check_answer(s.answer, text, p.want)
-            flows = select_flows(self.flows(p.addrs), p.addrs, s.proto, outcome.started, outcome.finished)
+            flows = p.select(self.flows(p.addrs), outcome.started, outcome.finished)
             if evidence_missing(s, flows):   # the agents may not have read the last events yet
                 deadline = time.monotonic() + 2
                 while evidence_missing(s, flows) and time.monotonic() < deadline:
                     time.sleep(0.1)
-                    flows = select_flows(self.flows(p.addrs), p.addrs, s.proto, outcome.started, outcome.finished)
+                    flows = p.select(self.flows(p.addrs), outcome.started, outcome.finished)
             result = judge(s, outcome, flows)
             if result.status == FAIL:   # names for the report
-                result.flows = select_flows(self.flows(p.addrs, numeric=False), p.addrs, s.proto,
-                                            outcome.started, outcome.finished)
+                result.flows = p.select(self.flows(p.addrs, numeric=False), outcome.started, outcome.finished)
         except Exception as exc:   # noqa: BLE001 - one scenario's error is that scenario's failure
             result = Result(s, FAIL, f"the check itself failed: {exc}", time.time() - started)
         done.put(result)
