@@ -13,17 +13,13 @@ Exit status: 0 every node answered and has no drift; 1 drift on a node, or a nod
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
-import subprocess
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from lace.cli import args as cli_args
-from lace.cli import render
-from lace.cli.errors import UnavailableError, UsageError
+from lace.cli import fanout, render
+from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.node import verify as node_verify
 from lace.cli.status import ExitStatus
@@ -85,122 +81,33 @@ def parse_result(node: str, rc: int | None, stdout: str, stderr: str) -> NodeRes
                 return NodeResult(node, doc)
         except ValueError:
             pass
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    err = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), None)
-    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
+    err, hint = fanout.error_lines(stderr)
     if err is None:
-        err = lines[-1] if lines else f"node verify exited {rc} without a report"
+        err = f"node verify exited {rc} without a report"
     return NodeResult(node, error=err, hint=hint)
 
 
-# ---- running it on the nodes -------------------------------------------------------------------------
+def _result(o: fanout.NodeOutput) -> NodeResult:
+    if o.error is not None:
+        return NodeResult(o.node, error=o.error, hint=o.hint)
+    return parse_result(o.node, o.rc, o.stdout, o.stderr)
+
+
+# ---- running it on the nodes (lace.cli.fanout) -----------------------------------------------------
 
 def run_lab(args: argparse.Namespace, inv: Invocation) -> list[NodeResult]:
-    from lace import netlink
-    from lace.cli.commands.exec import _node_executable, lab_env
-    from lace.lab import topology
-
-    ctx = inv.lab(args)
-    lab = topology.load(ctx.name, state_dir=str(ctx.dir))
-    if lab is None:
-        raise UnavailableError(f'lab "{ctx.name}" is not running (its namespaces are gone)',
-                               hint=f"lace lab up --name {ctx.name}")
-    known = [n.name for n in lab.nodes]
-    nodes = pick_nodes(args.nodes, known)
-    from pyroute2.netns import setns   # imported here, not in the forked children
-    argv = node_argv(args)
-    procs: dict[str, subprocess.Popen[bytes] | NodeResult] = {}
-    # spawned one after the other from this thread (the children enter the node's namespace and
-    # cgroup between fork and exec), then waited for together
-    for n in (lab.node(name) for name in nodes):
-        path = netlink.netns.path(n.netns)
-        cgroup = n.cgroup if n.cgroup and os.path.isdir(n.cgroup) else None
-
-        def enter(path: str = path, cgroup: str | None = cgroup) -> None:
-            setns(path)
-            if cgroup is not None:
-                topology.join_cgroup(cgroup)
-        try:
-            procs[n.name] = subprocess.Popen(_node_executable() + argv, preexec_fn=enter,
-                                             env=lab_env(dict(inv.env, NO_COLOR="1"), str(ctx.dir), n),
-                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE)
-        except (OSError, subprocess.SubprocessError) as exc:
-            procs[n.name] = NodeResult(n.name, error=f"cannot run node verify in {n.name}: {exc}",
-                                       hint=f"check that {n.netns} exists (lace lab status)")
-    results: dict[str, NodeResult] = {}
-
-    def wait(name: str, p: subprocess.Popen[bytes]) -> None:
-        try:
-            out, err = p.communicate(timeout=args.timeout)
-            results[name] = parse_result(name, p.returncode, out.decode(errors="replace"),
-                                         err.decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            results[name] = NodeResult(name, error=f"no answer within {args.timeout:g}s",
-                                       hint=f"is its agent stuck? lace lab restart-agent {name}")
-
-    threads = []
-    for name, p in procs.items():
-        if isinstance(p, NodeResult):
-            results[name] = p
-            continue
-        t = threading.Thread(target=wait, args=(name, p), daemon=True)
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
-    return [results[n] for n in nodes]
+    return [_result(o) for o in fanout.run_lab(args, inv, node_argv(args), what="node verify",
+                                               timeout=args.timeout)]
 
 
 def run_kubernetes(args: argparse.Namespace, inv: Invocation, *, core: Any = None,
                    stream_fn: Any = None) -> list[NodeResult]:
     """The same through each node's lace-node pod (``lace exec --context``)."""
-    from lace.cli.commands.exec import exec_kubernetes
-    from lace.cli.errors import CliError
-    if core is None:
-        try:
-            from kubernetes import client, config
-            config.load_kube_config(context=args.context)
-            core = client.CoreV1Api()
-        except ImportError:
-            raise UnavailableError("the kubernetes client is not installed") from None
-        except Exception as exc:   # the client raises several types: one line
-            raise UnavailableError(f"cannot load the kubeconfig: {exc}", hint="check KUBECONFIG / --context") from None
-    try:
-        known = [n.metadata.name for n in core.list_node().items]
-    except Exception as exc:
-        raise UnavailableError(f"cannot list the cluster's nodes: {exc}") from None
-    nodes = pick_nodes(args.nodes, known)
-    results: dict[str, NodeResult] = {}
-
-    def one(name: str) -> None:
-        out, err = io.StringIO(), io.StringIO()
-        sub = Invocation(inv.env, io.StringIO(""), out, err)
-        try:
-            rc = exec_kubernetes(name, ["node", *node_argv(args)], sub, core=core, stream_fn=stream_fn)
-        except CliError as exc:
-            results[name] = NodeResult(name, error=exc.message, hint=exc.hint)
-            return
-        results[name] = parse_result(name, rc, out.getvalue(), err.getvalue())
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(args.timeout)
-    return [results.get(n) or NodeResult(n, error=f"no answer within {args.timeout:g}s") for n in nodes]
+    return [_result(o) for o in fanout.run_kubernetes(args, inv, node_argv(args), timeout=args.timeout,
+                                                      core=core, stream_fn=stream_fn)]
 
 
-def pick_nodes(wanted: list[str] | None, known: list[str]) -> list[str]:
-    """``--node`` names, checked against the cluster's nodes (all of them when none is given)."""
-    if not wanted:
-        return list(known)
-    bad = [n for n in wanted if n not in known]
-    if bad:
-        raise UsageError(f'no node "{bad[0]}" in this cluster', hint="nodes: " + ", ".join(known))
-    return list(dict.fromkeys(wanted))
+pick_nodes = fanout.pick_nodes
 
 
 # ---- the report ------------------------------------------------------------------------------------
