@@ -27,8 +27,12 @@ static __always_inline void trace_emit(struct __sk_buff *skb, const struct lace_
 {
 	struct lace_trace_event *e = bpf_ringbuf_reserve(&lace_events, sizeof(*e), 0);
 
-	if (!e)
+	if (!e) {
+		/* the ring buffer is full (its reader is behind): count the lost event at index 0
+		 * (verdict 0, which no packet has), which the agent's flow collector reports */
+		metrics_count(0, 0, 0, skb->len);
 		return;
+	}
 	e->ts_ns = bpf_ktime_get_ns();
 	e->ifindex = skb->ifindex;
 	e->pkt_len = skb->len;

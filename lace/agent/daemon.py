@@ -110,7 +110,7 @@ class Agent:
         # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
                             self.datapath.read("maglev"))
-        self.flows.start(self.datapath.map("events"))
+        self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
         self.reconcile()
         self.api.start()
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
