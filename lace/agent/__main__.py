@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubelet-cgroup", default=None, metavar="PATH",
                     help="the kubelet's cgroup (cgroup2; inside --cgroup): only its sockets may open probes "
                          "into pods of other networks than the default (default: any process of --cgroup)")
+    ap.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                    help="also serve Prometheus metrics over TCP on this port (default: only GET /metrics on "
+                         "the socket)")
+    ap.add_argument("--metrics-address", dest="metrics_addresses", action="append", metavar="ADDR",
+                    help="address to serve metrics on (repeatable; default: the uplink's addresses)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -44,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
                   socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup,
-                  kubelet_cgroup=args.kubelet_cgroup)
+                  kubelet_cgroup=args.kubelet_cgroup, metrics_port=args.metrics_port,
+                  metrics_addresses=args.metrics_addresses)
     try:
         agent.run_forever()
     except Exception as e:

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from lace import netlink
+from lace import __version__, netlink
 from lace.bpf import BPFError
 from lace.bpf.cgroup import cgroup_id
 from lace.datapath import registry
@@ -32,6 +32,8 @@ from .hostdev import HostDevice
 from .metrics import AgentMetrics
 from .probes import stale_cookies
 from .socklb import SockLB
+from .status import Loops, WatchState
+from .status import status as status_doc
 from .state import NotRegistered, build_snapshot
 from .verify import register_routes as register_verify_routes
 
@@ -49,7 +51,8 @@ class Agent:
 
     def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
                  uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None,
-                 kubelet_cgroup: str | None = None) -> None:
+                 kubelet_cgroup: str | None = None, metrics_port: int | None = None,
+                 metrics_addresses: list[str] | None = None) -> None:
         self.node = node
         self.store = store
         self.pin_root = pin_root
@@ -67,6 +70,13 @@ class Agent:
         self._service_pressure_logged: tuple[int, int] | None = None
         self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
                                       "last_reconcile": None, "started": time.time()}
+        # lace.agent.status: each loop's last success / error / failures, the watch, the last snapshot
+        self.loops = Loops()
+        self.watch_state = WatchState()
+        self.last_snapshot: Any = None
+        #: Prometheus over TCP on the node's addresses (default: the uplink's), besides the socket
+        self.metrics_port = metrics_port
+        self.metrics_addresses = metrics_addresses
         self.datapath = NodeDatapath(pin_root)
         # the host cgroup's socket hooks: the node's own processes reach service frontends
         self.socklb = SockLB(cgroup, self.datapath.links_dir) if cgroup else None
@@ -74,7 +84,8 @@ class Agent:
         self.policy = PolicyProgrammer(node)
         self.services = ServiceProgrammer()
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
-                                                    if m.map_type != "ringbuf"})
+                                                    if m.map_type != "ringbuf"},
+                                    lambda: status_doc(self, maps=False))
         self.endpoints = Endpoints(store, node, mtu, self.datapath, self.reconcile,
                                    lambda net, ips: flush_addresses(self.datapath, net, ips))
         # the one reader of the events ring buffer: a bounded history any number of clients follow
@@ -84,7 +95,7 @@ class Agent:
             self.api.route(method, path, fn)
         self.api.route("POST", "/v1/cni", self._cni)
         self.api.route("GET", "/healthz", lambda _: (200, self.health()))
-        self.api.route("GET", "/v1/status", lambda _: (200, self.health()))
+        self.api.route("GET", "/v1/status", lambda _: (200, status_doc(self)))
         self.api.route("GET", "/metrics", lambda _: (200, ("text/plain; version=0.0.4",
                                                            self.metrics.exposition())))
         register_verify_routes(self)   # GET /v1/verify, POST /v1/verify/repair (drift audit)
@@ -106,13 +117,19 @@ class Agent:
             raise NotRegistered(f"uplink {self.uplink} does not exist in this namespace")
         self.datapath.attach_uplink(up.ifindex)
         self.hostdev.ensure()
+        self.loops["host-device"].ok()
         self._adopt_pod_links()
         # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
                             self.datapath.read("maglev"))
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
         self.reconcile()
+        self.loops["reconcile"].ok()
         self.api.start()
+        if self.metrics_port:
+            addrs = self.metrics_addresses or [a.split("/")[0] for a in netlink.addresses(self.uplink)
+                                               if not a.startswith("fe80:")]
+            self.metrics_addresses = self.metrics.serve(addrs, self.metrics_port)
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
         threading.Thread(target=self._watch_loop, name="watch", daemon=True).start()
         log.info("agent for node %s ready (pin root %s, socket %s)", self.node, self.pin_root, self.socket_path)
@@ -134,6 +151,7 @@ class Agent:
         if watch is not None:
             watch.stop()
         self.api.stop()
+        self.metrics.stop()
         self.flows.stop()
         # maps and links stay pinned: the datapath keeps forwarding without us
         if self.socklb is not None:
@@ -156,10 +174,17 @@ class Agent:
     def reconcile(self, *, resync: bool = False) -> dict[str, int]:
         """One level-triggered pass; returns the number of entries changed per map. A resync
         reads every map back from the kernel instead of trusting what this agent last wrote."""
-        with self._reconcile_lock, netlink.reuse():
+        with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time():
+            started = time.time()
             if resync:
-                self.hostdev.ensure()
+                try:
+                    self.hostdev.ensure()
+                    self.loops["host-device"].ok()
+                except Exception as e:
+                    self.loops["host-device"].failed(e)
+                    raise
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
+            self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
@@ -174,6 +199,7 @@ class Agent:
             self.stats["last_reconcile"] = time.time()
             self.stats["last_error"] = None   # healthy again: the last pass went through
             self.stats["endpoints"] = len(snap.endpoints)
+            self.watch_state.applied(started)
             self.metrics.reconciles.inc()
             if changed:
                 log.info("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
@@ -246,8 +272,10 @@ class Agent:
             time.sleep(0.005)   # coalesce a burst of writes into one pass
             try:
                 self.reconcile(resync=resync)
+                self.loops["reconcile"].ok()
                 backoff = 0.05
             except Exception as e:
+                self.loops["reconcile"].failed(e)
                 self.stats["errors"] += 1
                 self.stats["last_error"] = f"{type(e).__name__}: {e}"
                 self.metrics.reconcile_errors.inc()
@@ -261,13 +289,18 @@ class Agent:
         while not self.stopping.is_set():
             try:
                 self._watch = self.store.watch(WATCH_KINDS, since=since)
+                self.watch_state.connected, self.watch_state.error = True, None
+                self.loops["watch"].ok()
                 for ev in self._watch:
                     since = int(ev.resource_version)
+                    self.watch_state.event(since)
                     self.dirty.set()
             except Gone:
                 since = self.store.revision()
                 self.dirty.set()
             except StoreError as e:
+                self.watch_state.connected, self.watch_state.error = False, str(e)
+                self.loops["watch"].failed(e)
                 log.warning("watch: %s", e)
                 time.sleep(0.5)
 
@@ -291,7 +324,7 @@ class Agent:
 
     def health(self) -> dict[str, Any]:
         pressure = self.policy.pressure
-        return {"node": self.node, "ok": self.stats["last_error"] is None,
+        return {"node": self.node, "version": __version__, "ok": self.stats["last_error"] is None,
                 "pinRoot": self.pin_root, **self.stats,
                 "policyPressure": pressure.as_dict() if pressure else None,
                 "servicePressure": self.services.pressure.as_dict() if self.services.pressure else None,

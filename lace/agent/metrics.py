@@ -1,15 +1,37 @@
 """Prometheus metrics of the node: datapath packet counters by verdict, point and reason (read
-from the per-CPU metrics map at scrape time), map fill, and the agent's own reconcile counters."""
+from the per-CPU metrics map at scrape time), map fill and pressure, conntrack entries per table,
+the agent's reconcile counters and duration, and what its status document knows (endpoints by
+state, policy entries, store watch lag, the flow collector's events, losses and backlog).
+
+Served on the agent's unix socket (``GET /metrics``) and, with ``--metrics-port``, over TCP on the
+node's own addresses (:class:`MetricsServer`; the agent runs inside the node's network namespace,
+so nothing listens in any other namespace). ``deploy/grafana/lace-dashboard.json`` charts them.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lace.datapath.common import Verdict
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.trace import METRICS_POINT_BITS, METRICS_REASON_BITS, METRICS_VALUE
+
+log = logging.getLogger("lace.agent.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: metrics map index 0 counts flow events the ring buffer could not take (lace.agent.flows)
+RING_LOST_INDEX = 0
+IP_FREEBIND = 15
+IPV6_FREEBIND = 78
 
 
 def _label(enum_cls, value: int) -> str:
@@ -36,6 +58,8 @@ class DatapathCollector:
         nbytes = arr["bytes"].sum(axis=1)
         for idx in np.nonzero(packets)[0]:
             i = int(idx)
+            if i == RING_LOST_INDEX:   # not a packet: the events the ring buffer could not take
+                continue
             labels = [_label(Verdict, i >> (METRICS_REASON_BITS + METRICS_POINT_BITS)),
                       _label(TracePoint, (i >> METRICS_REASON_BITS) & 7), _label(DropReason, i & 0xFF)]
             pk.add_metric(labels, float(packets[i]))
@@ -44,6 +68,9 @@ class DatapathCollector:
         yield by
         fill = GaugeMetricFamily("lace_map_entries", "Entries in a datapath map", labels=["map"])
         cap = GaugeMetricFamily("lace_map_capacity", "Capacity of a datapath map", labels=["map"])
+        ratio = GaugeMetricFamily("lace_map_pressure", "Entries / capacity of a datapath map (0..1; array "
+                                  "maps always read 1)", labels=["map"])
+        ct = GaugeMetricFamily("lace_conntrack_entries", "Entries in a conntrack table", labels=["table"])
         for name, capacity in self.capacities.items():
             try:
                 entries = self.datapath.map(name).dump()[2]
@@ -51,14 +78,75 @@ class DatapathCollector:
                 continue
             fill.add_metric([name], entries)
             cap.add_metric([name], capacity)
+            ratio.add_metric([name], entries / capacity if capacity else 0.0)
+            if name.startswith("ct-"):
+                ct.add_metric([name], entries)
         yield fill
         yield cap
+        yield ratio
+        yield ct
+
+
+class StatusCollector:
+    """Gauges from the agent's status document (``lace.agent.status``), computed at scrape time."""
+
+    def __init__(self, status_doc: Callable[[], dict[str, Any]]) -> None:
+        self.status_doc = status_doc
+
+    def collect(self):
+        try:
+            doc = self.status_doc()
+        except Exception as e:   # a scrape must not fail because one fact could not be read
+            log.warning("status for metrics: %s", e)
+            return
+        subs = {s["name"]: s for s in doc["subsystems"]}
+        info = GaugeMetricFamily("lace_agent_info", "The agent's version", labels=["node", "version"])
+        info.add_metric([doc["node"], doc["version"]], 1)
+        yield info
+        healthy = GaugeMetricFamily("lace_agent_subsystem_healthy", "1 when a subsystem is OK, 0 when failing",
+                                    labels=["subsystem"])
+        for name, s in subs.items():
+            healthy.add_metric([name], 1 if s["ok"] else 0)
+        yield healthy
+        eps = GaugeMetricFamily("lace_endpoints", "Local endpoints by state (ready, pending, failing)",
+                                labels=["state"])
+        states = {"ready": 0, "pending": 0, "failing": 0}
+        for e in subs["endpoints"]["endpoints"]:
+            states[e["state"]] = states.get(e["state"], 0) + 1
+        for state, n in states.items():
+            eps.add_metric([state], n)
+        yield eps
+        yield GaugeMetricFamily("lace_policy_entries", "Entries in the policy map", value=subs["policy"]["entries"])
+        w = subs["store-watch"]
+        yield GaugeMetricFamily("lace_store_watch_connected", "1 while the store watch is connected",
+                                value=1 if w["connected"] else 0)
+        yield GaugeMetricFamily("lace_store_watch_lag_seconds", "How long store changes have waited for a "
+                                "reconcile (0: every change seen is applied)", value=w["lag"])
+        if w.get("lastEventAge") is not None:
+            yield GaugeMetricFamily("lace_store_watch_last_event_age_seconds", "Seconds since the last store event",
+                                    value=w["lastEventAge"])
+        fl = subs["flows"]
+        yield CounterMetricFamily("lace_flows_events", "Flow events the collector read", value=fl.get("received", 0))
+        lost = CounterMetricFamily("lace_flows_lost_events", "Flow events lost: ring (the datapath found the ring "
+                                   "buffer full), decode (unreadable records)", labels=["where"])
+        lost.add_metric(["ring"], fl.get("lost", 0))
+        lost.add_metric(["decode"], fl.get("decodeErrors", 0))
+        yield lost
+        if fl.get("backlog") is not None:
+            yield GaugeMetricFamily("lace_flows_ring_backlog_bytes", "Bytes in the events ring buffer the "
+                                    "collector has not read yet (its lag)", value=fl["backlog"])
+        yield GaugeMetricFamily("lace_flows_collector_running", "1 while the flow collector reads",
+                                value=1 if fl.get("running") else 0)
 
 
 class AgentMetrics:
-    def __init__(self, datapath, capacities: dict[str, int]) -> None:
+    def __init__(self, datapath, capacities: dict[str, int],
+                 status_doc: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.reconciles = Counter("lace_agent_reconciles", "Reconcile passes", registry=self.registry)
+        self.reconcile_duration = Histogram("lace_agent_reconcile_duration_seconds", "Duration of a reconcile pass",
+                                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                                            registry=self.registry)
         self.reconcile_errors = Counter("lace_agent_reconcile_errors", "Failed reconcile passes",
                                         registry=self.registry)
         self.map_writes = Counter("lace_agent_map_writes", "Map entries written or deleted", ["map"],
@@ -68,6 +156,75 @@ class AgentMetrics:
                               "(policy, prefix-segment), service frontends (services), frontends without a "
                               "Maglev table (maglev)", ["map"], registry=self.registry)
         self.registry.register(DatapathCollector(datapath, capacities))
+        if status_doc is not None:
+            self.registry.register(StatusCollector(status_doc))
+        self.server: MetricsServer | None = None
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def serve(self, addresses: list[str], port: int) -> list[str]:
+        """Serve ``GET /metrics`` over TCP on ``addresses`` (this namespace's); returns ``addr:port``s."""
+        self.server = MetricsServer(addresses, port, self.exposition)
+        return self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # the node's addresses may still be tentative (IPv6 DAD) when the agent starts
+        self.socket.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, IPV6_FREEBIND, 1)
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
+
+
+class MetricsServer:
+    """A Prometheus scrape endpoint on each of ``addresses`` (one listening socket per address)."""
+
+    def __init__(self, addresses: list[str], port: int, exposition: Callable[[], bytes]) -> None:
+        self.addresses = addresses
+        self.port = port
+        self.exposition = exposition
+        self._servers: list[_Server] = []
+
+    def start(self) -> list[str]:
+        exposition = self.exposition
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("metrics: " + fmt, *args)
+
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404, "GET /metrics")
+                    return
+                data = exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        bound = []
+        for addr in self.addresses:
+            cls = type("S", (_Server,), {"address_family": socket.AF_INET6 if ":" in addr else socket.AF_INET})
+            srv = cls((addr, self.port), H)
+            self._servers.append(srv)
+            threading.Thread(target=srv.serve_forever, name=f"metrics-{addr}", daemon=True).start()
+            bound.append(f"[{addr}]:{self.port}" if ":" in addr else f"{addr}:{self.port}")
+        return bound
+
+    def stop(self) -> None:
+        for srv in self._servers:
+            srv.shutdown()
+            srv.server_close()
+        self._servers.clear()

@@ -29,6 +29,10 @@ Progress = Callable[[str], None]
 LabError = topology.LabError
 
 
+#: each agent serves Prometheus metrics on its node's addresses at this port (inside the node's namespace)
+METRICS_PORT = 9962
+
+
 def agent_socket(state_dir: str, node: str) -> str:
     return os.path.join(state_dir, "agents", f"{node}.sock")
 
@@ -37,7 +41,7 @@ def _agent_argv(state_dir: str, node: Any) -> list[str]:
     return [sys.executable, "-m", "lace.agent", "--node", node.name,
             "--store", os.path.join(state_dir, STORE_FILE), "--pin-root", node.pin_root,
             "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
-            "--mtu", str(topology.POD_MTU)] + \
+            "--mtu", str(topology.POD_MTU), "--metrics-port", str(METRICS_PORT)] + \
         (["--cgroup", node.cgroup, "--kubelet-cgroup", topology.kubelet_cgroup(node.cgroup)] if node.cgroup else [])
 
 
