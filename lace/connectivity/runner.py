@@ -365,6 +365,8 @@ class Runner:
         out, err = io.StringIO(), io.StringIO()
         rc = node_main([*argv, "-o", "json"], lab_env(dict(os.environ, NO_COLOR="1"), self.state_dir, n),
                        stdout=out, stderr=err, stdin=io.StringIO(""))
+        if rc == 130:   # Ctrl-C inside the nested command (its run_command caught it): pass it on
+            raise KeyboardInterrupt
         if rc != 0:
             return {}
         return json.loads(out.getvalue() or "{}")
