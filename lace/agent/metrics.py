@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lace.datapath.common import Verdict
@@ -142,6 +143,7 @@ class StatusCollector:
 class AgentMetrics:
     def __init__(self, datapath, capacities: dict[str, int],
                  status_doc: Callable[[], dict[str, Any]] | None = None) -> None:
+        disable_created_metrics()   # no *_created series: one sample per counter, as a dashboard wants
         self.registry = CollectorRegistry()
         self.reconciles = Counter("lace_agent_reconciles", "Reconcile passes", registry=self.registry)
         self.reconcile_duration = Histogram("lace_agent_reconcile_duration_seconds", "Duration of a reconcile pass",

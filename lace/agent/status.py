@@ -203,7 +203,8 @@ def assemble(f: dict[str, Any], now: float | None = None) -> dict[str, Any]:
 
     r = f["reconcile"]
     probs = [f"last pass failed: {r['lastError']}"] if r.get("lastError") else []
-    subs.append(_sub("reconcile", probs, f"{r.get('reconciles', 0)} passes, last {_secs(_age(r.get('lastReconcile'), now))}, "
+    n = r.get("reconciles", 0)
+    subs.append(_sub("reconcile", probs, f"{n} pass{'' if n == 1 else 'es'}, last {_secs(_age(r.get('lastReconcile'), now))}, "
                      f"{r.get('errors', 0)} errors", passes=r.get("reconciles", 0), errors=r.get("errors", 0),
                      lastReconcileAge=_age(r.get("lastReconcile"), now)))
 
@@ -254,6 +255,7 @@ def assemble(f: dict[str, Any], now: float | None = None) -> dict[str, Any]:
                      f"{fl.get('lost', 0)} lost", **fl))
 
     m = mtu_check(f["mtu"]["pod"], f["mtu"].get("underlay"))
+    m["ifname"] = f["mtu"].get("uplink")
     subs.append(_sub("mtu", [m["reason"]] if not m["ok"] else [],
                      f"pod {m['podMTU']} + {m['overhead']} <= underlay {m['underlayMTU']}" if m["ok"]
                      else f"pod {m['podMTU']} + {m['overhead']} > underlay {m['underlayMTU']}", **m))
@@ -531,7 +533,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
                    "kubeletCgroupId": agent.kubelet_cgroup_id},
         "attach": attach, "endpoints": _endpoint_facts(agent, snap, attach),
         "flows": flow_facts(agent.flows, _events_map(agent)),
-        "mtu": {"pod": agent.mtu, "underlay": up.mtu if up else None},
+        "mtu": {"pod": agent.mtu, "underlay": up.mtu if up else None, "uplink": agent.uplink},
         "maps": _map_facts(agent) if maps else [], "loops": agent.loops.as_list(),
         "metrics": getattr(agent, "metrics_addresses", None),
     }

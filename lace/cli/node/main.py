@@ -7,6 +7,8 @@ with the agent down, and resolves IDs to names through the store unless ``-n/--n
     node bpf show MAP        node ct list|gc TABLE      node trace flow      node device list
     node verify [--repair]   (drift audit, through the agent)
     node endpoint list       (local endpoints: veth entry, delivery, program)
+    node status [--verbose]  (the agent's subsystems, OK or failing with the reason)
+    node metrics             (the agent's Prometheus metrics)
 
 ``-n/--numeric``, ``--limit N`` and ``-o json`` apply to every command, before or after it.
 
@@ -31,7 +33,7 @@ from lace.cli.status import ExitStatus, exit_with
 
 #: command group -> module of this package that registers it
 GROUPS = {"bpf": "bpf", "ct": "ct", "trace": "trace", "device": "device", "verify": "verify",
-          "endpoint": "endpoint"}
+          "endpoint": "endpoint", "status": "status", "metrics": "metrics"}
 
 
 def _positive(text: str) -> int:

@@ -1,0 +1,140 @@
+"""``lace status [--node N ...] [--verbose] [--wait] [--timeout S] [-o json]``: every node's health.
+
+Runs ``node status -o json`` on each node at once (``lace.cli.fanout``: the lab node's namespace
+and host cgroup, or the lace-node pod on a cluster), prints each node's subsystems as ``node
+status`` does (``--verbose``: loops, maps, endpoints) and a cluster summary line (``3/3 nodes
+healthy``). A node whose agent does not answer is named with the reason, and the others are still
+shown. ``--wait`` asks again every half second until every node is healthy or ``--timeout`` runs
+out, then prints the last answers.
+
+Exit status: 0 every node answered and is healthy; 1 a node is unhealthy or did not answer;
+2 bad command line (an unknown node, a bad timeout); 5 no lab running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from lace.cli import args as cli_args
+from lace.cli import fanout, render
+from lace.cli.errors import UsageError
+from lace.cli.invocation import Invocation
+from lace.cli.node import status as node_status
+from lace.cli.status import ExitStatus
+
+DEFAULT_TIMEOUT = 60.0
+#: how long one round waits for a node when not waiting for health
+ANSWER_TIMEOUT = 30.0
+POLL_INTERVAL = 0.5
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "status", help="every node's health: agent, subsystems OK or failing with the reason, a cluster summary",
+        description="Run `node status` on every node (or those named with --node) at once: agent version, store "
+                    "watch, reconcile, IPAM, segments, policy, services, probes, datapath attach, flow collector, "
+                    "MTU, map pressure and endpoints ready/total, then a summary. Exit 0: every node healthy; 1: a "
+                    "node is unhealthy or did not answer; 2: bad input.")
+    p.add_argument("--node", dest="nodes", action="append", metavar="NODE", help="only this node (repeatable)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also each loop's last success, last error and failures, every map's fill, every endpoint")
+    p.add_argument("--wait", action="store_true", help="ask again until every node is healthy or --timeout runs out")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
+                   help=f"how long --wait waits (default {DEFAULT_TIMEOUT:g}); without --wait, how long a node "
+                        f"may take to answer (default {ANSWER_TIMEOUT:g})")
+    p.add_argument("--context", default=None, metavar="CONTEXT",
+                   help="kubeconfig context: the cluster's lace-node pods instead of a lab")
+    cli_args.add_lab_option(p)
+    cli_args.add_output_option(p, ("json",))
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class NodeStatus:
+    """One node's status document, or why it did not give one."""
+
+    node: str
+    doc: dict[str, Any] | None = None
+    error: str | None = None
+    hint: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.doc is not None and bool(self.doc.get("healthy"))
+
+
+def parse_result(o: fanout.NodeOutput) -> NodeStatus:
+    """``node status -o json`` exits 0 or 1 with its document; anything else is an error line."""
+    if o.error is not None:
+        return NodeStatus(o.node, error=o.error, hint=o.hint)
+    if o.rc in (0, 1):
+        try:
+            doc = json.loads(o.stdout)
+            if isinstance(doc, dict) and "subsystems" in doc:
+                return NodeStatus(o.node, doc)
+        except ValueError:
+            pass
+    err, hint = fanout.error_lines(o.stderr)
+    return NodeStatus(o.node, error=err or f"node status exited {o.rc} without a report", hint=hint)
+
+
+def summary(results: list[NodeStatus]) -> str:
+    """``3/3 nodes healthy`` / ``1/3 nodes healthy; worker-1: datapath failing; worker-2 did not answer: …``."""
+    ok = [r for r in results if r.healthy]
+    parts = [f"{len(ok)}/{len(results)} nodes healthy"]
+    for r in results:
+        if r.doc is None:
+            parts.append(f"{r.node} did not answer: {r.error}")
+        elif not r.healthy:
+            failing = [s["name"] for s in r.doc["subsystems"] if not s["ok"]]
+            parts.append(f"{r.node}: {', '.join(failing) or 'unhealthy'} failing")
+    return "; ".join(parts)
+
+
+def exit_status(results: list[NodeStatus]) -> ExitStatus:
+    return ExitStatus.OK if results and all(r.healthy for r in results) else ExitStatus.ERROR
+
+
+def report(results: list[NodeStatus], verbose: bool) -> str:
+    out = []
+    for r in results:
+        if r.doc is None:
+            out.append(f"{r.node}: did not answer: {r.error}\n" + (f"  hint: {r.hint}\n" if r.hint else ""))
+        else:
+            out.append(node_status.render(r.doc, verbose))
+    return "".join(out) + summary(results) + "\n"
+
+
+def document(results: list[NodeStatus]) -> dict[str, Any]:
+    return {"nodes": {r.node: r.doc for r in results if r.doc is not None},
+            "unanswered": {r.node: {"error": r.error, "hint": r.hint} for r in results if r.doc is None},
+            "healthy": [r.node for r in results if r.healthy], "summary": summary(results)}
+
+
+def gather(args: argparse.Namespace, inv: Invocation, timeout: float) -> list[NodeStatus]:
+    outs = fanout.run_nodes(args, inv, ["status", "-o", "json"], what="node status", timeout=timeout)
+    return [parse_result(o) for o in outs]
+
+
+def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be more than 0 seconds")
+    if not args.wait:
+        results = gather(args, inv, args.timeout or ANSWER_TIMEOUT)
+    else:
+        deadline = time.monotonic() + (args.timeout or DEFAULT_TIMEOUT)
+        while True:
+            left = deadline - time.monotonic()
+            results = gather(args, inv, max(1.0, min(ANSWER_TIMEOUT, left)))
+            if exit_status(results) == ExitStatus.OK or time.monotonic() + POLL_INTERVAL >= deadline:
+                break
+            time.sleep(POLL_INTERVAL)
+    if args.output == "json":
+        render.write_json(inv.stdout, document(results))
+    else:
+        inv.stdout.write(report(results, args.verbose))
+    return exit_status(results)
