@@ -222,7 +222,8 @@ class MetricsServer:
             srv = cls((addr, self.port), H)
             self._servers.append(srv)
             threading.Thread(target=srv.serve_forever, name=f"metrics-{addr}", daemon=True).start()
-            bound.append(f"[{addr}]:{self.port}" if ":" in addr else f"{addr}:{self.port}")
+            port = srv.server_address[1]
+            bound.append(f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}")
         return bound
 
     def stop(self) -> None:

@@ -45,7 +45,8 @@ def fetch(node_env: NodeEnv, timeout: float = 30.0) -> str:
     try:
         code, body = call(sock, "GET", "/metrics", timeout=timeout)
     except AgentUnavailable as exc:
-        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: {exc}",
+        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: "
+                               f"{str(exc).rpartition('is not answering: ')[2]}",
                                hint=f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
                                else "restart the node's agent") from None
     if code != 200:

@@ -45,7 +45,8 @@ def ask_agent(node_env: NodeEnv, timeout: float = AGENT_TIMEOUT) -> dict[str, An
     except AgentUnavailable as exc:
         hint = (f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
                 else "restart the node's agent")
-        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: {exc}",
+        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: "
+                               f"{str(exc).rpartition('is not answering: ')[2]}",
                                hint=hint) from None
     if code != 200 or not isinstance(doc, dict) or "subsystems" not in doc:
         err = doc.get("error") if isinstance(doc, dict) else str(doc)[:200]
@@ -97,7 +98,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
         for m in maps:
             fill = ("array" if m["type"] in ("array", "percpu_array") else
                     f"{m['entries']}/{m['capacity']} {'tables' if m['type'] == 'tables' else 'entries'} "
-                    f"({100.0 * m['ratio']:.1f}%)")
+                    f"({100.0 * m['entries'] / m['capacity'] if m['capacity'] else 0.0:.1f}%)")
             lines.append(f"    {m['map'].ljust(w)}  {fill}{'' if m['ok'] else '  OVER 90%'}")
     mtu = subs.get("mtu")
     if mtu:
@@ -106,8 +107,9 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     eps = (subs.get("endpoints") or {}).get("endpoints") or []
     if eps:
         lines.append("  endpoints:")
+        w = max(len(e["pod"]) for e in eps)
         for e in eps:
-            lines.append(f"    {e['pod']}  {e['state']}" + (f": {e['reason']}" if e.get("reason") else "")
+            lines.append(f"    {e['pod'].ljust(w)}  {e['state']}" + (f": {e['reason']}" if e.get("reason") else "")
                          + (f"  ({e['ifname']})" if e.get("ifname") else ""))
     if doc.get("metrics"):
         lines.append("  metrics: " + ", ".join(f"http://{a}/metrics" for a in doc["metrics"]))
