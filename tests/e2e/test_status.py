@@ -1,10 +1,8 @@
 """lace status / node status / lace metrics against the shared lab: a healthy lab, an agent down
 (named, the others shown; --wait returns once it is back), a pod's program detached behind the
 agent's back (that node's datapath fails naming the pod; an agent restart re-attaches it), and the
-metrics scraped over TCP inside a node's namespace and parsed with prometheus_client.
-
-A map nearly full is not produced here (it takes 60k+ real entries); the >90 % flag is unit-tested
-(tests/unit/test_status.py)."""
+metrics scraped over TCP inside a node's namespace and parsed with prometheus_client, and a map
+filled past 90 % behind the agent's back (flagged with its fill, healthy again once emptied)."""
 
 from __future__ import annotations
 
@@ -128,3 +126,34 @@ def test_metrics_over_tcp_and_cli(lab):
                    for s in node_doc["lace_agent_reconcile_duration_seconds"]["samples"])
     rc, out, _ = lab.lace("metrics", "--node", "worker-2")
     assert out.startswith("# node worker-2\n") and "lace_map_pressure{" in out
+
+
+def test_a_map_nearly_full_is_flagged(lab):
+    """worker-2's ct-icmp-v4 filled past 90 % behind the agent's back (entries of a network no pod
+    is on, expiring in an hour): that node's maps subsystem fails naming the map and its fill, and
+    the metric shows the ratio; once they are gone the node is healthy again."""
+    from lace.datapath import conntrack as C
+    from lace.datapath.node import PinnedMaps
+    import ipaddress
+    import time as _time
+
+    pm = PinnedMaps(lab.node("worker-2")["pinRoot"], "worker-2")
+    now = _time.clock_gettime_ns(_time.CLOCK_MONOTONIC)
+    with pm.open("ct-icmp-v4") as m:
+        count = int(m.max_entries * 0.93)
+        keys = b"".join(C.ct4_key(999, str(ipaddress.IPv4Address(0x0AFE0000 + i)), "10.254.255.254", 7, 7, 1)
+                        for i in range(count))
+        value = C.CT_ENTRY.pack(created_ns=now, last_seen_ns=now, expires_ns=now + 3600 * 10**9,
+                                state=C.CtState.UNREPLIED, dst_network=999)
+        assert m.update_batch(keys, value * count, count) == count
+        try:
+            rc, out, err = lab.lace("status", check=False)
+            assert rc == 1, out + err
+            assert "worker-2: maps failing" in out, out
+            assert f"ct-icmp-v4 {count}/{m.max_entries} entries (" in out and "full, over 90%)" in out
+            rc, out, _ = lab.lace("metrics", "--node", "worker-2", "-o", "json")
+            assert "ct-icmp-v4" in out
+        finally:
+            m.delete_batch(keys, count)
+    rc, out, err = lab.lace("status", "--wait", "--timeout", "30", check=False)
+    assert rc == 0, out + err
