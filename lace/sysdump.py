@@ -233,11 +233,9 @@ class Collector:
 
     def _start_nodes(self, wanted: list[str] | None) -> dict[str, Any]:
         import subprocess
-        from pyroute2.netns import setns   # imported here, never in a forked child
 
-        from lace import netlink
         from lace.cli.commands.exec import lab_env
-        from lace.lab import topology
+        from lace.cli.fanout import spawn
         procs: dict[str, Any] = {}
         if self.lab is None:
             self.error("nodes", "the lab's namespaces are gone: no node state to collect")
@@ -247,43 +245,28 @@ class Collector:
                 continue
             outdir = os.path.join(self.root, "nodes", n.name)
             os.makedirs(outdir, exist_ok=True)
-            path = netlink.netns.path(n.netns)
-            cgroup = n.cgroup if n.cgroup and os.path.isdir(n.cgroup) else None
-
-            def enter(path: str = path, cgroup: str | None = cgroup) -> None:
-                setns(path)
-                if cgroup is not None:
-                    topology.join_cgroup(cgroup)
             try:
-                procs[n.name] = subprocess.Popen(
-                    [sys.executable, "-m", "lace.sysdump", "node", outdir], preexec_fn=enter,
-                    env=lab_env(dict(os.environ, NO_COLOR="1"), self.state_dir, n),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                procs[n.name] = spawn(n, [sys.executable, "-m", "lace.sysdump", "node", outdir],
+                                      lab_env(dict(os.environ, NO_COLOR="1"), self.state_dir, n))
             except (OSError, subprocess.SubprocessError) as exc:
                 procs[n.name] = None
                 self.error("node state", f"cannot run in {n.name}: {exc}", n.name)
         return procs
 
     def _finish_nodes(self, procs: dict[str, Any]) -> None:
-        import subprocess
-        deadline = time.monotonic() + self.node_timeout
-        for name, p in procs.items():
-            if p is None:
+        from lace.cli.fanout import wait_all
+        outs = wait_all({name: p for name, p in procs.items() if p is not None}, self.node_timeout,
+                        timeout_hint=None)
+        for name, o in outs.items():
+            if o.error is not None:   # no answer within the timeout
+                self.error("node state", o.error, name)
                 continue
             try:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                self.error("node state", f"no answer within {self.node_timeout:g}s", name)
-                continue
-            try:
-                result = json.loads(out.decode() or "{}")
+                result = json.loads(o.stdout or "{}")
             except ValueError:
                 result = {}
-            if p.returncode != 0 or not result:
-                self.error("node state", _error_line(err.decode(errors="replace")) or f"exit status {p.returncode}",
-                           name)
+            if o.rc != 0 or not result:
+                self.error("node state", _error_line(o.stderr) or f"exit status {o.rc}", name)
             for f in result.get("files") or ():
                 rel = f"nodes/{name}/{f['file']}"
                 self.files.append({"path": rel, "bytes": os.path.getsize(os.path.join(self.root, rel)),

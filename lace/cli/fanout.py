@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
+import json
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from lace.cli import args as cli_args
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
 
@@ -33,6 +34,51 @@ class NodeOutput:
     stderr: str = ""
     error: str | None = None
     hint: str | None = None
+
+
+T = TypeVar("T", bound="NodeDoc")
+
+
+@dataclass
+class NodeDoc:
+    """One node's JSON document from a node command (``-o json``), or why it did not give one."""
+
+    node: str
+    doc: dict[str, Any] | None = None
+    error: str | None = None
+    hint: str | None = None
+
+
+def parse_doc(o: NodeOutput, key: str, *, what: str, ok: tuple[int, ...] = (0, 1),
+              cls: type[T] = NodeDoc) -> T:   # type: ignore[assignment]
+    """``o`` as a ``cls``: with an exit status in ``ok``, one JSON object holding ``key``; else the
+    ``error:``/``hint:`` lines the command printed (``WHAT exited RC without a report`` if none)."""
+    if o.error is not None:
+        return cls(o.node, error=o.error, hint=o.hint)
+    if o.rc in ok:
+        try:
+            doc = json.loads(o.stdout)
+            if isinstance(doc, dict) and key in doc:
+                return cls(o.node, doc)
+        except ValueError:
+            pass
+    err, hint = error_lines(o.stderr)
+    if err is None:
+        err = f"{what} exited {o.rc} without a report"
+    return cls(o.node, error=err, hint=hint)
+
+
+def add_node_option(p: argparse.ArgumentParser) -> None:
+    """``--node NODE`` (repeatable): the nodes to ask, all when none."""
+    p.add_argument("--node", dest="nodes", action="append", metavar="NODE", help="only this node (repeatable)")
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """``--context`` (a cluster's lace-node pods) or ``--lab``, and ``-o json``."""
+    p.add_argument("--context", default=None, metavar="CONTEXT",
+                   help="kubeconfig context: the cluster's lace-node pods instead of a lab")
+    cli_args.add_lab_option(p)
+    cli_args.add_output_option(p, ("json",))
 
 
 def pick_nodes(wanted: list[str] | None, known: list[str]) -> list[str]:
@@ -56,33 +102,24 @@ def lab_nodes(args: argparse.Namespace, inv: Invocation) -> tuple[Any, Any]:
     return ctx, lab
 
 
-def run_lab(args: argparse.Namespace, inv: Invocation, argv: list[str], *, what: str,
-            timeout: float) -> list[NodeOutput]:
-    """``node ARGV`` on the lab nodes ``args.nodes`` (all when None), in the nodes' order."""
-    from lace import netlink
-    from lace.cli.commands.exec import _node_executable, lab_env
+def spawn(node: Any, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``cmd`` in lab node ``node`` (its network namespace and host cgroup, joined in the child
+    between fork and exec), stdin closed, stdout and stderr piped. OSError/SubprocessError when it
+    cannot start (a SubprocessError: entering the namespace or the cgroup failed in the child)."""
     from lace.lab import topology
+    return subprocess.Popen(cmd, preexec_fn=topology.entering(node.netns, node.cgroup), env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    ctx, lab = lab_nodes(args, inv)
-    nodes = pick_nodes(getattr(args, "nodes", None), [n.name for n in lab.nodes])
-    from pyroute2.netns import setns   # imported here, not in the forked children
-    procs: dict[str, subprocess.Popen[bytes] | NodeOutput] = {}
-    for n in (lab.node(name) for name in nodes):
-        path = netlink.netns.path(n.netns)
-        cgroup = n.cgroup if n.cgroup and os.path.isdir(n.cgroup) else None
 
-        def enter(path: str = path, cgroup: str | None = cgroup) -> None:
-            setns(path)
-            if cgroup is not None:
-                topology.join_cgroup(cgroup)
-        try:
-            procs[n.name] = subprocess.Popen(_node_executable() + argv, preexec_fn=enter,
-                                             env=lab_env(dict(inv.env, NO_COLOR="1"), str(ctx.dir), n),
-                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE)
-        except (OSError, subprocess.SubprocessError) as exc:
-            procs[n.name] = NodeOutput(n.name, error=f"cannot run {what} in {n.name}: {exc}",
-                                       hint=f"check that {n.netns} exists (lace lab status)")
+#: the hint for a node that did not answer in time (``{node}``: its name)
+STUCK_HINT = "is its agent stuck? lace lab restart-agent {node}"
+
+
+def wait_all(procs: dict[str, subprocess.Popen[bytes] | NodeOutput], timeout: float,
+             timeout_hint: str | None = STUCK_HINT) -> dict[str, NodeOutput]:
+    """Each process's answer, waited for together (up to ``timeout`` each; one still running then is
+    killed and answers ``no answer within …``). A :class:`NodeOutput` in ``procs`` (a process that
+    could not start) is its own answer."""
     results: dict[str, NodeOutput] = {}
 
     def wait(name: str, p: subprocess.Popen[bytes]) -> None:
@@ -94,7 +131,7 @@ def run_lab(args: argparse.Namespace, inv: Invocation, argv: list[str], *, what:
             p.kill()
             p.communicate()
             results[name] = NodeOutput(name, error=f"no answer within {timeout:g}s",
-                                       hint=f"is its agent stuck? lace lab restart-agent {name}")
+                                       hint=timeout_hint.format(node=name) if timeout_hint else None)
 
     threads = []
     for name, p in procs.items():
@@ -106,7 +143,32 @@ def run_lab(args: argparse.Namespace, inv: Invocation, argv: list[str], *, what:
         threads.append(t)
     for t in threads:
         t.join()
+    return results
+
+
+def run_lab_nodes(inv: Invocation, ctx: Any, lab: Any, nodes: list[str], argv: list[str], *, what: str,
+                  timeout: float, timeout_hint: str | None = STUCK_HINT) -> list[NodeOutput]:
+    """``node ARGV`` on the lab nodes ``nodes`` (of ``lab_nodes``), in that order."""
+    from lace.cli.commands.exec import _node_executable, lab_env
+
+    procs: dict[str, subprocess.Popen[bytes] | NodeOutput] = {}
+    for n in (lab.node(name) for name in nodes):   # spawned from this thread, waited for together
+        try:
+            procs[n.name] = spawn(n, _node_executable() + argv,
+                                  lab_env(dict(inv.env, NO_COLOR="1"), str(ctx.dir), n))
+        except (OSError, subprocess.SubprocessError) as exc:
+            procs[n.name] = NodeOutput(n.name, error=f"cannot run {what} in {n.name}: {exc}",
+                                       hint=f"check that {n.netns} exists (lace lab status)")
+    results = wait_all(procs, timeout, timeout_hint)
     return [results[n] for n in nodes]
+
+
+def run_lab(args: argparse.Namespace, inv: Invocation, argv: list[str], *, what: str,
+            timeout: float) -> list[NodeOutput]:
+    """``node ARGV`` on the lab nodes ``args.nodes`` (all when None), in the nodes' order."""
+    ctx, lab = lab_nodes(args, inv)
+    nodes = pick_nodes(getattr(args, "nodes", None), [n.name for n in lab.nodes])
+    return run_lab_nodes(inv, ctx, lab, nodes, argv, what=what, timeout=timeout)
 
 
 def kube_core(context: str | None) -> Any:

@@ -144,6 +144,23 @@ def join_cgroup(path: str) -> None:
         f.write("0")   # 0: the writer itself
 
 
+def entering(netns: str, cgroup: str | None = None, *then: Callable[[], None]) -> Callable[[], None]:
+    """A ``preexec_fn`` that moves the child into network namespace ``netns`` (a name) and, when the
+    directory exists, cgroup ``cgroup`` (a node's host cgroup), then calls each of ``then``. The
+    namespace's path and whether the cgroup exists are settled here, in the parent."""
+    from pyroute2.netns import setns   # imported here, never in a forked child
+    path = nl.netns.path(netns)
+    group = cgroup if cgroup and os.path.isdir(cgroup) else None
+
+    def enter() -> None:
+        setns(path)
+        if group is not None:
+            join_cgroup(group)
+        for f in then:
+            f()
+    return enter
+
+
 def underlay_addr(index: int) -> str:
     """Node ``index``'s IPv6 underlay address (fd5e:ff::<index>; the index is written in hex)."""
     return f"fd5e:ff::{index:x}"

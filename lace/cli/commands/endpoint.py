@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
-import os
-import subprocess
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lace.cli import args as cli_args
-from lace.cli import render
-from lace.cli.errors import UnavailableError, UsageError
+from lace.cli import fanout, render
+from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.status import ExitStatus
 from lace.store import kinds as K
@@ -194,13 +190,8 @@ def expected_endpoints(store: Any, pods: list[dict[str, Any]]) -> list[Expected]
 # ---- what the nodes say ---------------------------------------------------------------------------------
 
 @dataclass
-class NodeAnswer:
+class NodeAnswer(fanout.NodeDoc):
     """One node's ``node endpoint list -o json`` document, or why it did not answer."""
-
-    node: str
-    doc: dict[str, Any] | None = None
-    error: str | None = None
-    hint: str | None = None
 
     @property
     def endpoints(self) -> list[dict[str, Any]]:
@@ -209,19 +200,11 @@ class NodeAnswer:
 
 def parse_answer(node: str, rc: int | None, stdout: str, stderr: str) -> NodeAnswer:
     """Exit 0 with one JSON document, else the ``error:``/``hint:`` lines it printed."""
-    if rc == 0:
-        try:
-            doc = json.loads(stdout)
-            if isinstance(doc, dict) and "endpoints" in doc:
-                return NodeAnswer(node, doc)
-        except ValueError:
-            pass
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    err = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), None)
-    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), None)
-    if err is None:
-        err = lines[-1] if lines else f"node endpoint list exited {rc} without a report"
-    return NodeAnswer(node, error=err, hint=hint)
+    return _answer(fanout.NodeOutput(node, rc, stdout, stderr))
+
+
+def _answer(o: fanout.NodeOutput) -> NodeAnswer:
+    return fanout.parse_doc(o, "endpoints", what="node endpoint list", ok=(0,), cls=NodeAnswer)
 
 
 Runner = Callable[[list[str], float], dict[str, NodeAnswer]]
@@ -229,56 +212,14 @@ Runner = Callable[[list[str], float], dict[str, NodeAnswer]]
 
 def lab_runner(args: argparse.Namespace, inv: Invocation) -> tuple[list[str], Runner]:
     """The lab's nodes, and a runner of ``node endpoint list`` on some of them at once, each where
-    ``lace exec --node`` runs it (the node's namespace and host cgroup, its LACE_* environment)."""
-    from lace.cli.commands.exec import _node_executable, lab_env
-    from lace.lab import topology
-
-    ctx = inv.lab(args)
-    lab = topology.load(ctx.name, state_dir=str(ctx.dir))
-    if lab is None:
-        raise UnavailableError(f'lab "{ctx.name}" is not running (its namespaces are gone)',
-                               hint=f"lace lab up --name {ctx.name}")
+    ``lace exec --node`` runs it (``lace.cli.fanout``: the node's namespace and host cgroup, its
+    LACE_* environment)."""
+    ctx, lab = fanout.lab_nodes(args, inv)
 
     def run(nodes: list[str], timeout: float) -> dict[str, NodeAnswer]:
-        from pyroute2.netns import setns   # imported here, not in the forked children
-
-        from lace import netlink
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        answers: dict[str, NodeAnswer] = {}
-        for name in nodes:   # spawned from this thread (the child enters the node between fork and exec)
-            n = lab.node(name)
-            path = netlink.netns.path(n.netns)
-            cgroup = n.cgroup if n.cgroup and os.path.isdir(n.cgroup) else None
-
-            def enter(path: str = path, cgroup: str | None = cgroup) -> None:
-                setns(path)
-                if cgroup is not None:
-                    topology.join_cgroup(cgroup)
-            try:
-                procs[name] = subprocess.Popen(_node_executable() + NODE_ARGV, preexec_fn=enter,
-                                               env=lab_env(dict(inv.env, NO_COLOR="1"), str(ctx.dir), n),
-                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE)
-            except (OSError, subprocess.SubprocessError) as exc:
-                answers[name] = NodeAnswer(name, error=f"cannot run the node command in {name}: {exc}",
-                                           hint=f"check that {n.netns} exists (lace lab status)")
-
-        def wait(name: str, p: subprocess.Popen[bytes]) -> None:
-            try:
-                out, err = p.communicate(timeout=timeout)
-                answers[name] = parse_answer(name, p.returncode, out.decode(errors="replace"),
-                                             err.decode(errors="replace"))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                answers[name] = NodeAnswer(name, error=f"no answer within {timeout:g}s")
-
-        threads = [threading.Thread(target=wait, args=item, daemon=True) for item in procs.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return answers
+        outs = fanout.run_lab_nodes(inv, ctx, lab, nodes, NODE_ARGV, what="the node command", timeout=timeout,
+                                    timeout_hint=None)
+        return {o.node: _answer(o) for o in outs}
 
     return [n.name for n in lab.nodes], run
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lace.cli import args as cli_args
 from lace.cli import fanout, render
 from lace.cli.invocation import Invocation
 from lace.cli.node import metrics as node_metrics
@@ -29,11 +28,8 @@ def register(subparsers: Any) -> None:
         description="Run `node metrics` on every node (or those named with --node) at once and print each node's "
                     "metrics: datapath packets by verdict/point/reason, map pressure, conntrack entries, policy "
                     "entries, endpoints by state, reconcile duration and errors, store watch lag, flow losses.")
-    p.add_argument("--node", dest="nodes", action="append", metavar="NODE", help="only this node (repeatable)")
-    p.add_argument("--context", default=None, metavar="CONTEXT",
-                   help="kubeconfig context: the cluster's lace-node pods instead of a lab")
-    cli_args.add_lab_option(p)
-    cli_args.add_output_option(p, ("json",))
+    fanout.add_node_option(p)
+    fanout.add_target_options(p)
     p.set_defaults(handler=run)
 
 

@@ -14,12 +14,10 @@ Exit status: 0 every node answered and is healthy; 1 a node is unhealthy or did 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from lace.cli import args as cli_args
 from lace.cli import fanout, render
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
@@ -39,28 +37,20 @@ def register(subparsers: Any) -> None:
                     "watch, reconcile, IPAM, segments, policy, services, probes, datapath attach, flow collector, "
                     "MTU, map pressure and endpoints ready/total, then a summary. Exit 0: every node healthy; 1: a "
                     "node is unhealthy or did not answer; 2: bad input.")
-    p.add_argument("--node", dest="nodes", action="append", metavar="NODE", help="only this node (repeatable)")
+    fanout.add_node_option(p)
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also each loop's last success, last error and failures, every map's fill, every endpoint")
     p.add_argument("--wait", action="store_true", help="ask again until every node is healthy or --timeout runs out")
     p.add_argument("--timeout", type=float, metavar="SECONDS", default=None,
                    help=f"how long --wait waits (default {DEFAULT_TIMEOUT:g}); without --wait, how long a node "
                         f"may take to answer (default {ANSWER_TIMEOUT:g})")
-    p.add_argument("--context", default=None, metavar="CONTEXT",
-                   help="kubeconfig context: the cluster's lace-node pods instead of a lab")
-    cli_args.add_lab_option(p)
-    cli_args.add_output_option(p, ("json",))
+    fanout.add_target_options(p)
     p.set_defaults(handler=run)
 
 
 @dataclass
-class NodeStatus:
+class NodeStatus(fanout.NodeDoc):
     """One node's status document, or why it did not give one."""
-
-    node: str
-    doc: dict[str, Any] | None = None
-    error: str | None = None
-    hint: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -69,17 +59,7 @@ class NodeStatus:
 
 def parse_result(o: fanout.NodeOutput) -> NodeStatus:
     """``node status -o json`` exits 0 or 1 with its document; anything else is an error line."""
-    if o.error is not None:
-        return NodeStatus(o.node, error=o.error, hint=o.hint)
-    if o.rc in (0, 1):
-        try:
-            doc = json.loads(o.stdout)
-            if isinstance(doc, dict) and "subsystems" in doc:
-                return NodeStatus(o.node, doc)
-        except ValueError:
-            pass
-    err, hint = fanout.error_lines(o.stderr)
-    return NodeStatus(o.node, error=err or f"node status exited {o.rc} without a report", hint=hint)
+    return fanout.parse_doc(o, "subsystems", what="node status", cls=NodeStatus)
 
 
 def summary(results: list[NodeStatus]) -> str:

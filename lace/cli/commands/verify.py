@@ -13,11 +13,9 @@ Exit status: 0 every node answered and has no drift; 1 drift on a node, or a nod
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace.cli import args as cli_args
 from lace.cli import fanout, render
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
@@ -34,7 +32,7 @@ def register(subparsers: Any) -> None:
                     "owns against what the store implies, missing / stale / different entries by map with names. "
                     "Exit 0: every node answered and has no drift; 1: drift, or a node did not answer. Not audited "
                     f"(written by the datapath itself): {node_verify.NOT_AUDITED_TEXT}.")
-    p.add_argument("--node", dest="nodes", action="append", metavar="NODE", help="only this node (repeatable)")
+    fanout.add_node_option(p)
     p.add_argument("--repair", action="store_true", help="ask each agent to reprogram, then verify again")
     p.add_argument("--map", dest="maps", action="append", metavar="NAME",
                    help="audit only this map (repeatable): " + ", ".join(node_verify.AUDITED))
@@ -42,21 +40,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=int, metavar="N", default=None, help="show at most N entries per map")
     p.add_argument("--timeout", type=float, metavar="SECONDS", default=DEFAULT_TIMEOUT,
                    help=f"how long to wait for a node (default {DEFAULT_TIMEOUT:g})")
-    p.add_argument("--context", default=None, metavar="CONTEXT",
-                   help="kubeconfig context: the cluster's lace-node pods instead of a lab")
-    cli_args.add_lab_option(p)
-    cli_args.add_output_option(p, ("json",))
+    fanout.add_target_options(p)
     p.set_defaults(handler=run)
 
 
 @dataclass
-class NodeResult:
+class NodeResult(fanout.NodeDoc):
     """What one node's ``node verify -o json`` gave: its document, or why it did not answer."""
 
-    node: str
-    doc: dict[str, Any] | None = None
-    error: str | None = None
-    hint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -74,23 +65,11 @@ def node_argv(args: argparse.Namespace) -> list[str]:
 
 def parse_result(node: str, rc: int | None, stdout: str, stderr: str) -> NodeResult:
     """A node's answer: exit 0 or 1 with one JSON document, else the error line it printed."""
-    if rc in (0, 1):
-        try:
-            doc = json.loads(stdout)
-            if isinstance(doc, dict) and "maps" in doc:
-                return NodeResult(node, doc)
-        except ValueError:
-            pass
-    err, hint = fanout.error_lines(stderr)
-    if err is None:
-        err = f"node verify exited {rc} without a report"
-    return NodeResult(node, error=err, hint=hint)
+    return _result(fanout.NodeOutput(node, rc, stdout, stderr))
 
 
 def _result(o: fanout.NodeOutput) -> NodeResult:
-    if o.error is not None:
-        return NodeResult(o.node, error=o.error, hint=o.hint)
-    return parse_result(o.node, o.rc, o.stdout, o.stderr)
+    return fanout.parse_doc(o, "maps", what="node verify", cls=NodeResult)
 
 
 # ---- running it on the nodes (lace.cli.fanout) -----------------------------------------------------
