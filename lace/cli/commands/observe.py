@@ -45,6 +45,7 @@ from lace.cli import args as cli_args
 from lace.cli import render
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
+from lace.cli.node.agent_http import UnixHTTPConnection
 from lace.cli.status import ExitStatus
 
 Event = dict[str, Any]
@@ -493,18 +494,6 @@ def build_selection(specs: list[Spec], *, names: Names | None, known_nodes: list
 
 # ---- talking to the agents -----------------------------------------------------------------------
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if self.timeout is not None:
-            self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 class NodeError(Exception):
     def __init__(self, node: str, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -516,11 +505,11 @@ def url(query: dict[str, str]) -> str:
 
 
 def _open(node: str, sock: str, query: dict[str, str], timeout: float | None
-          ) -> tuple[_UnixHTTPConnection, http.client.HTTPResponse]:
+          ) -> tuple[UnixHTTPConnection, http.client.HTTPResponse]:
     hint = f"is its agent running? lace lab restart-agent {node}"
     if not os.path.exists(sock):
         raise NodeError(node, f"no agent socket {sock}", hint)
-    conn = _UnixHTTPConnection(sock, timeout)
+    conn = UnixHTTPConnection(sock, timeout)
     try:
         conn.request("GET", url(query))
         resp = conn.getresponse()
@@ -1025,7 +1014,7 @@ class _Stream(threading.Thread):
     def __init__(self, node: str, sock: str, query: dict[str, str], out: queue.Queue[Any]) -> None:
         super().__init__(name=f"observe-{node}", daemon=True)
         self.node, self.sock, self.query, self.out = node, sock, query, out
-        self.conn: _UnixHTTPConnection | None = None
+        self.conn: UnixHTTPConnection | None = None
         self.stopping = False
 
     def run(self) -> None:

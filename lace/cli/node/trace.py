@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import http.client
 import ipaddress
 import json
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -21,6 +19,7 @@ import lace.store
 from lace.cli import render
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
+from lace.cli.node.agent_http import UnixHTTPConnection
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -44,18 +43,6 @@ def register(sub: Any, add_common: Callable[..., None]) -> None:
     add_common(p)
     p.set_defaults(handler=run_flow)
     tr.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(UsageError("say what to trace: node trace flow")))
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if self.timeout is not None:
-            self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
 
 
 def query_string(args: argparse.Namespace, pod_ips: list[str] | None) -> str:
@@ -91,7 +78,7 @@ def _agent_down(node_env: NodeEnv, sock: str, exc: BaseException) -> Unavailable
 def fetch(node_env: NodeEnv, url: str, follow: bool) -> Iterator[dict[str, Any]]:
     """Flow documents from the agent (a finite list, or the followed stream)."""
     sock = node_env.require_agent_socket()
-    conn = _UnixHTTPConnection(sock, None if follow else 30.0)
+    conn = UnixHTTPConnection(sock, None if follow else 30.0)
     try:
         try:
             conn.request("GET", url)

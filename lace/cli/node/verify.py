@@ -19,9 +19,7 @@ agent). :func:`render_report` is shared with the cluster-wide ``lace verify``.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
-import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +27,7 @@ from urllib.parse import quote
 from lace.cli import render
 from lace.cli.errors import CliError, UnavailableError, UsageError
 from lace.cli.invocation import Invocation
+from lace.cli.node.agent_http import UnixHTTPConnection
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
@@ -76,18 +75,6 @@ def check_maps(names: Sequence[str] | None) -> list[str]:
 
 # ---- the agent -------------------------------------------------------------------------------------
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if self.timeout is not None:
-            self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 def _hint_restart(node_env: NodeEnv) -> str:
     return (f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
             else "restart the node's agent")
@@ -99,7 +86,7 @@ def ask_agent(node_env: NodeEnv, repair: bool, maps: list[str], timeout: float =
     method, path = ("POST", "/v1/verify/repair") if repair else ("GET", "/v1/verify")
     if maps:
         path += "?maps=" + quote(",".join(maps), safe=",")
-    conn = _UnixHTTPConnection(sock, timeout)
+    conn = UnixHTTPConnection(sock, timeout)
     try:
         try:
             conn.request(method, path)
