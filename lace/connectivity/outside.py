@@ -1,6 +1,6 @@
 """The test's server in the lab's outside namespace (the lab's internet): TCP answers an HTTP
 request with the client's address as it arrived, UDP echoes each datagram from the address it was
-sent to; both remember who came. Ports are picked by the kernel, so runs never collide."""
+sent to; both remember who came (address and source port). Ports are picked by the kernel, so runs never collide."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class OutsideServer:
         from lace.nsenter import entered
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._seen: list[tuple[str, str]] = []
+        self._seen: list[tuple[str, str, int]] = []   # (proto, address, source port)
         with entered(netns):   # sockets keep the namespace they were made in
             self.tcp = self._socket(socket.SOCK_STREAM, "::", 0)
             self.tcp_port = self.tcp.getsockname()[1]
@@ -49,7 +49,7 @@ class OutsideServer:
     def _note(self, proto: str, peer: tuple) -> str:
         addr = _addr(peer[0])
         with self._lock:
-            self._seen.append((proto, addr))
+            self._seen.append((proto, addr, peer[1]))
         return addr
 
     def _serve_tcp(self) -> None:
@@ -83,7 +83,12 @@ class OutsideServer:
 
     def seen(self, proto: str) -> set[str]:
         with self._lock:
-            return {a for p, a in self._seen if p == proto}
+            return {a for p, a, _ in self._seen if p == proto}
+
+    def ports(self, proto: str, addr: str) -> set[int]:
+        """The source ports ``addr`` came from over ``proto``."""
+        with self._lock:
+            return {port for p, a, port in self._seen if p == proto and a == addr}
 
     def close(self) -> None:
         self._stop.set()

@@ -4,14 +4,13 @@ network masquerades to the outside, and from the pod's own address when it does 
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import socket
-import threading
 import uuid
 
 import pytest
 
+from lace.connectivity.outside import OutsideServer
 from lace.datapath.common import NETWORK_OUTSIDE
 from lace.lab import topology
 from lace.nsenter import entered
@@ -21,101 +20,12 @@ from .test_nodestate import node_cmd, node_json
 from .test_services import wait_until
 
 INTERNET = {4: topology.INTERNET4, 6: topology.INTERNET6}
-TCP_PORT, UDP_PORT = 18080, 18053
 NODES = ("worker-1", "worker-2", "worker-3")
-
-
-def _addr(peer: str) -> str:
-    """A dual-stack socket's peer as the client sent it (v4-mapped addresses unwrapped)."""
-    a = ipaddress.ip_address(peer.split("%")[0])
-    return str(a.ipv4_mapped) if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else str(a)
-
-
-class OutsideServer:
-    """A TCP and a UDP server in the lab's outside namespace: TCP (on every address there) answers
-    an HTTP request with the client's address, UDP (one socket per internet address, so that an
-    echo leaves from the address it was sent to) echoes each datagram; both remember who came."""
-
-    def __init__(self, netns: str, tcp_port: int = TCP_PORT, udp_port: int = UDP_PORT) -> None:
-        self.seen: list[tuple[str, str, int]] = []   # (proto, address, port)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        with entered(netns):   # sockets keep the namespace they were made in
-            self.tcp = self._socket(socket.SOCK_STREAM, "::", tcp_port)
-            self.udp = [self._socket(socket.SOCK_DGRAM, "::ffff:" + INTERNET[4], udp_port),
-                        self._socket(socket.SOCK_DGRAM, INTERNET[6], udp_port)]
-        self.tcp.listen(64)
-        self.tcp.settimeout(0.2)
-        for u in self.udp:
-            u.settimeout(0.2)
-        self._threads = [threading.Thread(target=self._serve_tcp, daemon=True)] + [
-            threading.Thread(target=self._serve_udp, args=(u,), daemon=True) for u in self.udp]
-        for t in self._threads:
-            t.start()
-
-    @staticmethod
-    def _socket(kind: int, addr: str, port: int) -> socket.socket:
-        s = socket.socket(socket.AF_INET6, kind)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((addr, port))
-        return s
-
-    def _note(self, proto: str, peer) -> str:
-        addr = _addr(peer[0])
-        with self._lock:
-            self.seen.append((proto, addr, peer[1]))
-        return addr
-
-    def _serve_tcp(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, peer = self.tcp.accept()
-            except (socket.timeout, OSError):
-                continue
-            with conn:
-                addr = self._note("tcp", peer)
-                conn.settimeout(2)
-                with contextlib.suppress(OSError):
-                    data = b""
-                    while b"\r\n\r\n" not in data:
-                        chunk = conn.recv(4096)
-                        if not chunk:
-                            break
-                        data += chunk
-                    body = f"{addr}\n".encode()
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-
-    def _serve_udp(self, sock: socket.socket) -> None:
-        while not self._stop.is_set():
-            try:
-                data, peer = sock.recvfrom(2048)
-            except (socket.timeout, OSError):
-                continue
-            self._note("udp", peer)
-            with contextlib.suppress(OSError):
-                sock.sendto(data, peer)
-
-    def peers(self, proto: str) -> set[str]:
-        with self._lock:
-            return {a for p, a, _ in self.seen if p == proto}
-
-    def ports(self, proto: str, addr: str) -> set[int]:
-        with self._lock:
-            return {port for p, a, port in self.seen if p == proto and a == addr}
-
-    def close(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=2)
-        self.tcp.close()
-        for u in self.udp:
-            u.close()
 
 
 @pytest.fixture
 def outside(lab):
-    srv = OutsideServer(lab.status()["outside"])
+    srv = OutsideServer(lab.status()["outside"], INTERNET[4], INTERNET[6])
     try:
         yield srv
     finally:
@@ -156,17 +66,18 @@ def test_masquerade_hides_pods_behind_their_node_address(lab, ns, outside):
         client = f"{ns}/c{i}"
         for family in (4, 6):
             want = node_addr(lab, node, family)
-            rc, out = lab.exec(client, *NETCHECK, "tcp", INTERNET[family], str(TCP_PORT), "--timeout", "3")
+            rc, out = lab.exec(client, *NETCHECK, "tcp", INTERNET[family], str(outside.tcp_port),
+                               "--timeout", "3")
             assert rc == 0 and out.strip() == want, f"{client} -> {INTERNET[family]} over TCP: {out}"
-            ok, out = lab.check(client, "udp", INTERNET[family], UDP_PORT, timeout=3)
+            ok, out = lab.check(client, "udp", INTERNET[family], outside.udp_port, timeout=3)
             assert ok, f"{client} -> {INTERNET[family]} over UDP: {out}"
-            assert want in outside.peers("udp")
+            assert want in outside.seen("udp")
             rc, out = lab.exec(client, "ping", "-c", "1", "-W", "3", INTERNET[family])
             assert rc == 0, f"{client} pings {INTERNET[family]}: {out}"
             # from the masquerade range, never a pod address
-            assert all(49152 <= p <= 65535 for p in outside.ports("tcp", want)), outside.seen
+            assert all(49152 <= p <= 65535 for p in outside.ports("tcp", want)), outside.ports("tcp", want)
     pod_addrs = {a for i in range(2) for a in ips(lab.pods(ns)[f"c{i}"]) if a}
-    assert not pod_addrs & (outside.peers("tcp") | outside.peers("udp")), outside.seen
+    assert not pod_addrs & (outside.seen("tcp") | outside.seen("udp")), (outside.seen("tcp"), outside.seen("udp"))
     # the node shows the translation: the pod's entry and its port reservation
     text = str(node_json(lab, "worker-1", "ct", "list", "all", "-n"))
     assert node_addr(lab, "worker-1", 4) in text and "masq" in text
@@ -188,8 +99,8 @@ def test_without_masquerade_the_outside_sees_the_pod(lab, ns, outside):
     pods = lab.wait(ns, ["c"])
     v4, v6 = ips(pods["c"])
     for family, addr in ((4, v4), (6, v6)):
-        send_datagram(lab, f"{ns}/c", INTERNET[family], UDP_PORT, "unmasqueraded")
-        wait_until(lambda: addr in outside.peers("udp"), f"the outside to see {addr}", timeout=10)
+        send_datagram(lab, f"{ns}/c", INTERNET[family], outside.udp_port, "unmasqueraded")
+        wait_until(lambda: addr in outside.seen("udp"), f"the outside to see {addr}", timeout=10)
     assert_routed_outside(lab, net, masquerade=False)
 
 
