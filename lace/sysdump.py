@@ -280,21 +280,12 @@ class Collector:
 def write_archive(root: str, out: str, top: str) -> None:
     """``root`` as ``out`` (.tar.gz), every path under ``top/``; written to a temporary name first."""
     import tarfile
-    import tempfile
-    directory = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".sysdump.", suffix=".tar.gz")
-    os.close(fd)
-    try:
+
+    from lace.lab.files import replacing
+    with replacing(out, prefix=".sysdump.", suffix=".tar.gz") as tmp:
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(root, arcname=top)
         os.chmod(tmp, 0o600)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _node_main(argv: list[str]) -> int:

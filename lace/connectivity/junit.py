@@ -4,8 +4,6 @@ flows seen, ``<skipped>`` with what the cluster lacks."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,15 +50,6 @@ def to_xml(results: Sequence[Result], *, duration: float, timestamp: str = "", h
 
 def write(path: str, data: bytes) -> None:
     """Write atomically (a reader never sees half a report)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".junit.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from lace.lab.files import replacing
+    with replacing(path, prefix=".junit.", suffix="") as tmp, open(tmp, "wb") as f:
+        f.write(data)
