@@ -425,29 +425,16 @@ class Runner:
     # -- checks ------------------------------------------------------------------------------------
 
     def _spawn(self, p: Plan) -> subprocess.Popen[bytes]:
-        from pyroute2.netns import setns   # imported here, never in a forked child
-
-        from lace import netlink
         from lace.lab import cluster, topology
         from lace.lab.mountns import PrivateFile
         kind, who = p.where
-        cgroup = None
-        private = None
         if kind == "pod":
             rec = cluster.pod_sandbox(self.state_dir, self.ns, who)
-            path = netlink.netns.path(rec["netns"])
             private = PrivateFile(rec["resolv_conf"]) if rec.get("resolv_conf") else None
+            enter = topology.entering(rec["netns"], None, *([private.enter] if private is not None else []))
         else:
             node = self.lab.node(who)
-            path = netlink.netns.path(node.netns)
-            cgroup = node.cgroup if node.cgroup and os.path.isdir(node.cgroup) else None
-
-        def enter() -> None:
-            setns(path)
-            if cgroup is not None:
-                topology.join_cgroup(cgroup)
-            if private is not None:
-                private.enter()
+            enter = topology.entering(node.netns, node.cgroup)
         return subprocess.Popen(p.argv, preexec_fn=enter, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
 

@@ -100,7 +100,6 @@ def lab_env(env: Mapping[str, str], state_dir: str, node: Any) -> dict[str, str]
 
 
 def exec_lab(args: argparse.Namespace, cmd: list[str], inv: Invocation) -> int:
-    from lace import netlink
     from lace.lab import topology
     name = getattr(args, "lab", None) or inv.env.get("LACE_LAB") or current_lab(inv.env)
     if not name:
@@ -113,15 +112,7 @@ def exec_lab(args: argparse.Namespace, cmd: list[str], inv: Invocation) -> int:
     if node is None:
         raise NotFoundError(f'lab "{name}" has no node "{args.node}"',
                             hint="nodes: " + ", ".join(n.name for n in lab.nodes))
-    path = netlink.netns.path(node.netns)
-    cgroup = node.cgroup if node.cgroup and os.path.isdir(node.cgroup) else None
-
-    def enter() -> None:
-        from pyroute2.netns import setns
-        setns(path)
-        if cgroup is not None:
-            topology.join_cgroup(cgroup)
-
+    enter = topology.entering(node.netns, node.cgroup)
     argv = _node_executable() + cmd[1:]
     passthrough = inv.stdout is sys.stdout and inv.stderr is sys.stderr
     try:
