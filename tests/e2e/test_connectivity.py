@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 
-from lace.connectivity import scenarios as S
+from lace.cli.connectivity import scenarios as S
 from lace.datapath import registry
 from lace.lab.kubelet import Sandboxes
 

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from lace.connectivity.outside import OutsideServer
+from lace.cli.connectivity.outside import OutsideServer
 from lace.datapath.common import NETWORK_OUTSIDE
 from lace.lab import topology
 from lace.nsenter import entered

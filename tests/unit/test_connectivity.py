@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from lace.cli.main import main as lace_main
-from lace.connectivity import junit
-from lace.connectivity import runner as R
-from lace.connectivity import scenarios as S
-from lace.connectivity.judge import FAIL, PASS, SKIP, Outcome, Result, check_answer, flow_matches, judge, \
+from lace.cli.connectivity import junit
+from lace.cli.connectivity import runner as R
+from lace.cli.connectivity import scenarios as S
+from lace.cli.connectivity.judge import FAIL, PASS, SKIP, Outcome, Result, check_answer, flow_matches, judge, \
     select_flows
 
 BY_NAME = {s.name: s for s in S.SCENARIOS}
@@ -223,7 +223,7 @@ def test_plans_resolve_roles_to_commands_and_flow_filters():
     p = R.plan(BY_NAME["pod-to-outside/masquerade/ipv4/tcp"], env)
     assert p.argv[-4:-2] == ["203.0.113.1", "40001"] and p.want == ["198.18.0.1"] and "198.18.0.1" in p.sources
     p = R.plan(BY_NAME["large-payload/cross-node/ipv6"], env)
-    assert p.argv[-5:] == ["lace.connectivity.pmtu", "fd00::1:2", "5353", "--mtu", "1460"]
+    assert p.argv[-5:] == ["lace.cli.connectivity.pmtu", "fd00::1:2", "5353", "--mtu", "1460"]
     p = R.plan(BY_NAME["host-to-pod/probe-isolated"], env)
     assert p.where == ("none", "") and ("10.244.0.9", 8080) in p.dests
     p = R.plan(BY_NAME["dns/service-name"], env)

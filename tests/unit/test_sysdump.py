@@ -10,7 +10,7 @@ import tarfile
 import tempfile
 from types import SimpleNamespace
 
-from lace import sysdump
+from lace.cli import sysdump
 from lace.datapath import registry
 from lace.store import kinds as K
 

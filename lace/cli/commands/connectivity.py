@@ -1,5 +1,5 @@
 """``lace connectivity test [--test REGEX] [--junit FILE] [--namespace NS]``: deploy the test's own
-pods across the nodes, run the named scenarios (lace.connectivity.scenarios), report each as it
+pods across the nodes, run the named scenarios (lace.cli.connectivity.scenarios), report each as it
 finishes, and remove everything again — also when interrupted (SIGINT, SIGTERM).
 
 A scenario fails when its check did not get the answer it must get (or got through where it must
@@ -123,7 +123,7 @@ class _Report:
             self.status = None
 
     def __call__(self, r: Any) -> None:
-        from lace.connectivity.judge import FAIL, PASS
+        from lace.cli.connectivity.judge import FAIL, PASS
         self.done += 1
         word = {PASS: "PASS", FAIL: "FAIL"}.get(r.status, "SKIP")
         style = {PASS: "green", FAIL: "bold red"}.get(r.status, "yellow")
@@ -153,8 +153,8 @@ class _Report:
 
 
 def run_test(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
-    from lace.connectivity import scenarios as S
-    from lace.connectivity.judge import FAIL, PASS, SKIP
+    from lace.cli.connectivity import scenarios as S
+    from lace.cli.connectivity.judge import FAIL, PASS, SKIP
     try:
         chosen = S.select(args.patterns)
     except S.BadPattern as exc:
@@ -169,7 +169,7 @@ def run_test(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         for s in chosen:
             inv.stdout.write(f"{s.name:48} {s.description}\n")
         return ExitStatus.OK
-    from lace.connectivity.runner import DeployError, Runner
+    from lace.cli.connectivity.runner import DeployError, Runner
     from lace.lab import topology
     from lace.store import NotFound
     ctx = inv.lab(args)
@@ -227,7 +227,7 @@ def run_test(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         inv.stdout.write("\nfailed:\n" + "".join(f"  {r.scenario.name}: {r.message}\n" for r in failed))
     inv.stdout.write(summary + "\n")
     if args.junit:
-        from lace.connectivity import junit
+        from lace.cli.connectivity import junit
         junit.write(args.junit, junit.to_xml(results, duration=elapsed, timestamp=stamp, hostname=socket.gethostname(),
                                              properties={"lab": ctx.name, "namespace": runner.ns},
                                              flow_text=_flow_line))

@@ -1,6 +1,6 @@
 """``lace sysdump [-o FILE.tar.gz] [--node NODE…]``: one archive with every node's maps, conntrack,
 flows, devices, agent status and metrics, the lab's logs, the store's objects and the lab's
-topology, for offline analysis; secrets never included. What goes in: :mod:`lace.sysdump`.
+topology, for offline analysis; secrets never included. What goes in: :mod:`lace.cli.sysdump`.
 
 A node that is down (or a command that fails on it) is recorded in the archive's ``index.json``
 under ``errors``; the rest is still collected and the exit status is 0. Exit 2: bad command line
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
-    from lace import sysdump
+    from lace.cli import sysdump
     from lace.lab import topology
     ctx = inv.lab(args)
     if not ctx.dir.is_dir():

@@ -2,7 +2,7 @@
 cluster has programmed them, run the checks (several at once), judge each from its answer and the
 flows every node recorded during it, and remove everything again.
 
-The roles and what they are for are described in :mod:`lace.connectivity.scenarios`. Only the
+The roles and what they are for are described in :mod:`lace.cli.connectivity.scenarios`. Only the
 objects the selected scenarios need are deployed. Checks run as processes inside the source's
 namespace — a pod's (with its resolv.conf, as ``lace lab exec``) or a node's host namespace and
 host cgroup (as ``lace exec --node``) — all spawned from the calling thread, then waited for and
@@ -39,7 +39,7 @@ SERVICE = "echo"
 SERVICE_PORTS = {80: 8080, 53: 5353}   # service port -> the pods' port behind it
 PROBE_PORT = 8080
 NETCHECK = [sys.executable, "-m", "lace.lab.netcheck"]
-PMTU = [sys.executable, "-m", "lace.connectivity.pmtu"]
+PMTU = [sys.executable, "-m", "lace.cli.connectivity.pmtu"]
 #: resolve a name through the pod's resolv.conf until every wanted address is there (or 10 s)
 RESOLVE_CODE = r"""
 import socket, sys, time

@@ -3,7 +3,7 @@ are expected on the way and what the scenario needs from the cluster.
 
 Each scenario names a *source* and a *target* among the test's actors (the pods the runner
 deploys, a node's host, the lab's outside) by role, so that this table is pure: the runner
-resolves roles to addresses and processes (:mod:`lace.connectivity.runner`).
+resolves roles to addresses and processes (:mod:`lace.cli.connectivity.runner`).
 
 Actors the runner deploys (namespace ``lace-connectivity-<random>`` unless ``--namespace``), on
 node A (the first node) and node B (the second; A again on a one-node cluster):
@@ -41,7 +41,7 @@ CAPABILITIES = (SERVICES, DNS, OUTSIDE, MASQUERADE, IPV6, TWO_NODES, PROBES, POL
 # how a scenario is exercised
 TCP = "tcp"            # HTTP GET (lace.lab.netcheck tcp): the answer is who answered
 UDP = "udp"            # one datagram echoed (lace.lab.netcheck udp), from the address it was sent to
-PMTU = "pmtu"          # a UDP datagram filling the pod MTU, don't-fragment, echoed (lace.connectivity.pmtu)
+PMTU = "pmtu"          # a UDP datagram filling the pod MTU, don't-fragment, echoed (lace.cli.connectivity.pmtu)
 RESOLVE = "resolve"    # getaddrinfo of the service's name through the pod's resolv.conf
 SEND = "send"          # one datagram to the outside, no answer expected: the outside must see it
 PROBE = "probe"        # the kubelet's readiness probe of the pod passed (its Ready condition)

@@ -15,7 +15,7 @@ packs it as a .tar.gz).
     nodes/<node>/metrics.txt       the agent's /metrics
 
 Each node's part is collected by one process inside the node (its network namespace and host
-cgroup, as ``lace exec --node`` runs node commands): ``python -m lace.sysdump node DIR``, which
+cgroup, as ``lace exec --node`` runs node commands): ``python -m lace.cli.sysdump node DIR``, which
 runs the node commands in-process and writes what each gave and why one failed. A node that is
 down, or a command that fails, is recorded in ``index.json`` under ``errors`` and the rest is still
 collected.
@@ -246,7 +246,7 @@ class Collector:
             outdir = os.path.join(self.root, "nodes", n.name)
             os.makedirs(outdir, exist_ok=True)
             try:
-                procs[n.name] = spawn(n, [sys.executable, "-m", "lace.sysdump", "node", outdir],
+                procs[n.name] = spawn(n, [sys.executable, "-m", "lace.cli.sysdump", "node", outdir],
                                       lab_env(dict(os.environ, NO_COLOR="1"), self.state_dir, n))
             except (OSError, subprocess.SubprocessError) as exc:
                 procs[n.name] = None
@@ -290,7 +290,7 @@ def write_archive(root: str, out: str, top: str) -> None:
 
 def _node_main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "node":
-        print("usage: python -m lace.sysdump node OUTDIR", file=sys.stderr)
+        print("usage: python -m lace.cli.sysdump node OUTDIR", file=sys.stderr)
         return 2
     result = collect_node(argv[1], dict(os.environ))
     print(json.dumps(result))

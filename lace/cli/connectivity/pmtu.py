@@ -1,4 +1,4 @@
-"""``python -m lace.connectivity.pmtu HOST PORT --mtu N``: one UDP datagram that fills an MTU of N
+"""``python -m lace.cli.connectivity.pmtu HOST PORT --mtu N``: one UDP datagram that fills an MTU of N
 exactly (N - 28 bytes of payload over IPv4, N - 48 over IPv6), sent with don't-fragment, must come
 back whole from HOST:PORT (a UDP echo). Run inside a pod, with N its interface MTU.
 
