@@ -7,6 +7,7 @@ filled past 90 % behind the agent's back (flagged with its fill, healthy again o
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -150,7 +151,9 @@ def test_a_map_nearly_full_is_flagged(lab):
             rc, out, err = lab.lace("status", check=False)
             assert rc == 1, out + err
             assert "worker-2: maps failing" in out, out
-            assert f"ct-icmp-v4 {count}/{m.max_entries} entries (" in out and "full, over 90%)" in out
+            # the table holds what we wrote and whatever ICMP flows the lab's own traffic left there
+            flagged = re.search(rf"ct-icmp-v4 (\d+)/{m.max_entries} entries \([\d.]+% full, over 90%\)", out)
+            assert flagged and int(flagged.group(1)) >= count, out
             rc, out, _ = lab.lace("metrics", "--node", "worker-2", "-o", "json")
             assert "ct-icmp-v4" in out
         finally:
