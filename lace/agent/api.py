@@ -10,6 +10,20 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
+import orjson
+
+#: what orjson needs to take every document the agent serves (numbers of NumPy, int dict keys)
+_ORJSON = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+def ndjson_line(doc: Any) -> bytes:
+    """One NDJSON line: orjson (several times faster than json on the flow stream), json for what
+    orjson refuses (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(doc, option=_ORJSON)
+    except TypeError:
+        return json.dumps(doc).encode() + b"\n"
+
 log = logging.getLogger("lace.agent.api")
 
 Handler = Callable[[dict[str, Any]], tuple[int, Any]]
@@ -94,7 +108,7 @@ class ApiServer:
                 self.close_connection = True
                 try:
                     for doc in lines:
-                        self.wfile.write(json.dumps(doc).encode() + b"\n")
+                        self.wfile.write(ndjson_line(doc))
                         self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     pass
