@@ -23,6 +23,8 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from lace.store.kinds import container_port
+
 #: the probe fields of a container, in the order a kubelet starts them
 PROBE_FIELDS = ("startupProbe", "livenessProbe", "readinessProbe")
 #: handlers that connect to the pod over TCP
@@ -56,19 +58,7 @@ def handler(probe: dict[str, Any]) -> str | None:
 
 def resolve_port(container: dict[str, Any], port: Any) -> int | None:
     """A probe's port: a number, or the name of one of the container's TCP containerPorts."""
-    if isinstance(port, int) and not isinstance(port, bool):
-        return port if 0 < port < 65536 else None
-    text = str(port)
-    if text.isdigit():
-        n = int(text)
-        return n if 0 < n < 65536 else None
-    for p in container.get("ports") or ():
-        if p.get("name") == text and (p.get("protocol") or "TCP").upper() == "TCP":
-            try:
-                return int(p["containerPort"])
-            except (KeyError, TypeError, ValueError):
-                return None
-    return None
+    return container_port([container], port, "TCP")
 
 
 def probes(pod: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:

@@ -68,17 +68,9 @@ def selects(service: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 def target_port(service_port: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
     """The pod port a service port sends to: a number as is, a name looked up in the pod's
     containers (same protocol), None if the pod has no such port."""
-    target = service_port.get("targetPort", service_port.get("port"))
-    if isinstance(target, int):
-        return target
-    if isinstance(target, str) and target.isdigit():
-        return int(target)
-    protocol = service_port.get("protocol") or "TCP"
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        for port in container.get("ports") or ():
-            if port.get("name") == target and (port.get("protocol") or "TCP") == protocol:
-                return int(port["containerPort"])
-    return None
+    return K.container_port((pod.get("spec") or {}).get("containers"),
+                            service_port.get("targetPort", service_port.get("port")),
+                            service_port.get("protocol") or "TCP")
 
 
 def _pod_ready(pod: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from typing import Any
 
 from lace.store.errors import UnknownKind
 
@@ -143,6 +144,26 @@ def kind_info(kind: str) -> KindInfo:
             f'unknown kind "{kind}"', hint="known kinds: " + ", ".join(k.kind for k in KINDS)
         )
     return info
+
+
+def container_port(containers: Any, port: Any, protocol: str = "TCP") -> int | None:
+    """A port as a Service's targetPort or a probe names it: a number (1..65535) as is, or the name
+    of one of ``containers``' ports of ``protocol``, resolved to its containerPort; None when no
+    container has it. Service endpoints and kubelet probes resolve names this one way."""
+    if isinstance(port, int) and not isinstance(port, bool):
+        return port if 0 < port < 65536 else None
+    text = str(port)
+    if text.isdigit():
+        n = int(text)
+        return n if 0 < n < 65536 else None
+    for container in containers or ():
+        for p in container.get("ports") or ():
+            if p.get("name") == text and (p.get("protocol") or "TCP").upper() == protocol.upper():
+                try:
+                    return int(p["containerPort"])
+                except (KeyError, TypeError, ValueError):
+                    return None
+    return None
 
 
 def pod_network(pod: dict) -> str:
