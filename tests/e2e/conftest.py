@@ -11,6 +11,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -81,6 +83,30 @@ class LabHandle:
 
     def node(self, name: str) -> dict[str, Any]:
         return next(n for n in self.status()["nodes"] if n["name"] == name)
+
+
+def wait_for(fn, what: str, timeout: float = 30.0, interval: float = 0.1):
+    """fn()'s first truthy value, polled every ``interval`` seconds; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = fn()
+        if out:
+            return out
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+@contextmanager
+def agent_down(lab: LabHandle, node: str) -> Iterator[None]:
+    """``node``'s agent SIGKILLed (and seen down by the lab) for the block; restarted afterwards."""
+    import signal
+    from lace.lab import procs
+    assert procs.kill(f"agent-{node}", lab.dir, signal.SIGKILL)
+    try:
+        wait_for(lambda: lab.node(node)["agent"] == "down", f"the agent of {node} to be down", 10, 0.05)
+        yield
+    finally:
+        lab.lace("lab", "restart-agent", node)
 
 
 def pod(name: str, ns: str, node: str | None = None, network: str | None = None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 
 import pytest
@@ -17,7 +16,7 @@ from lace.datapath import registry
 from lace.datapath.endpoint import ENDPOINT
 from lace.datapath.node import PinnedMaps
 
-from .conftest import ips, network, pod
+from .conftest import ips, network, pod, wait_for
 
 PORT = 8080
 
@@ -28,15 +27,6 @@ def flaky_pod(name: str, ns: str, node: str) -> dict:
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "lace/podserver",
                                                        "ports": [{"containerPort": PORT}], "readinessProbe": probe}]}}
 
-
-def wait_for(fn, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = fn()
-        if out:
-            return out
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

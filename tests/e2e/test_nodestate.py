@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .conftest import NETCHECK, pod, ips
+from .conftest import NETCHECK, agent_down, ips, pod
 
 
 def node_cmd(lab, node: str, *argv: str, check: bool = True) -> tuple[int, str]:
@@ -155,14 +155,7 @@ def test_device_list_shows_programs_on_every_pod_veth_and_the_uplink(lab, talked
 
 
 def test_maps_conntrack_and_devices_read_with_the_agent_down(lab, talked):
-    import signal
-    from lace.lab import procs
-    assert procs.kill("agent-worker-1", lab.dir, signal.SIGKILL)
-    try:
-        deadline = time.monotonic() + 10
-        while lab.node("worker-1")["agent"] != "down":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with agent_down(lab, "worker-1"):
         rc, out = node_cmd(lab, "worker-1", "bpf", "show", "veth")
         assert f"{talked['ns']}/alice" in out
         node_json(lab, "worker-1", "ct", "list", "all")
@@ -170,8 +163,6 @@ def test_maps_conntrack_and_devices_read_with_the_agent_down(lab, talked):
         assert "lace_from_pod" in out
         rc, out = node_cmd(lab, "worker-1", "trace", "flow", "--last", "1", check=False)
         assert rc != 0 and "worker-1" in out, "trace needs the agent, and says which one is down"
-    finally:
-        lab.lace("lab", "restart-agent", "worker-1")
 
 
 def test_two_followers_see_the_same_new_flow(lab, talked):

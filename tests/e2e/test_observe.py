@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from .conftest import namespace, pod, ips
+from .conftest import agent_down, ips, namespace, pod
 
 LACE = os.path.join(os.path.dirname(sys.executable), "lace")
 
@@ -192,16 +192,8 @@ def test_bad_input_exits_2_with_a_hint(lab, argv, needle):
 
 
 def test_a_node_down_is_named_and_the_rest_shown(lab, obs):
-    from lace.lab import procs
-    assert procs.kill("agent-worker-3", lab.dir, signal.SIGKILL)
-    try:
-        deadline = time.monotonic() + 10
-        while lab.node("worker-3")["agent"] != "down":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with agent_down(lab, "worker-3"):
         rc, out, err = lab.lace("observe", "--namespace", obs["ns"], check=False)
         assert rc == 1
         assert "node worker-3 did not answer" in err and "hint: " in err
         assert "[worker-2]" in out and "[worker-1]" in out
-    finally:
-        lab.lace("lab", "restart-agent", "worker-3")

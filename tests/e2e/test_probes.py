@@ -18,7 +18,7 @@ import pytest
 
 from lace.lab import topology
 
-from .conftest import ips, network
+from .conftest import ips, network, wait_for
 
 PORT = 8080
 
@@ -47,15 +47,6 @@ def condition(p: dict, kind: str = "Ready") -> str | None:
 def restarts(p: dict) -> int:
     return sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or ())
 
-
-def wait_for(fn, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = fn()
-        if out:
-            return out
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def wait_ready(lab, ns: str, names: list[str], timeout: float = 40) -> dict[str, dict]:

@@ -11,7 +11,6 @@ tampers and verifies at once."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import pytest
@@ -20,11 +19,10 @@ from lace.datapath import registry
 from lace.datapath.endpoint import ENDPOINT
 from lace.datapath.node import PinnedMaps
 from lace.datapath.routing import route_value, routing_key
-from lace.lab import procs
 from lace.cni.client import call
 from lace.lab.cluster import agent_socket
 
-from .conftest import ips, namespace, pod
+from .conftest import agent_down, ips, namespace, pod
 
 BOGUS = "192.0.2.0/24"
 
@@ -142,12 +140,7 @@ def test_bad_input_is_one_line_with_a_hint(lab):
 
 
 def test_a_node_whose_agent_is_down_is_named_and_the_rest_shown(lab, pods):
-    assert procs.kill("agent-worker-3", lab.dir, signal.SIGKILL)
-    try:
-        deadline = time.monotonic() + 10
-        while lab.node("worker-3")["agent"] != "down":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with agent_down(lab, "worker-3"):
         rc, out, err = lab.lace("verify", check=False)
         assert rc == 1, out + err
         assert "node worker-3: did not answer: the agent of worker-3 is not answering" in out
@@ -158,5 +151,3 @@ def test_a_node_whose_agent_is_down_is_named_and_the_rest_shown(lab, pods):
         assert rc == 1 and set(doc["nodes"]) == {"worker-1", "worker-2"} and list(doc["unanswered"]) == ["worker-3"]
         rc, out, err = lab.lace("exec", "--node", "worker-3", "--", "node", "verify", check=False)
         assert rc == 5 and "worker-3" in err and "lace lab restart-agent worker-3" in err
-    finally:
-        lab.lace("lab", "restart-agent", "worker-3")
