@@ -115,15 +115,14 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 			}
 			return forward_to_pod(skb, f, cfg, 0, cfg->underlay_addr);
 		}
-		/* a probe target: of another network only for the kubelet's socket; another port of a
-		 * probe address is no target (its marker). A default-network pod's entry is for the
-		 * record only: the walk goes on as for any host flow. */
-		p = probe_lookup(f->daddr, f->dport, f->proto, f->family);
-		if (!p)
-			p = probe_lookup(f->daddr, 0, 0, f->family);
-		if (p) {
+		/* a probe address (it has a marker): only its probe targets, and only for the kubelet's
+		 * socket, go on into the pod of another network; every other port is denied. Any other
+		 * destination costs this one lookup: a default-network pod's entries have no marker and
+		 * are for the record only, the walk goes on as for any host flow. */
+		if (probe_marked(f->family, f->daddr)) {
 			f->dst_network = net;   /* addressed inside the default network, until translated */
-			if (p->flags & LACE_PROBE_F_ADDRESS)
+			p = probe_lookup(f->daddr, f->dport, f->proto, f->family);
+			if (!p)
 				return lace_drop(skb, f, LACE_DROP_PROBE_DENIED);
 			if (p->network != net) {
 				rc = probe_new_flow(skb, f, p, &d);
