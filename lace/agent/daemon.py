@@ -189,7 +189,8 @@ class Agent:
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
             self.datapath.apply(changes, OWNED_MAPS)
-            self._collect_probe_cookies(want["probes"])
+            if resync or "probes" in changes:   # a target went, or a release hook was missed
+                self._collect_probe_cookies(want["probes"])
             changed = {}
             for name, ch in changes.items():
                 n = len(ch.updates) + len(ch.deletes)
