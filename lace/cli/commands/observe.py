@@ -26,19 +26,17 @@ import argparse
 import collections
 import datetime
 import heapq
-import http.client
 import ipaddress
 import json
 import os
 import queue
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
 import orjson
@@ -47,8 +45,12 @@ from lace.cli import args as cli_args
 from lace.cli import render
 from lace.cli.errors import UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.node.agent_http import UnixHTTPConnection
 from lace.cli.status import ExitStatus
+
+if TYPE_CHECKING:   # http.client (ssl, email: ~20 ms) loads when flows are read, not with every `lace` command
+    import http.client
+
+    from lace.cli.node.agent_http import UnixHTTPConnection
 
 Event = dict[str, Any]
 
@@ -516,6 +518,9 @@ def url(query: dict[str, str]) -> str:
 
 def _open(node: str, sock: str, query: dict[str, str], timeout: float | None
           ) -> tuple[UnixHTTPConnection, http.client.HTTPResponse]:
+    import http.client
+
+    from lace.cli.node.agent_http import UnixHTTPConnection
     hint = f"is its agent running? lace lab restart-agent {node}"
     if not os.path.exists(sock):
         raise NodeError(node, f"no agent socket {sock}", hint)
@@ -1028,6 +1033,7 @@ class _Stream(threading.Thread):
         self.stopping = False
 
     def run(self) -> None:
+        import http.client
         err: NodeError | None = None
         try:
             conn, resp = _open(self.node, self.sock, self.query, None)
@@ -1055,6 +1061,7 @@ class _Stream(threading.Thread):
         c = self.conn
         if c is not None and c.sock is not None:
             try:
+                import socket
                 c.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass

@@ -9,13 +9,15 @@ Exit status: 0, 2 bad command line, 5 the agent is not answering.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lace.cli import render
 from lace.cli.errors import CliError, UnavailableError
 from lace.cli.invocation import Invocation
-from lace.cli.node.env import NodeEnv
 from lace.cli.status import ExitStatus
+
+if TYPE_CHECKING:   # lace.bpf (and numpy) load when a node command runs, not with `lace --help`
+    from lace.cli.node.env import NodeEnv
 
 
 def register(sub: Any, add_common: Callable[..., None]) -> None:
@@ -55,6 +57,7 @@ def fetch(node_env: NodeEnv, timeout: float = 30.0) -> str:
 
 
 def run_metrics(args: Any, inv: Invocation) -> ExitStatus:
+    from lace.cli.node.env import NodeEnv
     text = fetch(NodeEnv.from_env(inv.env))
     if args.output == "json":
         render.write_json(inv.stdout, parse(text))

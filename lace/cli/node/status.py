@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lace.cli import render as cli_render
 from lace.cli.errors import CliError, UnavailableError
 from lace.cli.invocation import Invocation
-from lace.cli.node.env import NodeEnv
 from lace.cli.status import ExitStatus
+
+if TYPE_CHECKING:   # lace.bpf (and numpy) load when a node command runs, not with `lace --help`
+    from lace.cli.node.env import NodeEnv
 
 AGENT_TIMEOUT = 30.0
 
@@ -117,6 +119,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
 
 
 def run_status(args: Any, inv: Invocation) -> ExitStatus:
+    from lace.cli.node.env import NodeEnv
     node_env = NodeEnv.from_env(inv.env)
     doc = ask_agent(node_env)
     doc.setdefault("askedAt", time.time())

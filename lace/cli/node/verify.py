@@ -21,16 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from lace.cli import render
 from lace.cli.errors import CliError, UnavailableError, UsageError
 from lace.cli.invocation import Invocation
-from lace.cli.node.agent_http import UnixHTTPConnection
-from lace.cli.node.env import NodeEnv
-from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
+
+if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command runs, not with `lace --help`
+    from lace.cli.node.env import NodeEnv
+    from lace.cli.node.resolve import NumericResolver
 
 #: the maps the agent owns and the audit compares (lace.agent.desired.OWNED_MAPS), in its order
 AUDITED = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
@@ -86,6 +87,7 @@ def ask_agent(node_env: NodeEnv, repair: bool, maps: list[str], timeout: float =
     method, path = ("POST", "/v1/verify/repair") if repair else ("GET", "/v1/verify")
     if maps:
         path += "?maps=" + quote(",".join(maps), safe=",")
+    from lace.cli.node.agent_http import UnixHTTPConnection
     conn = UnixHTTPConnection(sock, timeout)
     try:
         try:
@@ -332,6 +334,8 @@ def status_of(doc: dict[str, Any]) -> ExitStatus:
 
 def run_verify(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     maps = check_maps(args.maps)
+    from lace.cli.node.env import NodeEnv
+    from lace.cli.node.resolve import for_node
     node_env = NodeEnv.from_env(inv.env)
     doc = ask_agent(node_env, args.repair, maps)
     res = for_node(args.numeric, node_env.require_store)
