@@ -256,6 +256,8 @@ class Names:
     segments: dict[int, dict[str, Any]] = field(default_factory=dict)     # ID -> spec
     policies: dict[int, str] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
+    #: names already given, by (kind, ID): the output names every event, the names never change
+    _given: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_objects(cls, objects: dict[str, list[dict[str, Any]]]) -> Names:
@@ -330,6 +332,18 @@ class Names:
 
     # -- names for output --
     def network_name(self, nid: int) -> str:
+        name = self._given.get(("network", nid))
+        if name is None:
+            name = self._given[("network", nid)] = self._network_name(nid)
+        return name
+
+    def segment_name(self, seg: int) -> str:
+        name = self._given.get(("segment", seg))
+        if name is None:
+            name = self._given[("segment", seg)] = self._segment_name(seg)
+        return name
+
+    def _network_name(self, nid: int) -> str:
         from lace.datapath.common import RESERVED_NETWORKS
         if not nid:
             return "-"
@@ -337,7 +351,7 @@ class Names:
             return RESERVED_NETWORKS[nid]
         return self.network_names.get(nid) or RESERVED_NETWORKS.get(nid) or f"network {nid}"
 
-    def segment_name(self, seg: int) -> str:
+    def _segment_name(self, seg: int) -> str:
         from lace.datapath.common import RESERVED_SEGMENTS
         if not seg:
             return "-"
