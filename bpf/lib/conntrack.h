@@ -58,21 +58,41 @@ static __always_inline struct lace_ct_entry *ct_lookup(__u8 family, __u8 proto, 
 	return bpf_map_lookup_elem(&lace_ct_icmp6, &k->v6);
 }
 
+/* Store e under k with the map update flags (BPF_ANY; BPF_NOEXIST to claim a key). */
 static __always_inline long ct_insert(__u8 family, __u8 proto, union lace_ct_key *k,
-				      struct lace_ct_entry *e)
+				      const struct lace_ct_entry *e, __u64 flags)
 {
 	if (family == LACE_FAMILY_IPV4) {
 		if (proto == IPPROTO_TCP)
-			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, BPF_ANY);
+			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, flags);
 		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
-			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, BPF_ANY);
-		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, BPF_ANY);
+			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, flags);
+		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, flags);
 	}
 	if (proto == IPPROTO_TCP)
-		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, BPF_ANY);
+		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, flags);
 	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
-		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, BPF_ANY);
-	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, BPF_ANY);
+		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, flags);
+	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, flags);
+}
+
+static __always_inline void ct_delete(__u8 family, __u8 proto, union lace_ct_key *k)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			bpf_map_delete_elem(&lace_ct_tcp4, &k->v4);
+		else if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+			bpf_map_delete_elem(&lace_ct_udp4, &k->v4);
+		else
+			bpf_map_delete_elem(&lace_ct_icmp4, &k->v4);
+		return;
+	}
+	if (proto == IPPROTO_TCP)
+		bpf_map_delete_elem(&lace_ct_tcp6, &k->v6);
+	else if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+		bpf_map_delete_elem(&lace_ct_udp6, &k->v6);
+	else
+		bpf_map_delete_elem(&lace_ct_icmp6, &k->v6);
 }
 
 static __always_inline __u64 ct_timeout_ns(__u8 state)
@@ -291,7 +311,7 @@ static __always_inline int ct_store(const struct lace_flow *f, __u32 network, co
 	union lace_ct_key k;
 
 	ct_key(&k, f->family, network, f->proto, saddr, daddr, sport, dport);
-	if (ct_insert(f->family, f->proto, &k, e) < 0)
+	if (ct_insert(f->family, f->proto, &k, e, BPF_ANY) < 0)
 		return LACE_DROP_CT_FULL;
 	return 0;
 }

@@ -94,24 +94,6 @@ static __always_inline void masq_key(union lace_ct_key *k, const struct lace_flo
 	ct_key(k, f->family, LACE_NETWORK_OUTSIDE, f->proto, node, f->daddr, port, dport);
 }
 
-/* Insert e under k with the map update flags (BPF_NOEXIST to claim a port). */
-static __always_inline long masq_insert(__u8 family, __u8 proto, union lace_ct_key *k,
-					const struct lace_ct_entry *e, __u64 flags)
-{
-	if (family == LACE_FAMILY_IPV4) {
-		if (proto == IPPROTO_TCP)
-			return bpf_map_update_elem(&lace_ct_tcp4, &k->v4, e, flags);
-		if (proto == IPPROTO_UDP)
-			return bpf_map_update_elem(&lace_ct_udp4, &k->v4, e, flags);
-		return bpf_map_update_elem(&lace_ct_icmp4, &k->v4, e, flags);
-	}
-	if (proto == IPPROTO_TCP)
-		return bpf_map_update_elem(&lace_ct_tcp6, &k->v6, e, flags);
-	if (proto == IPPROTO_UDP)
-		return bpf_map_update_elem(&lace_ct_udp6, &k->v6, e, flags);
-	return bpf_map_update_elem(&lace_ct_icmp6, &k->v6, e, flags);
-}
-
 /* Whether reservation r already stands for f's own pod address and port in f's network. */
 static __always_inline int masq_owned(const struct lace_ct_entry *r, const struct lace_flow *f)
 {
@@ -126,32 +108,12 @@ static __always_inline int masq_claim(union lace_ct_key *k, const struct lace_fl
 {
 	struct lace_ct_entry *old;
 
-	if (masq_insert(f->family, f->proto, k, e, BPF_NOEXIST) == 0)
+	if (ct_insert(f->family, f->proto, k, e, BPF_NOEXIST) == 0)
 		return 1;
 	old = ct_lookup(f->family, f->proto, k);
 	if (!old || (old->expires_ns >= now && !masq_owned(old, f)))
 		return 0;
-	return masq_insert(f->family, f->proto, k, e, BPF_ANY) == 0;
-}
-
-/* Remove the reservation under k (a new flow that could not be recorded after all). */
-static __always_inline void masq_release(__u8 family, __u8 proto, union lace_ct_key *k)
-{
-	if (family == LACE_FAMILY_IPV4) {
-		if (proto == IPPROTO_TCP)
-			bpf_map_delete_elem(&lace_ct_tcp4, &k->v4);
-		else if (proto == IPPROTO_UDP)
-			bpf_map_delete_elem(&lace_ct_udp4, &k->v4);
-		else
-			bpf_map_delete_elem(&lace_ct_icmp4, &k->v4);
-		return;
-	}
-	if (proto == IPPROTO_TCP)
-		bpf_map_delete_elem(&lace_ct_tcp6, &k->v6);
-	else if (proto == IPPROTO_UDP)
-		bpf_map_delete_elem(&lace_ct_udp6, &k->v6);
-	else
-		bpf_map_delete_elem(&lace_ct_icmp6, &k->v6);
+	return ct_insert(f->family, f->proto, k, e, BPF_ANY) == 0;
 }
 
 /* Write the source of f's packet over with node:port (an echo: its identifier). f keeps the pod
@@ -259,7 +221,7 @@ __lace_subprog int masq_new_flow(struct __sk_buff *skb, struct lace_flow *f, con
 	rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &s->e);
 	if (rc) {
 		masq_key(&k, f, node.b, port);
-		masq_release(f->family, f->proto, &k);
+		ct_delete(f->family, f->proto, &k);   /* a new flow that could not be recorded after all */
 		return rc;
 	}
 	return masq_rewrite_source(skb, f, node.b, port);
@@ -285,7 +247,7 @@ __lace_subprog int masq_forward(struct __sk_buff *skb, struct lace_flow *f, stru
 		if (r && r->expires_ns >= now)
 			return LACE_DROP_NAT_FAILED;   /* the port went to another flow meanwhile */
 		/* copied map to map, then made a reservation in place (no entry on the stack) */
-		if (masq_insert(f->family, f->proto, &k, pe, r ? BPF_ANY : BPF_NOEXIST) < 0)
+		if (ct_insert(f->family, f->proto, &k, pe, r ? BPF_ANY : BPF_NOEXIST) < 0)
 			return LACE_DROP_NAT_FAILED;
 		r = ct_lookup(f->family, f->proto, &k);
 		if (r) {

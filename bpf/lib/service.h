@@ -252,7 +252,7 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	}
 	/* the backend entry was evicted: rebuild it from the frontend entry (copied map to map, then
 	 * turned into a backend entry in place: no 100-byte copy on the stack) */
-	if (ct_insert(f->family, f->proto, &k, fe) < 0)
+	if (ct_insert(f->family, f->proto, &k, fe, BPF_ANY) < 0)
 		return LACE_DROP_CT_FULL;
 	be = ct_lookup(f->family, f->proto, &k);
 	if (be) {
