@@ -271,18 +271,10 @@ PROBE_PORT = 8080
 def in_kubelet(b: Bench, node: str, argv: list[str], cpu: int, timeout: float = 300):
     """Run argv on the node's host (its namespace) as the node's kubelet (its cgroup) does."""
     from lace.lab import topology
-    netns = topology.netns_name(LAB, node)
-    group = topology.kubelet_cgroup(topology.node_cgroup(LAB, node))
-    fd = os.open(netlink.netns.path(netns), os.O_RDONLY | os.O_CLOEXEC)
-
-    def enter() -> None:   # between fork and exec
-        nsenter.setns(fd)
-        topology.join_cgroup(group)
-    try:
-        return subprocess.run(["taskset", "-c", str(cpu)] + argv, preexec_fn=enter, capture_output=True,
-                              text=True, timeout=timeout)
-    finally:
-        os.close(fd)
+    enter = topology.entering(topology.netns_name(LAB, node),
+                              topology.kubelet_cgroup(topology.node_cgroup(LAB, node)))
+    return subprocess.run(["taskset", "-c", str(cpu)] + argv, preexec_fn=enter, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def probed_pod(name: str, net: str | None, liveness: bool = False) -> dict:
@@ -423,14 +415,9 @@ def probe_load(b: Bench, count: int, window: float) -> dict[str, Any]:
         wait_ready(b, names, 60 + count)
         ready_s = time.monotonic() - t0
         time.sleep(2)   # past the burst of first probes and status writes
-        pids = watched()
-        hz = os.sysconf("SC_CLK_TCK")
         first = _fresh_stats(b, time.monotonic())
-        before, c0 = {k: _cpu_ticks(pid) for k, pid in pids.items()}, time.monotonic()
-        time.sleep(window)
+        busy = _cpu_share(watched(), window)
         last = _fresh_stats(b, time.monotonic())
-        elapsed = time.monotonic() - c0
-        busy = {k: (_cpu_ticks(pid) - before[k]) / hz / elapsed * 100 for k, pid in pids.items()}
         span = last["monotonic"] - first["monotonic"]
         w0, w1 = first["nodes"].get("worker-1", {}), last["nodes"].get("worker-1", {})
         delta = {k: w1.get(k, 0) - w0.get(k, 0) for k in ("run", "success", "failure", "unknown")}
