@@ -334,19 +334,26 @@ static __always_inline void ct_make_alias(struct lace_ct_entry *e, const struct 
 	e->flags = LACE_CT_F_ALIAS;
 }
 
+/* Store a new flow's entry e (from ct_init) under its source network, and its reply alias when it
+ * needs one (e becomes the alias). Returns 0 or a drop reason. */
+static __always_inline int ct_record(const struct lace_flow *f, struct lace_ct_entry *e, __u64 now)
+{
+	int rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, e);
+
+	if (rc || !ct_needs_alias(f))
+		return rc;
+	ct_make_alias(e, f, now);
+	return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, e);
+}
+
 /* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0
  * or a drop reason. */
 __lace_subprog int ct_create(const struct lace_flow *f, __u64 now)
 {
 	struct lace_ct_entry e = {};
-	int rc;
 
 	ct_init(&e, f, now);
-	rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
-	if (rc || !ct_needs_alias(f))
-		return rc;
-	ct_make_alias(&e, f, now);
-	return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+	return ct_record(f, &e, now);
 }
 
 #endif

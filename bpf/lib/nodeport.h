@@ -119,15 +119,10 @@ __lace_subprog int nodeport_new_flow(struct __sk_buff *skb, struct lace_flow *f,
 __lace_subprog int nodeport_ct_create_remote(const struct lace_flow *f, const __u8 *origin, __u64 now)
 {
 	struct lace_ct_entry e = {};
-	int rc;
 
 	ct_init(&e, f, now);
 	lace_copy16(e.nat_addr, origin);
-	rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
-	if (rc || !ct_needs_alias(f))
-		return rc;
-	ct_make_alias(&e, f, now);
-	return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+	return ct_record(f, &e, now);
 }
 
 /* A backend pod's reply of a flow another node's frontend sent here (its entry e, found through
