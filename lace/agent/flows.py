@@ -29,11 +29,12 @@ import collections
 import ipaddress
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from lace.datapath.trace import TRACE_EVENT
 
 log = logging.getLogger("lace.agent.flows")
 
@@ -52,8 +53,8 @@ RING_LOST_INDEX = 0
 
 # ---- decoding ---------------------------------------------------------------------------------
 
-#: struct lace_trace_event, little-endian, no padding (the ports are big-endian: swapped below)
-_EVENT = struct.Struct("<QIIBBHBBBBIIII16s16sHHI16sHBBI16sIHH")
+#: struct lace_trace_event as its Layout compiles it (the big-endian ports come as raw u16: swapped below)
+_EVENT = TRACE_EVENT.struct
 
 
 def _labels() -> dict[str, Any]:

@@ -26,11 +26,11 @@ from lace.datapath.common import Verdict
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.trace import METRICS_POINT_BITS, METRICS_REASON_BITS, METRICS_VALUE
 
+from .flows import RING_LOST_INDEX   # not a packet counter: flow events the ring buffer could not take
+
 log = logging.getLogger("lace.agent.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-#: metrics map index 0 counts flow events the ring buffer could not take (lace.agent.flows)
-RING_LOST_INDEX = 0
 IP_FREEBIND = 15
 IPV6_FREEBIND = 78
 

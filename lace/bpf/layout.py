@@ -110,6 +110,12 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout({self.c_name}, size={self.size})"
 
+    @property
+    def struct(self) -> struct.Struct:
+        """The compiled record format: little-endian, fields in order (``be16`` fields read as their
+        raw little-endian u16), padding skipped — for a hand-tuned decoder of one hot record."""
+        return self._struct
+
     def field(self, name: str) -> Field:
         return self._by_name[name]
 
