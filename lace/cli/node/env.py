@@ -89,3 +89,19 @@ class NodeEnv:
             raise UsageError(f"{ENV_AGENT_SOCKET} is not set: the agent of {self.node_name} cannot be reached",
                              hint=_HINT_EXEC)
         return self.agent_socket
+
+    def restart_hint(self) -> str:
+        """What to do about an agent that does not answer."""
+        return f"restart it: lace lab restart-agent {self.node}" if self.node else "restart the node's agent"
+
+    def get_agent(self, path: str, timeout: float) -> tuple[int, object]:
+        """``GET path`` on the node's agent: (status, body); an agent that does not answer is an
+        UnavailableError naming the node and its socket."""
+        from lace.cni.client import AgentUnavailable, call
+        sock = self.require_agent_socket()
+        try:
+            return call(sock, "GET", path, timeout=timeout)
+        except AgentUnavailable as exc:
+            raise UnavailableError(f"the agent of {self.node_name} is not answering on {sock}: "
+                                   f"{str(exc).rpartition('is not answering: ')[2]}",
+                                   hint=self.restart_hint()) from None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lace.cli import render
-from lace.cli.errors import CliError, UnavailableError
+from lace.cli.errors import CliError
 from lace.cli.invocation import Invocation
 from lace.cli.status import ExitStatus
 
@@ -42,15 +42,7 @@ def parse(text: str) -> dict[str, Any]:
 
 
 def fetch(node_env: NodeEnv, timeout: float = 30.0) -> str:
-    from lace.cni.client import AgentUnavailable, call
-    sock = node_env.require_agent_socket()
-    try:
-        code, body = call(sock, "GET", "/metrics", timeout=timeout)
-    except AgentUnavailable as exc:
-        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: "
-                               f"{str(exc).rpartition('is not answering: ')[2]}",
-                               hint=f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
-                               else "restart the node's agent") from None
+    code, body = node_env.get_agent("/metrics", timeout)
     if code != 200:
         raise CliError(f"the agent of {node_env.node_name} gave no metrics ({code}): {body!r:.200}")
     return body.decode() if isinstance(body, bytes) else str(body)

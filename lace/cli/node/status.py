@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lace.cli import render as cli_render
-from lace.cli.errors import CliError, UnavailableError
+from lace.cli.errors import CliError
 from lace.cli.invocation import Invocation
 from lace.cli.status import ExitStatus
 
@@ -40,16 +40,7 @@ def register(sub: Any, add_common: Callable[..., None]) -> None:
 
 
 def ask_agent(node_env: NodeEnv, timeout: float = AGENT_TIMEOUT) -> dict[str, Any]:
-    from lace.cni.client import AgentUnavailable, call
-    sock = node_env.require_agent_socket()
-    try:
-        code, doc = call(sock, "GET", "/v1/status", timeout=timeout)
-    except AgentUnavailable as exc:
-        hint = (f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
-                else "restart the node's agent")
-        raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: "
-                               f"{str(exc).rpartition('is not answering: ')[2]}",
-                               hint=hint) from None
+    code, doc = node_env.get_agent("/v1/status", timeout)
     if code != 200 or not isinstance(doc, dict) or "subsystems" not in doc:
         err = doc.get("error") if isinstance(doc, dict) else str(doc)[:200]
         raise CliError(f"the agent of {node_env.node_name} gave no status ({code}): {err}",

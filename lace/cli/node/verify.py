@@ -76,11 +76,6 @@ def check_maps(names: Sequence[str] | None) -> list[str]:
 
 # ---- the agent -------------------------------------------------------------------------------------
 
-def _hint_restart(node_env: NodeEnv) -> str:
-    return (f"restart it: lace lab restart-agent {node_env.node}" if node_env.node
-            else "restart the node's agent")
-
-
 def ask_agent(node_env: NodeEnv, repair: bool, maps: list[str], timeout: float = AGENT_TIMEOUT) -> dict[str, Any]:
     """The agent's audit document (``lace.agent.verify``)."""
     sock = node_env.require_agent_socket()
@@ -98,7 +93,7 @@ def ask_agent(node_env: NodeEnv, repair: bool, maps: list[str], timeout: float =
             raise UnavailableError(f"the agent of {node_env.node_name} is not answering on {sock}: "
                                    f"{exc.strerror or exc}",
                                    hint="the audit needs the agent (it knows the desired state); "
-                                        + _hint_restart(node_env)) from None
+                                        + node_env.restart_hint()) from None
     finally:
         conn.close()
     try:
@@ -107,7 +102,7 @@ def ask_agent(node_env: NodeEnv, repair: bool, maps: list[str], timeout: float =
         doc = {"error": body.decode(errors="replace")[:200]}
     if resp.status == 404:
         raise UnavailableError(f"the agent of {node_env.node_name} does not serve the drift audit",
-                               hint="it predates `node verify`: " + _hint_restart(node_env))
+                               hint="it predates `node verify`: " + node_env.restart_hint())
     if resp.status == 400:
         raise UsageError(f"the agent refused the request: {doc.get('error')}")
     if resp.status != 200:
