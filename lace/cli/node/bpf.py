@@ -143,7 +143,7 @@ def view_routing(entries: list[Entry], res: NumericResolver, names: Names, args:
         k, val = e.key, e.value
         dst = "outside" if val["outside"] else _net(res, val["dst_network"])
         if val.get("service_map_full"):
-            dst = "dropped: map-full (a service frontend the full services map left out)"
+            dst = render.SERVICE_MAP_FULL_ROUTE
         v.rows.append([_net(res, k["src_network"]), k["prefix"], dst, "yes" if val["masquerade"] else "no"])
         doc = {**k, **val}
         _names(res, doc, src_network=k["src_network"], dst_network=val["dst_network"])

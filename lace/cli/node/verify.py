@@ -193,7 +193,7 @@ class Namer:
             return f'{v["role"]} {v["mac"]}'
         if name == "routing":
             if v.get("service_map_full"):
-                return "dropped: map-full (a frontend the full services map left out)"
+                return render.SERVICE_MAP_FULL_ROUTE
             dst = "outside" if v.get("outside") else self.net(v["dst_network"])
             return f"to {dst}" + (" masquerade" if v.get("masquerade") else "")
         if name == "delivery":
