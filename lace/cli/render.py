@@ -40,9 +40,9 @@ EMPTY_CELL: dict[TableKind, str] = {"objects": "<none>", "node": "-"}
 #: a cell left blank on purpose (the continuation rows of a multi-row entry): printed as nothing
 BLANK = "\0"
 
-
 #: how a routing entry flagged SERVICE_MAP_FULL reads (node bpf show routing, node verify)
 SERVICE_MAP_FULL_ROUTE = "dropped: map-full (a service frontend the full services map left out)"
+
 
 def cell(value: Any, table: TableKind = "objects") -> str:
     """A cell's text: ``BLANK`` is nothing, no value (None or "") is ``EMPTY_CELL[table]``,
