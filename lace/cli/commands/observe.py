@@ -925,17 +925,14 @@ def lab_sockets(args: argparse.Namespace, inv: Invocation) -> dict[str, str]:
                 raise UsageError(f'--agent "{a}" is not NODE=SOCKET')
             out[node] = path
         return out
+    from lace.cli import fanout
     from lace.cli.commands.exec import target
-    from lace.lab import cluster, topology
+    from lace.lab import cluster
     args.context = getattr(args, "context", None)
     if target(args, inv.env) == "kubernetes":
         raise UnavailableError("lace observe reads the nodes' agents of a lab; on a cluster it is not supported yet",
                                hint="lace exec --node NODE -- node trace flow (one node)")
-    ctx = inv.lab(args)
-    lab = topology.load(ctx.name, state_dir=str(ctx.dir))
-    if lab is None:
-        raise UnavailableError(f'lab "{ctx.name}" is not running (its namespaces are gone)',
-                               hint=f"lace lab up --name {ctx.name}")
+    ctx, lab = fanout.lab_nodes(args, inv)
     return {n.name: cluster.agent_socket(str(ctx.dir), n.name) for n in lab.nodes}
 
 
