@@ -491,9 +491,10 @@ class Kubelet:
     def _probe_restart(self, uid: str, why: str) -> None:
         self._serial(uid, self.restart_pod, uid, why)
 
-    def pod_status(self, uid: str) -> dict | None:
-        """The pod's whole status as it is now (None when it does not run here)."""
-        rec, pp = self.sandboxes.get(uid), self.prober.get(uid)
+    def pod_status(self, uid: str, rec: dict | None = None) -> dict | None:
+        """The pod's whole status as it is now (None when it does not run here); ``rec``: its sandbox
+        record when the caller has read it already."""
+        rec, pp = rec if rec is not None else self.sandboxes.get(uid), self.prober.get(uid)
         if rec is None or not rec.get("ready") or pp is None:
             return None
         status = {k: v for k, v in (rec.get("status") or {}).items() if k in BASE_STATUS}
@@ -502,12 +503,13 @@ class Kubelet:
             status["containerStatuses"] = pp.container_statuses()
         return status
 
-    def write_status(self, uid: str) -> bool:
-        """Write the pod's status unless it is what was written last; False if the pod is gone."""
-        status = self.pod_status(uid)
+    def write_status(self, uid: str, rec: dict | None = None) -> bool:
+        """Write the pod's status unless it is what was written last; False if the pod is gone.
+        ``rec``: its sandbox record when the caller has read it already (one disk read per write)."""
+        rec = rec if rec is not None else self.sandboxes.get(uid)
+        status = self.pod_status(uid, rec)
         if status is None or self._written.get(uid) == status:
             return True
-        rec = self.sandboxes.get(uid)
         assert rec is not None
         try:
             self.store.update_status("pods", rec["name"], rec["namespace"], status)
@@ -567,7 +569,7 @@ class Kubelet:
             return
         if pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
             return   # being deleted: finish_pod stops it
-        self.write_status(uid)   # not ready while it restarts
+        self.write_status(uid, rec)   # not ready while it restarts
         grace = pp.cause_grace if pp.cause_grace is not None else \
             (pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE)
         log.warning("pod %s/%s: %s: restarting its processes", rec["namespace"], rec["name"], why)
