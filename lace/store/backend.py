@@ -12,9 +12,13 @@ above it (``rules.py``, ``allocate.py``, composed by ``registry.py``) so every b
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TypeVar
 
 from lace.store.api import Watch
+
+T = TypeVar("T")
 
 
 class Transaction(abc.ABC):
@@ -67,6 +71,20 @@ class Backend(abc.ABC):
 
         ``write=False`` is a read-only snapshot; ``dry_run`` rolls back even on a clean exit.
         """
+
+    def run(self, body: Callable[[Transaction], T], *, write: bool = True,
+            dry_run: bool = False) -> T:
+        """Run ``body`` in one transaction and return what it returned: how the layers above run
+        every transaction.
+
+        A backend whose commit can lose a race with another writer (etcd's optimistic
+        transactions) runs ``body`` again on a fresh snapshot until it wins, so ``body`` keeps its
+        effects inside the transaction (or redoes them harmlessly). This default runs it once, for
+        a backend whose write transactions lock out every other writer (SQLite's BEGIN IMMEDIATE)
+        and so never lose.
+        """
+        with self.transaction(write=write, dry_run=dry_run) as txn:
+            return body(txn)
 
     @abc.abstractmethod
     def watch(self, kinds: list[str] | None, since: int | None, timeout: float | None) -> Watch:

@@ -2,8 +2,10 @@
 
 Like kube-apiserver's generic registry: this layer owns the API semantics all kinds share (kind
 names, namespace defaulting, status as a subresource, generation, optimistic concurrency, apply and
-dry run) and runs every call as one backend transaction, inside which the per-kind rules
-(``rules.py``) and the allocators (``allocate.py``) read and write. A backend (``backend.py``)
+dry run) and runs every call as one backend transaction (``Backend.run``, which may run a call's
+body again where the backend's commit lost a race: the bodies keep their effects inside the
+transaction), inside which the per-kind rules (``rules.py``) and the allocators (``allocate.py``)
+read and write. A backend (``backend.py``)
 therefore holds no domain code, and a new one gets every rule by being passed in here.
 """
 
@@ -177,15 +179,17 @@ class RegistryStore(Store):
         try:
             # every open makes sure the cluster's built-in objects exist; only a store that lacks
             # one takes the write lock (every CLI call and node command opens the store)
-            with backend.transaction(write=False) as txn:
-                missing = [o for o in rules.builtin_objects()
-                           if txn.get(o["kind"], "", o["metadata"]["name"]) is None]
-            if missing:
-                with backend.transaction() as txn:
-                    w = Writer(txn)
-                    for obj in missing:
-                        if w.get(obj["kind"], obj["metadata"]["name"]) is None:
-                            w.create(obj)
+            def missing(txn: Transaction) -> list[dict]:
+                return [o for o in rules.builtin_objects()
+                        if txn.get(o["kind"], "", o["metadata"]["name"]) is None]
+
+            def create_missing(txn: Transaction) -> None:
+                w = Writer(txn)
+                for obj in missing(txn):
+                    w.create(obj)
+
+            if backend.run(missing, write=False):
+                backend.run(create_missing)
         except BaseException:
             backend.close()
             raise
@@ -201,8 +205,7 @@ class RegistryStore(Store):
         return self.backend.revision()
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        with self.backend.transaction(write=False) as txn:
-            return _stored(txn, kind, name, namespace)
+        return self.backend.run(lambda txn: _stored(txn, kind, name, namespace), write=False)
 
     def list(self, kind: str, namespace: str | None = None,
              label_selector: Selector = None) -> ListResult:
@@ -219,19 +222,21 @@ class RegistryStore(Store):
             except InvalidSelector as err:
                 raise ValidationError("label selector", err.field, err.problem) from None
             selector = label_selector
-        with self.backend.transaction(write=False) as txn:
-            items = txn.list(info.kind, namespace if info.namespaced else None)
-            rv = txn.revision()
+        items, rv = self.backend.run(
+            lambda txn: (txn.list(info.kind, namespace if info.namespaced else None), txn.revision()),
+            write=False)
         if selector is not None:
             items = [o for o in items if matches(selector, o["metadata"].get("labels") or {})]
         return ListResult(items, str(rv))
 
     def create(self, obj: Mapping[str, Any]) -> dict:
-        with self.backend.transaction() as txn:
+        def body(txn: Transaction) -> dict:
             w = Writer(txn)
             created = w.create(dict(obj))
             w.finish()
             return created
+
+        return self.backend.run(body)
 
     def apply_all(self, objs: Iterable[Mapping[str, Any]], *, dry_run: bool = False) -> list[ApplyResult]:
         normalized: list[dict] = []
@@ -253,12 +258,14 @@ class RegistryStore(Store):
             seen[key] = i
             normalized.append(norm)
         order = sorted(range(len(normalized)), key=lambda i: K.APPLY_ORDER[normalized[i]["kind"]])
-        results: list[ApplyResult | None] = [None] * len(normalized)
-        with self.backend.transaction(dry_run=dry_run) as txn:
+
+        def body(txn: Transaction) -> list[ApplyResult]:
+            results: list[ApplyResult | None] = [None] * len(normalized)
             w = Writer(txn)
             for i in order:
                 try:
-                    results[i] = w.apply(normalized[i])
+                    # a copy: the rules may fill in the object, and a retried body starts afresh
+                    results[i] = w.apply(copy.deepcopy(normalized[i]))
                 except StoreError as err:
                     if isinstance(err, ValidationError):
                         err.index = i
@@ -268,12 +275,15 @@ class RegistryStore(Store):
             except ValidationError as err:
                 err.index = next((i for i, o in enumerate(normalized) if object_ref(o) == err.ref), None)
                 raise
-        return [r for r in results if r is not None]
+            return [r for r in results if r is not None]
+
+        return self.backend.run(body, dry_run=dry_run)
 
     def update(self, obj: Mapping[str, Any]) -> dict:
         new_meta = (obj.get("metadata") or {}) if isinstance(obj, Mapping) else {}
         wanted_rv = new_meta.get("resourceVersion")
-        with self.backend.transaction() as txn:
+
+        def body(txn: Transaction) -> dict:
             new = rules.validate(txn, obj)
             meta = new["metadata"]
             info = K.kind_info(new["kind"])
@@ -286,10 +296,13 @@ class RegistryStore(Store):
             w.finish()
             return result.object
 
+        return self.backend.run(body)
+
     def update_status(self, kind: str, name: str, namespace: str | None, status: Mapping[str, Any],
                       resource_version: str | None = None) -> dict:
         info = K.resolve_kind(kind)
-        with self.backend.transaction() as txn:
+
+        def body(txn: Transaction) -> dict:
             existing = _stored(txn, kind, name, namespace)
             _check_rv(existing, resource_version)
             new_status = copy.deepcopy(dict(status))
@@ -303,9 +316,11 @@ class RegistryStore(Store):
                 return existing
             return txn.update(candidate)
 
+        return self.backend.run(body)
+
     def delete(self, kind: str, name: str, namespace: str | None = None, *,
                grace_period: int | None = 0, uid: str | None = None) -> dict:
-        with self.backend.transaction() as txn:
+        def body(txn: Transaction) -> dict:
             obj = _stored(txn, kind, name, namespace)
             if uid is not None and obj["metadata"].get("uid") != uid:
                 raise Conflict(f'{object_ref(obj)} is another object than the one meant (uid '
@@ -318,6 +333,8 @@ class RegistryStore(Store):
                 return txn.update(obj)
             return Writer(txn).delete(obj)
 
+        return self.backend.run(body)
+
     def watch(self, kinds: list[str] | None = None, since: int | str | None = None,
               timeout: float | None = None) -> Watch:
         names = None if kinds is None else sorted({K.resolve_kind(k).kind for k in kinds})
@@ -326,18 +343,18 @@ class RegistryStore(Store):
     # ---- allocators (allocate.py), each one transaction ---------------------------------------
 
     def allocate_segment(self, network: str, namespace: str, labels: Mapping[str, str]) -> int:
-        with self.backend.transaction() as txn:
-            return allocate.allocate_segment(Writer(txn), network, namespace, labels)
+        return self.backend.run(
+            lambda txn: allocate.allocate_segment(Writer(txn), network, namespace, labels))
 
     def allocate_block(self, network: str, node: str, family: int | str, prefixlen: int,
                        *, additional: bool = False) -> str:
-        with self.backend.transaction() as txn:
-            return allocate.allocate_block(Writer(txn), network, node, family, prefixlen,
-                                           additional=additional)
+        return self.backend.run(
+            lambda txn: allocate.allocate_block(Writer(txn), network, node, family, prefixlen,
+                                                additional=additional))
 
     def leases_for(self, node: str, container_id: str) -> list[dict]:
-        with self.backend.transaction(write=False) as txn:
-            return allocate.leases_for(Writer(txn), node, container_id)
+        return self.backend.run(lambda txn: allocate.leases_for(Writer(txn), node, container_id),
+                                write=False)
 
     def allocate_leases(self, network: str, node: str, cidrs: Sequence[IPNet], pod: str,
                         container_id: str, ifname: str) -> list[Lease]:
@@ -349,9 +366,9 @@ class RegistryStore(Store):
             # one transaction per family, so each address is written with the block it came from
             for version in sorted({c.version for c in cidrs}):
                 family = [c for c in cidrs if c.version == version]
-                with self.backend.transaction() as txn:
-                    out.append(allocate.allocate_lease(Writer(txn), network, family, node, pod,
-                                                       container_id, ifname))
+                out.append(self.backend.run(
+                    lambda txn: allocate.allocate_lease(Writer(txn), network, family, node, pod,
+                                                        container_id, ifname)))
         except BaseException:
             self._delete_leases([lease.name for lease in out])
             raise
