@@ -16,10 +16,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from lace.store.api import Store, Watch, WatchEvent
+from lace.store.cache import ObjectCache, object_key
 from lace.store.errors import Gone, NotFound, StoreError
 
 from . import endpointslices as E
@@ -31,47 +31,7 @@ RESYNC_SECONDS = 30.0
 RETRY_SECONDS = 1.0
 
 
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-
-
-class Cache:
-    """The controller's view of the store: objects by kind and namespace/name, each at the newest
-    revision seen (a replayed older event never overwrites a newer object)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, dict]] = {kind: {} for kind in KINDS}
-        #: revision of the newest deletion seen per key, so a replayed create cannot resurrect it
-        self._gone: dict[tuple[str, str], int] = {}
-
-    def replace(self, kind: str, items: list[dict]) -> None:
-        self.objects[kind] = {_key(o): o for o in items}
-
-    def put(self, obj: dict) -> dict | None:
-        """Store ``obj`` unless a newer version (or deletion) is known; returns the previous one."""
-        kind, key = obj["kind"], _key(obj)
-        old = self.objects[kind].get(key)
-        if (old is not None and _rv(old) >= _rv(obj)) or self._gone.get((kind, key), 0) >= _rv(obj):
-            return old
-        self.objects[kind][key] = obj
-        return old
-
-    def remove(self, obj: dict) -> dict | None:
-        kind, key = obj["kind"], _key(obj)
-        old = self.objects[kind].get(key)
-        if old is not None and _rv(old) > _rv(obj):
-            return None
-        self._gone[(kind, key)] = max(self._gone.get((kind, key), 0), _rv(obj))
-        return self.objects[kind].pop(key, None)
-
-    def in_namespace(self, kind: str, namespace: str) -> list[dict]:
-        prefix = f"{namespace}/"
-        return [o for k, o in self.objects[kind].items() if k.startswith(prefix)]
+_key = object_key
 
 
 class EndpointSliceController:
@@ -80,7 +40,7 @@ class EndpointSliceController:
     def __init__(self, store: Store, *, resync: float = RESYNC_SECONDS) -> None:
         self.store = store
         self.resync = resync
-        self.cache = Cache()
+        self.cache = ObjectCache(KINDS)
         self.dirty: set[str] = set()
         self.retry: dict[str, float] = {}
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -111,12 +71,7 @@ class EndpointSliceController:
         self.events.put(("stopped", None))
 
     def _apply_event(self, ev: WatchEvent) -> None:
-        obj = ev.object
-        if ev.type == "DELETED":
-            old = self.cache.remove(obj)
-        else:
-            old = self.cache.put(obj)
-        self._mark(obj, old)
+        self._mark(ev.object, self.cache.apply(ev.type, ev.object))
 
     def _mark(self, obj: dict, old: dict | None) -> None:
         """The Services this change can affect."""

@@ -1,0 +1,62 @@
+"""A client's cache of stored objects, as Kubernetes' informers keep one: filled by a list, then
+kept by the watch events that follow it.
+
+Events may be replayed (a watch restarted from an older revision than the list it follows), so
+each object is kept at the newest revision seen: an older event never overwrites a newer object,
+and a deletion is remembered by revision so a replayed create cannot bring the object back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (``/name`` for a cluster-scoped object)."""
+    meta = obj.get("metadata") or {}
+    return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
+
+
+def object_revision(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+
+
+class ObjectCache:
+    """Objects of some kinds by kind and ``namespace/name``, each at the newest revision seen."""
+
+    def __init__(self, kinds: Iterable[str]) -> None:
+        self.objects: dict[str, dict[str, dict]] = {kind: {} for kind in kinds}
+        #: revision of the newest deletion seen per key, so a replayed create cannot resurrect it
+        self._gone: dict[tuple[str, str], int] = {}
+
+    def replace(self, kind: str, items: list[dict]) -> None:
+        """Everything of one kind, from a list."""
+        self.objects[kind] = {object_key(o): o for o in items}
+
+    def put(self, obj: dict) -> dict | None:
+        """Store ``obj`` unless a newer version (or deletion) is known; returns the previous one."""
+        kind, key = obj["kind"], object_key(obj)
+        old = self.objects[kind].get(key)
+        rv = object_revision(obj)
+        if (old is not None and object_revision(old) >= rv) or self._gone.get((kind, key), 0) >= rv:
+            return old
+        self.objects[kind][key] = obj
+        return old
+
+    def remove(self, obj: dict) -> dict | None:
+        """Forget ``obj`` unless a newer version is known; returns what was removed."""
+        kind, key = obj["kind"], object_key(obj)
+        old = self.objects[kind].get(key)
+        if old is not None and object_revision(old) > object_revision(obj):
+            return None
+        self._gone[(kind, key)] = max(self._gone.get((kind, key), 0), object_revision(obj))
+        return self.objects[kind].pop(key, None)
+
+    def apply(self, event_type: str, obj: dict) -> dict | None:
+        """One watch event (ADDED, MODIFIED or DELETED); returns the object it replaced or removed."""
+        return self.remove(obj) if event_type == "DELETED" else self.put(obj)
+
+    def in_namespace(self, kind: str, namespace: str) -> list[dict]:
+        prefix = f"{namespace}/"
+        return [o for k, o in self.objects[kind].items() if k.startswith(prefix)]
