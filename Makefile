@@ -5,7 +5,7 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 BUILD      := build
 CLANG      ?= clang
-APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 sockperf iputils-ping netcat-openbsd iptables nftables dnsmasq-base
+APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 sockperf iputils-ping netcat-openbsd iptables nftables dnsmasq-base etcd-server
 BPF_CFLAGS := -O2 -g -target bpf -mcpu=v3 -Wall -Werror -Wno-unused-function \
               -I$(BUILD)/include -Ibpf/include -Ibpf
 

@@ -12,7 +12,9 @@ Three layers, like kube-apiserver's storage stack, each knowing only the one bel
    ``allocate.py`` (network and segment IDs, segments, per-node IP blocks, pod address leases).
 3. **The Store callers use** (``api.py``, the interface; ``registry.py``, ``RegistryStore``, which
    composes a backend with the rules and the allocators). ``SqliteStore(path)`` (``embedded.py``)
-   is that Store over the SQLite backend.
+   is that Store over the SQLite backend, ``EtcdStore(endpoints)`` (``etcd.py``) over an etcd v3
+   cluster; ``open_store(spec)`` (``config.py``) picks one from a spec string (a path, or
+   ``etcd://...``), which is how every component opens the store.
 
 Beside them: errors in ``errors.py``, kinds and their names in ``kinds.py``, label selectors in
 ``selectors.py``. Importing this package (or ``errors``/``kinds``) stays cheap — no sqlite3,
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from lace.store.api import ApplyResult, Lease, ListResult, Store, Watch, WatchEvent
     from lace.store.registry import RegistryStore
     from lace.store.embedded import SqliteStore
+    from lace.store.etcd import EtcdStore
+    from lace.store.config import StoreConfig, open_store
 
 # The file a lab's store lives in, inside the lab's state directory.
 STORE_FILE = "store.db"
@@ -43,12 +47,14 @@ _LAZY = {
     "ApplyResult": "lace.store.api", "Lease": "lace.store.api", "ListResult": "lace.store.api",
     "Store": "lace.store.api", "Watch": "lace.store.api", "WatchEvent": "lace.store.api",
     "RegistryStore": "lace.store.registry", "SqliteStore": "lace.store.embedded",
+    "EtcdStore": "lace.store.etcd", "StoreConfig": "lace.store.config", "open_store": "lace.store.config",
 }
 
 __all__ = [
-    "STORE_FILE", "AlreadyExists", "ApplyResult", "Conflict", "Exhausted", "Forbidden", "Gone",
-    "IpamExhausted", "Lease", "ListResult", "NotFound", "RegistryStore", "SqliteStore", "Store",
-    "StoreError", "Unavailable", "UnknownKind", "ValidationError", "Watch", "WatchEvent",
+    "STORE_FILE", "AlreadyExists", "ApplyResult", "Conflict", "EtcdStore", "Exhausted", "Forbidden",
+    "Gone", "IpamExhausted", "Lease", "ListResult", "NotFound", "RegistryStore", "SqliteStore",
+    "Store", "StoreConfig", "StoreError", "Unavailable", "UnknownKind", "ValidationError", "Watch",
+    "WatchEvent", "open_store",
 ]
 
 

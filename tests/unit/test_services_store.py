@@ -1,19 +1,13 @@
 """Services in the store: ClusterIPs, NodePorts, LoadBalancer addresses and IDs allocated with the
-Service's own write, per network, freed on delete, never half-written; Network imports."""
+Service's own write, per network, freed on delete, never half-written; Network imports. Run
+against every backend (the ``store`` fixture, tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lace.store import Exhausted, Forbidden, SqliteStore, ValidationError
+from lace.store import Exhausted, Forbidden, ValidationError
 from lace.store import kinds as K
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "store.db")
-    yield s
-    s.close()
 
 
 def svc(name, ns="default", network=None, annotations=None, **spec):

@@ -1,5 +1,7 @@
-"""SqliteStore: Kubernetes-like CRUD, revisions, atomic batches, watch, compaction, allocators,
-and several processes sharing one file."""
+"""The store suite, run against every backend (tests/unit/conftest.py: SQLite and a real etcd):
+Kubernetes-like CRUD, revisions, atomic batches, watch, compaction, allocators, and several
+processes and clients sharing one store. The tests at the end marked SQLite-only look at the file
+itself (WAL mode, event rows)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,6 @@ import pytest
 from lace.store import (AlreadyExists, Conflict, Forbidden, Gone, NotFound, SqliteStore, UnknownKind,
                         ValidationError)
 from lace.store import kinds as K
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(tmp_path / "store.db")
-    yield s
-    s.close()
 
 
 def net(name, cidrs, routes=None):
@@ -43,15 +38,15 @@ def ns(name):
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def test_init_creates_default_network_and_namespaces(store, tmp_path):
+def test_init_creates_default_network_and_namespaces(store_factory):
+    store = store_factory()
     default = store.get("networks", "default")
     assert default["status"]["id"] == 1
     assert default["spec"]["cidrs"] == ["10.244.0.0/16", "fd00:10:244::/56"]
     assert {o["metadata"]["name"] for o in store.list("ns").items} == {"default", "kube-system"}
-    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     # reopening does not duplicate anything
     rev = store.revision()
-    SqliteStore(tmp_path / "store.db").close()
+    store_factory().close()
     assert store.revision() == rev
 
 
@@ -136,19 +131,23 @@ def test_update_optimistic_concurrency(store):
 
 def test_apply_all_is_atomic_and_orders_dependencies(store):
     rev = store.revision()
-    events_before = store._conn.execute("SELECT count(*) FROM events").fetchone()[0]
     batch = [pod("web", ns="demo", network="blue"), net("blue", ["10.10.0.0/16"]), ns("demo"),
              net("bad", ["10.244.1.0/24"])]
     with pytest.raises(ValidationError) as info:
         store.apply_all(batch)
     assert info.value.index == 3 and 'Network "bad"' in str(info.value)
-    assert store.revision() == rev
-    assert store._conn.execute("SELECT count(*) FROM events").fetchone()[0] == events_before
+    assert store.revision() == rev   # nothing written: no revision, so no event either
     with pytest.raises(NotFound):
         store.get("net", "blue")
     results = store.apply_all(batch[:3])
     assert [r.outcome for r in results] == ["created"] * 3
     assert results[0].object["metadata"]["namespace"] == "demo"
+    # every object comes back as stored, its resourceVersion the one a read gives
+    for r in results:
+        meta = r.object["metadata"]
+        stored = store.get(r.object["kind"], meta["name"], meta.get("namespace"))
+        assert stored["metadata"]["resourceVersion"] == meta["resourceVersion"]
+    assert max(int(r.object["metadata"]["resourceVersion"]) for r in results) == store.revision()
 
 
 def test_apply_all_rejects_duplicates_and_dry_run_writes_nothing(store):
@@ -236,20 +235,23 @@ def test_watch_wakes_promptly_and_times_out(store):
     w.stop()
 
 
-def test_compaction_makes_old_watches_gone(tmp_path):
-    s = SqliteStore(tmp_path / "s.db", max_events=50)
-    old = s.revision()
-    for i in range(250):
-        s.apply(pod("p", labels={"i": str(i)}))
-    count = s._conn.execute("SELECT count(*) FROM events").fetchone()[0]
-    assert count <= 50 + 100
-    with pytest.raises(Gone):
-        s.watch(since=old)
+def test_compaction_makes_old_watches_gone(store):
+    old = store.revision()
+    for i in range(30):
+        store.apply(pod("p", labels={"i": str(i)}))
+    kept_from = store.revision() - 10
+    assert store.compact(keep=10) >= kept_from
+    with pytest.raises(Gone, match="too old") as info:
+        store.watch(since=old)
+    assert "list again" in info.value.hint
+    # the newest events are still there to watch from
+    w = store.watch(["pods"], since=kept_from, timeout=5)
+    assert next(w).object["metadata"]["labels"] == {"i": "20"}
+    w.stop()
     # relist and watch from the list's revision works
-    rv = s.list("pods").resource_version
-    w = s.watch(since=rv, timeout=0.1)
+    rv = store.list("pods").resource_version
+    w = store.watch(since=rv, timeout=0.1)
     assert list(w) == []
-    s.close()
 
 
 def test_allocate_segment_is_stable(store):
@@ -297,6 +299,42 @@ def test_allocate_block_exhaustion(store):
         store.allocate_block("tiny", "c", 6, 64)
 
 
+def test_concurrent_clients_never_allocate_twice(store_factory):
+    """Writers on separate clients racing for blocks, segment IDs and names: every allocation is
+    distinct and every create of one name succeeds once (the transactions are serializable)."""
+    stores = [store_factory() for _ in range(3)]
+    blocks: list[str] = []
+    segments: list[int] = []
+    created: list[str] = []
+    errors: list[BaseException] = []
+
+    def work(i, s):
+        try:
+            for j in range(4):
+                blocks.append(s.allocate_block("default", f"node-{i}-{j}", 4, 26))
+                segments.append(s.allocate_segment("default", "default", {"w": f"{i}-{j}"}))
+                try:
+                    s.create(pod("shared", labels={"by": str(i)}))
+                    created.append(str(i))
+                except AlreadyExists:
+                    pass
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    nets = [ipaddress.ip_network(b) for b in blocks]
+    assert len(nets) == 12
+    assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+    assert len(set(segments)) == 12
+    assert len(created) == 1
+    assert len(stores[0].list("ipblocks").items) == 12
+
+
 def test_leases(store):
     block = store.allocate_block("default", "node-1", 4, 24)
     ip = str(next(ipaddress.ip_network(block).hosts()))
@@ -311,9 +349,9 @@ def test_leases(store):
 
 WRITER = textwrap.dedent("""
     import sys
-    from lace.store import SqliteStore
-    path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    s = SqliteStore(path)
+    from lace.store import open_store
+    spec, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    s = open_store(spec)
     for i in range(n):
         s.create({"apiVersion": "v1", "kind": "Pod",
                   "metadata": {"name": f"{tag}-{i}", "namespace": "default"}})
@@ -322,9 +360,9 @@ WRITER = textwrap.dedent("""
 
 WATCHER = textwrap.dedent("""
     import json, sys
-    from lace.store import SqliteStore
-    path, since, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    s = SqliteStore(path)
+    from lace.store import open_store
+    spec, since, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    s = open_store(spec)
     print("ready", flush=True)
     out = []
     for ev in s.watch(["pods"], since=since, timeout=30):
@@ -335,9 +373,9 @@ WATCHER = textwrap.dedent("""
 """)
 
 
-def test_processes_write_concurrently_and_a_watcher_sees_every_event_in_order(tmp_path):
-    path = str(tmp_path / "shared.db")
-    s = SqliteStore(path)
+def test_processes_write_concurrently_and_a_watcher_sees_every_event_in_order(store_factory):
+    path = store_factory.spec
+    s = store_factory()
     since = s.revision()
     n = 60
     watcher = subprocess.Popen([sys.executable, "-c", WATCHER, path, str(since), str(2 * n)],
@@ -363,4 +401,32 @@ def test_processes_write_concurrently_and_a_watcher_sees_every_event_in_order(tm
         assert mine == list(range(n))
     assert not blocks[0].overlaps(blocks[1])
     assert len(s.list("pods").items) == 2 * n
+
+
+# ---- SQLite-only: the file itself (WAL mode, the events table and its bounded size) ------------
+
+def test_sqlite_store_file_is_wal(tmp_path):
+    s = SqliteStore(tmp_path / "store.db")
+    assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    s.close()
+
+
+def test_sqlite_rejected_batch_writes_no_event_row(tmp_path):
+    s = SqliteStore(tmp_path / "store.db")
+    events_before = s._conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    with pytest.raises(ValidationError):
+        s.apply_all([net("blue", ["10.10.0.0/16"]), net("bad", ["10.244.1.0/24"])])
+    assert s._conn.execute("SELECT count(*) FROM events").fetchone()[0] == events_before
+    s.close()
+
+
+def test_sqlite_event_log_is_bounded_by_max_events(tmp_path):
+    s = SqliteStore(tmp_path / "s.db", max_events=50)
+    old = s.revision()
+    for i in range(250):
+        s.apply(pod("p", labels={"i": str(i)}))
+    count = s._conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    assert count <= 50 + 100
+    with pytest.raises(Gone):
+        s.watch(since=old)
     s.close()
