@@ -1,0 +1,132 @@
+"""What only the etcd backend has: its key layout, revisions from etcd, lost races retried, clear
+errors when etcd cannot be reached; and the store spec every component opens a store with.
+
+The etcd tests use the session's etcd in its own network namespace (tests/unit/conftest.py).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from lace.store import Conflict, StoreConfig, StoreError, Unavailable, open_store
+from lace.store import kinds as K
+from lace.store.allocate import NETWORK_IDS
+
+privileged = pytest.mark.privileged
+
+
+def pod(name, ns="default"):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": "node-1"}}
+
+
+@pytest.fixture
+def etcd_store(etcd_config):
+    s = open_store(etcd_config)
+    yield s
+    s.close()
+
+
+def _raw(store, key):
+    out = store.backend.gateway.call("kv/range", {"key": base64.b64encode(key.encode()).decode()})
+    kv = out["kvs"][0]
+    return base64.b64decode(kv["value"]), int(kv["mod_revision"]), int(kv["create_revision"])
+
+
+@privileged
+def test_keys_are_laid_out_like_the_apiservers_and_resource_version_is_the_mod_revision(etcd_store):
+    prefix = etcd_store.backend.prefix
+    created = etcd_store.create(pod("web", ns="default"))
+    value, mod, _ = _raw(etcd_store, f"{prefix}/registry/Pod/default/web")
+    assert b"resourceVersion" not in value            # derived on read, not stored
+    assert created["metadata"]["resourceVersion"] == str(mod)
+    value, mod, _ = _raw(etcd_store, f"{prefix}/registry/Network/default")   # cluster-scoped
+    assert etcd_store.get("net", "default")["metadata"]["resourceVersion"] == str(mod)
+    etcd_store.create({"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": "blue"},
+                       "spec": {"cidrs": ["10.10.0.0/16"]}})
+    counter, _, _ = _raw(etcd_store, f"{prefix}/counters/{NETWORK_IDS}")
+    assert int(counter) == 3   # the next network's ID: "blue" took 2
+
+
+@privileged
+def test_one_transaction_is_one_etcd_revision(etcd_store):
+    before = etcd_store.revision()
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}
+    results = etcd_store.apply_all([ns, pod("a", "demo"), pod("b", "demo")])
+    assert {r.object["metadata"]["resourceVersion"] for r in results} == {str(before + 1)}
+    assert etcd_store.revision() == before + 1
+    w = etcd_store.watch(["pods", "namespaces"], since=before, timeout=5)
+    events = [next(w) for _ in range(3)]
+    w.stop()
+    assert {(e.type, e.object["metadata"]["name"], e.resource_version) for e in events} == {
+        ("ADDED", "demo", str(before + 1)), ("ADDED", "a", str(before + 1)), ("ADDED", "b", str(before + 1))}
+
+
+@privileged
+def test_a_commit_that_lost_the_race_raises_conflict_and_run_retries_the_body(etcd_config):
+    one, two = open_store(etcd_config), open_store(etcd_config)
+    try:
+        backend = one.backend
+        with pytest.raises(Conflict, match="another writer committed first"):
+            with backend.transaction() as txn:
+                assert txn.get("Pod", "default", "x") is None
+                two.create(pod("x"))           # commits after our snapshot
+                txn.create(pod("x"))
+        attempts = []
+
+        def body(txn):
+            attempts.append(txn.revision())
+            if len(attempts) == 1:
+                two.create(pod(f"y{len(attempts)}"))   # a race lost once
+            return txn.next_value("test-counter", 7)
+
+        assert backend.run(body) == 7
+        assert len(attempts) == 2 and attempts[1] > attempts[0]
+        assert backend.run(body) == 8
+    finally:
+        one.close()
+        two.close()
+
+
+@privileged
+def test_unreachable_etcd_is_unavailable_naming_the_endpoint_and_the_fix(etcd_server):
+    with pytest.raises(Unavailable) as info:
+        open_store(StoreConfig("etcd", endpoints=("127.0.0.1:1",), netns=etcd_server.netns))
+    assert "cannot reach etcd at http://127.0.0.1:1" in str(info.value)
+    assert etcd_server.netns in str(info.value) and "connection refused" in str(info.value)
+    assert "lace lab up --store etcd" in info.value.hint
+    with pytest.raises(Unavailable, match="cannot enter the network namespace /run/netns/no-such-ns"):
+        open_store(StoreConfig("etcd", endpoints=("127.0.0.1:2379",), netns="no-such-ns"))
+
+
+@privileged
+def test_a_second_member_endpoint_is_used_when_the_first_refuses(etcd_server, etcd_config):
+    endpoint = etcd_config.endpoints[0]
+    config = StoreConfig("etcd", endpoints=("127.0.0.1:1", endpoint), prefix=etcd_config.prefix,
+                         netns=etcd_config.netns)
+    s = open_store(config)
+    try:
+        s.create(pod("a"))
+        with s.watch(["pods"], since=s.revision() - 1, timeout=5) as w:
+            assert next(w).object["metadata"]["name"] == "a"
+    finally:
+        s.close()
+
+
+def test_store_specs():
+    assert StoreConfig.parse("/var/lib/lace/store.db") == StoreConfig("sqlite", path="/var/lib/lace/store.db")
+    assert StoreConfig.parse("sqlite:store.db").path == "store.db"
+    cfg = StoreConfig.parse("etcd://10.0.0.1:2379,10.0.0.2:2379/lace-a?netns=lab-n1")
+    assert cfg == StoreConfig("etcd", endpoints=("10.0.0.1:2379", "10.0.0.2:2379"), prefix="/lace-a",
+                              netns="lab-n1")
+    assert StoreConfig.parse(str(cfg)) == cfg
+    assert StoreConfig.parse("etcd://[fd00::1]:2379").prefix == "/lace"
+    with pytest.raises(StoreError, match="names no etcd endpoint"):
+        StoreConfig.parse("etcd:///lace")
+    with pytest.raises(StoreError, match="unknown option"):
+        StoreConfig.parse("etcd://h:1?tls=1")
+    with pytest.raises(StoreError, match="not a store spec"):
+        StoreConfig.parse("http://h:2379")
+    assert K.resolve_kind("pods").kind == "Pod"
