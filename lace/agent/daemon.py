@@ -25,6 +25,7 @@ from .api import ApiServer
 from .conntrack import flush_addresses
 from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, Entries, desired_maps
+from .servicesync import ServiceSync
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
@@ -83,6 +84,9 @@ class Agent:
         self.hostdev = HostDevice(node, store, self.datapath, mtu)
         self.policy = PolicyProgrammer(node)
         self.services = ServiceProgrammer()
+        #: the service cache the watch keeps, and incremental passes for services that changed
+        self.service_sync = ServiceSync(node, self.services, self.datapath, OWNED_MAPS)
+        self._watch_since: int | None = None
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
                                                     if m.map_type != "ringbuf"},
                                     lambda: status_doc(self, maps=False))
@@ -123,6 +127,7 @@ class Agent:
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
                             self.datapath.read("maglev"))
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
+        self._watch_since = self.service_sync.list(self.store)
         self.reconcile()
         self.loops["reconcile"].ok()
         self.api.start()
@@ -183,7 +188,9 @@ class Agent:
                 except Exception as e:
                     self.loops["host-device"].failed(e)
                     raise
-            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
+            self.service_sync.take()   # a full pass covers whatever the watch left for it
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
+                                  self.service_sync.cache)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
@@ -209,13 +216,33 @@ class Agent:
             self._export_pressure()
             return changed
 
+    def sync_services(self, keys: set[str]) -> dict[str, int] | None:
+        """An incremental pass for these services (``namespace/name``) only (lace.agent.servicesync).
+        Returns the entries changed per map, or None when only a full pass can decide (a service
+        map is full or would be)."""
+        with self._reconcile_lock, self.metrics.service_sync_duration.time():
+            started = time.time()
+            work = self.service_sync.sync(keys)
+            if work is None:
+                return None
+            changed = {name: len(ch.updates) + len(ch.deletes) for name, ch in work.items()}
+            for name, n in changed.items():
+                self.metrics.map_writes.labels(name).inc(n)
+            self._export_pressure()
+            self.watch_state.applied(started)
+            if changed:
+                log.info("services %s: %s", ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
+                         ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
+            return changed
+
     def audit(self, names: list[str]) -> tuple[dict[str, Entries], dict[str, Entries]]:
         """What a reconcile pass would want in the maps ``names`` and what the kernel holds there,
         applying nothing (lace.agent.verify): the service programmer is a scratch copy, so an audit
         hands out no backend ID or table number, and the kernel is read without refreshing the
         writer's record of its own writes."""
         with self._reconcile_lock, netlink.reuse():
-            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
+                                  self.service_sync.cache)
             want = desired_maps(snap, self.policy, self.services.scratch())
             have = {n: self.datapath.read_kernel(n) for n in names}
         return {n: want[n] for n in names}, have
@@ -270,9 +297,12 @@ class Agent:
             if self.stopping.is_set():
                 return
             self.dirty.clear()
-            time.sleep(0.005)   # coalesce a burst of writes into one pass
+            keys, full = self.service_sync.take()
             try:
-                self.reconcile(resync=resync)
+                # only services changed: program those; anything else is a full pass
+                if resync or full or not keys or self.sync_services(keys) is None:
+                    time.sleep(0.005)   # coalesce a burst of writes into one pass
+                    self.reconcile(resync=resync)
                 self.loops["reconcile"].ok()
                 backoff = 0.05
             except Exception as e:
@@ -286,7 +316,7 @@ class Agent:
                 self.dirty.set()
 
     def _watch_loop(self) -> None:
-        since = self.store.revision()
+        since = self._watch_since if self._watch_since is not None else self.service_sync.list(self.store)
         while not self.stopping.is_set():
             try:
                 self._watch = self.store.watch(WATCH_KINDS, since=since)
@@ -295,9 +325,10 @@ class Agent:
                 for ev in self._watch:
                     since = int(ev.resource_version)
                     self.watch_state.event(since)
+                    self.service_sync.event(ev)
                     self.dirty.set()
-            except Gone:
-                since = self.store.revision()
+            except Gone:   # fell behind compaction: list again, and a full pass
+                since = self.service_sync.list(self.store)
                 self.dirty.set()
             except StoreError as e:
                 self.watch_state.connected, self.watch_state.error = False, str(e)

@@ -14,6 +14,7 @@ from typing import Any
 from lace import netlink
 from lace.policy.sources import policy_inputs
 from lace.probes import pod_probe_ports
+from lace.services.cache import ServiceCache
 from lace.services.model import frontends, imports_by_service
 
 from lace.store import kinds as K
@@ -32,7 +33,10 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
     return (network, namespace, tuple(sorted(labels.items())))
 
 
-def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0) -> Snapshot:
+def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0,
+                   services: ServiceCache | None = None) -> Snapshot:
+    """Everything a pass needs; ``services``, the agent's service cache, stands in for listing
+    Services and EndpointSlices (and keeps every unchanged service's frontends)."""
     net_objs = store.list("networks").items
     ids = by_name(net_objs)
     networks = {n.name: n for n in (parse_network(o, ids) for o in net_objs) if n}
@@ -86,8 +90,12 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cg
                 "mac": ann.get(ANN_POD_MAC, ""), "ipv4": None, "ipv6": None})
             ep["ipv4" if ip.version == 4 else "ipv6"] = ip
     snap.policy = policy_inputs(store, pods, snap.pods, segments)
-    snap.frontends = frontends(store.list("services").items, store.list("endpointslices").items, ids,
-                               imports_by_service(net_objs, ids), node_name)
+    if services is not None:
+        services.set_context(ids, imports_by_service(net_objs, ids), me.underlay4, me.underlay)
+        snap.frontends = services.frontends()
+    else:
+        snap.frontends = frontends(store.list("services").items, store.list("endpointslices").items, ids,
+                                   imports_by_service(net_objs, ids), node_name)
 
     net = netlink.link(NET_IFNAME)
     if net is not None:

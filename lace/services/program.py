@@ -94,7 +94,14 @@ class ServicePressure:
 
 
 class ServiceProgrammer:
-    """What one node's service maps should hold; see the module docstring."""
+    """What one node's service maps should hold; see the module docstring.
+
+    The programmer keeps the maps' desired contents as running totals (``_out``), counting how
+    many programmed frontends use each backend entry, backend ID and Maglev table. A pass, full
+    (:meth:`entries`) or incremental (:meth:`update`), adds the frontends that are new and removes
+    the ones that are gone; an unchanged frontend — the same object the service cache handed out
+    before — costs one dictionary lookup, so a pass costs what changed, not what exists.
+    """
 
     def __init__(self, *, capacity: int | None = None, backends_capacity: int | None = None,
                  maglev_entries: int | None = None) -> None:
@@ -111,12 +118,22 @@ class ServiceProgrammer:
         self._next_table = 1
         #: table number -> its content, for the tables in use
         self._blobs: dict[int, bytes] = {}
-        #: the last pass's frontends and what they built: an unchanged frontend costs a lookup
+        #: the programmed frontends and what each built
         self._memo: dict[Frontend, _Built] = {}
+        #: service (namespace/name) -> its programmed frontends, for incremental passes
+        self._groups: dict[str, tuple[Frontend, ...]] = {}
+        #: the maps' desired contents: services, backends, maglev (whole tables)
+        self._out: tuple[Entries, Entries, Entries] = ({}, {}, {})
+        #: services key -> the frontend whose entry it is (a changed frontend's new version writes the
+        #: same keys before the old version is removed)
+        self._owner: dict[bytes, Frontend] = {}
+        #: how many programmed frontends use each backend identity, backend entry value, table
+        self._id_users: dict[str, int] = {}
+        self._backend_users: dict[bytes, dict[bytes, int]] = {}
+        self._table_users: dict[tuple[str, ...], int] = {}
+        #: programmed frontends that want a Maglev table and got none (none was free)
+        self._without_table = 0
         self._lock = threading.Lock()
-
-    # -- stable IDs ---------------------------------------------------------------------------
-
 
     def scratch(self) -> ServiceProgrammer:
         """A copy to compute desired entries with (an audit) without touching this one's IDs,
@@ -127,8 +144,13 @@ class ServiceProgrammer:
             for attr, value in vars(self).items():
                 if isinstance(value, (dict, list, set)):
                     setattr(c, attr, copy.copy(value))
+            c._out = tuple(dict(x) for x in self._out)
+            c._backend_users = {k: dict(v) for k, v in self._backend_users.items()}
         c._lock = threading.Lock()
         return c
+
+    # -- stable IDs ---------------------------------------------------------------------------
+
     def _backend_id(self, b: Backend) -> int:
         bid = self._ids.get(b.identity)
         if bid is None:
@@ -192,12 +214,7 @@ class ServiceProgrammer:
                 if blob is not None and t not in self._blobs and set(array("I", blob)) == set(active):
                     self._blobs[t] = blob
 
-    # -- entries ------------------------------------------------------------------------------
-
-    def entries(self, fronts: list[Frontend]) -> tuple[Entries, Entries, Entries]:
-        """(services, backends, maglev tables) for these frontends."""
-        with self._lock:
-            return self._entries(fronts)
+    # -- one frontend -------------------------------------------------------------------------
 
     def _build(self, f: Frontend) -> _Built:
         """One frontend's entries, its backends' and its Maglev table (number and content)."""
@@ -225,45 +242,176 @@ class ServiceProgrammer:
                     service_id=f.service_id, backend_id=bid)
         return built
 
-    def _entries(self, fronts: list[Frontend]) -> tuple[Entries, Entries, Entries]:
-        services: Entries = {}
-        backends: Entries = {}
-        tables: Entries = {}
+    @staticmethod
+    def _need(f: Frontend) -> int:
+        """The services entries a frontend takes: a head and a slot per backend, per network."""
+        return (1 + len(f.active) + len(f.terminating)) * len(f.networks)
+
+    def _add(self, f: Frontend, built: _Built) -> None:
+        """Count a built frontend into the running totals."""
+        services, backends, tables = self._out
+        services.update(built.services)
+        for k in built.services:
+            self._owner[k] = f
+        for k, v in built.backends.items():
+            users = self._backend_users.setdefault(k, {})
+            users[v] = users.get(v, 0) + 1
+            backends[k] = _shared_value(users)
+        for ident in built.identities:
+            self._id_users[ident] = self._id_users.get(ident, 0) + 1
+        if built.members and built.table:
+            self._table_users[built.members] = self._table_users.get(built.members, 0) + 1
+            tables[table_key(built.table)] = self._blobs[built.table]
+        elif built.members:
+            self._without_table += 1
+        self._memo[f] = built
+
+    def _remove(self, f: Frontend) -> None:
+        """Take a programmed frontend out of the running totals; what nothing uses any more goes:
+        its entries, its backend IDs (never handed out again), its table (back to the pool)."""
+        built = self._memo.pop(f)
+        services, backends, tables = self._out
+        for k in built.services:
+            if self._owner.get(k) == f:
+                del self._owner[k]
+                services.pop(k, None)
+        for k, v in built.backends.items():
+            users = self._backend_users[k]
+            users[v] -= 1
+            if not users[v]:
+                del users[v]
+            if users:
+                backends[k] = _shared_value(users)
+            else:
+                del self._backend_users[k]
+                backends.pop(k, None)
+        for ident in built.identities:
+            self._id_users[ident] -= 1
+            if not self._id_users[ident]:
+                del self._id_users[ident]
+                self._ids.pop(ident, None)
+        if built.members and built.table:
+            self._table_users[built.members] -= 1
+            if not self._table_users[built.members]:
+                del self._table_users[built.members]
+                t = self._tables.pop(built.members)
+                self._blobs.pop(t, None)
+                self._free_tables.append(t)
+                tables.pop(table_key(t), None)
+        elif built.members:
+            self._without_table -= 1
+
+    def _replace(self, adds: list[Frontend], removes: list[Frontend]) -> None:
+        """Add first, remove afterwards: a changed backend set gets a new table number while the
+        old one is still in use, so a packet never reads a table being rewritten."""
+        for f in adds:
+            self._add(f, self._build(f))
+        for f in removes:
+            self._remove(f)
+
+    # -- passes -------------------------------------------------------------------------------
+
+    def entries(self, fronts: list[Frontend]) -> tuple[Entries, Entries, Entries]:
+        """(services, backends, maglev tables) for exactly these frontends: a full pass."""
+        with self._lock:
+            self._full(fronts)
+            return tuple(dict(x) for x in self._out)   # type: ignore[return-value]
+
+    def _full(self, fronts: list[Frontend]) -> None:
         pr = ServicePressure(frontends=len(fronts), capacity=self.capacity,
                              tables_capacity=self.tables_capacity)
-        memo: dict[Frontend, _Built] = {}
-        used_ids: set[str] = set()
-        used_tables: set[tuple[str, ...]] = set()
-        # a stable order: when the map is full, the same frontends stay in
-        for f in sorted(fronts, key=lambda f: (f.service_id, f.addr.version, str(f.addr), f.port, f.proto)):
-            need = (1 + len(f.active) + len(f.terminating)) * len(f.networks)
-            pr.entries_desired += need
-            if len(services) + need > self.capacity:
-                pr.left_out.append(f"{f.service}:{f.port}")
-                pr.left_out_frontends.append(f)
-                continue
-            pr.programmed += 1
-            built = self._memo.get(f)
-            if built is None or (built.members and not built.table):   # a table may be free now
-                built = self._build(f)
-            memo[f] = built
-            services.update(built.services)
-            backends.update(built.backends)
-            used_ids.update(built.identities)
-            if built.members:
-                if built.table:
-                    used_tables.add(built.members)
-                    tables[table_key(built.table)] = self._blobs[built.table]
-                else:
-                    pr.without_table += 1
-        # forget what nothing uses any more: tables go back to the pool, IDs are never reused
-        for members in [m for m in self._tables if m not in used_tables]:
+        pr.entries_desired = sum(self._need(f) for f in fronts)
+        kept = fronts
+        if pr.entries_desired > self.capacity:
+            # a stable order: when the map is full, the same frontends stay in
+            kept, room = [], self.capacity
+            for f in sorted(fronts, key=lambda f: (f.service_id, f.addr.version, str(f.addr), f.port, f.proto)):
+                need = self._need(f)
+                if need > room:
+                    pr.left_out.append(f"{f.service}:{f.port}")
+                    pr.left_out_frontends.append(f)
+                    continue
+                room -= need
+                kept.append(f)
+        wanted = set(kept)
+        memo = self._memo
+        # a frontend left without a table when none was free tries again: one may be free now
+        retry = [f for f, b in memo.items() if b.members and not b.table and f in wanted]
+        self._replace([f for f in kept if f not in memo], [f for f in memo if f not in wanted])
+        # IDs and tables adopted from the maps that no frontend claimed
+        for ident in [i for i in self._ids if i not in self._id_users]:
+            del self._ids[ident]
+        for members in [m for m in self._tables if m not in self._table_users]:
             t = self._tables.pop(members)
             self._blobs.pop(t, None)
             self._free_tables.append(t)
-        for ident in [i for i in self._ids if i not in used_ids]:
-            del self._ids[ident]
-        self._memo = memo
-        pr.tables_used = len(used_tables)
+        for f in retry:   # now that this pass freed what it frees (it has no table to keep meanwhile)
+            self._remove(f)
+            self._add(f, self._build(f))
+        groups: dict[str, list[Frontend]] = {}
+        for f in kept:
+            groups.setdefault(f.service, []).append(f)
+        self._groups = {k: tuple(v) for k, v in groups.items()}
+        pr.programmed = len(kept)
+        self._count_tables(pr)
         self.pressure = pr
-        return services, backends, tables
+
+    def _count_tables(self, pr: ServicePressure) -> None:
+        pr.tables_used = len(self._table_users)
+        pr.without_table = self._without_table
+
+    def update(self, changed: dict[str, list[Frontend]]) -> dict[str, tuple[Entries, list[bytes]]] | None:
+        """An incremental pass: these services (namespace/name) now have these frontends (none:
+        gone). Returns each service map's (updates, deletes), or None when only a full pass can
+        decide — a map is full, or would be — and then nothing was changed."""
+        with self._lock:
+            pr = self.pressure
+            if pr is None or pr.reason:
+                return None
+            old = {k: self._groups.get(k, ()) for k in changed}
+            grow = sum(self._need(f) for fs in changed.values() for f in fs) - \
+                sum(self._need(f) for fs in old.values() for f in fs)
+            if len(self._out[0]) + grow > self.capacity:
+                return None
+            adds, removes = [], []
+            for key, fronts in changed.items():
+                now, was = set(fronts), set(old[key])
+                adds += [f for f in fronts if f not in was]
+                removes += [f for f in old[key] if f not in now]
+            built = [(f, self._build(f)) for f in adds]
+            # what every key this pass touches held before it: the changes are the difference
+            before: tuple[dict[bytes, bytes | None], ...] = ({}, {}, {})
+            for b in (*(b for _, b in built), *(self._memo[f] for f in removes)):
+                keys = (b.services, b.backends, (table_key(b.table),) if b.members and b.table else ())
+                for ks, was_map, current in zip(keys, before, self._out):
+                    for k in ks:
+                        if k not in was_map:
+                            was_map[k] = current.get(k)
+            for f, b in built:   # add first, remove afterwards (see _replace)
+                self._add(f, b)
+            for f in removes:
+                self._remove(f)
+            for key, fronts in changed.items():
+                if fronts:
+                    self._groups[key] = tuple(fronts)
+                else:
+                    self._groups.pop(key, None)
+            pr.frontends += len(adds) - len(removes)
+            pr.programmed += len(adds) - len(removes)
+            pr.entries_desired += grow
+            self._count_tables(pr)
+            out: dict[str, tuple[Entries, list[bytes]]] = {}
+            for name, entries, was_map in zip(("services", "backends", "maglev"), self._out, before):
+                updates = {k: entries[k] for k in was_map if k in entries and entries[k] != was_map[k]}
+                deletes = [k for k, v in was_map.items() if v is not None and k not in entries]
+                out[name] = (updates, deletes)
+            return out
+
+
+def _shared_value(users: dict[bytes, int]) -> bytes:
+    """The one value of a backend entry several frontends use: they agree, except when one has the
+    backend active and another terminating (two services, two views of one pod): active wins, so
+    the backend keeps taking new flows for the service that still wants it."""
+    if len(users) == 1:
+        return next(iter(users))
+    return max(users, key=lambda v: bool(BACKEND.unpack(v)["flags"] & BackendFlag.ACTIVE))

@@ -1,0 +1,86 @@
+"""Incremental service passes: what the agent does when only Services or EndpointSlices changed.
+
+A full reconcile pass works out every map from a snapshot of the whole store and diffs it against
+the kernel: right for anything, and its cost follows what exists. Services change often and there
+may be tens of thousands of them, so their changes take a shorter way, as kube-proxy's partial
+syncs and Cilium's per-service updates do:
+
+- the watch feeds Service and EndpointSlice events into the service cache
+  (``lace.services.cache``) and notes the services they touch; any other kind asks for a full pass;
+- the pass asks the cache for just those services' frontends and the service programmer for the
+  changes they make (``ServiceProgrammer.update``), and writes them to the ``backends``,
+  ``maglev`` and ``services`` maps in the writer's make-before-break order;
+- when a service map is full, or the change would fill it, the programmer declines and a full pass
+  decides which frontends stay in, in its stable order.
+
+A full pass reads the same cache, so both kinds of pass agree on every frontend.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from lace.services.cache import ServiceCache
+from lace.services.program import ServiceProgrammer
+from lace.store.api import WatchEvent
+
+from .diff import MapChanges
+
+#: kinds whose changes an incremental pass programs; any other kind needs a full pass
+SERVICE_KINDS = ("Service", "EndpointSlice")
+
+
+class ServiceSync:
+    """The service cache, the services the watch left for the next pass, and the incremental pass."""
+
+    def __init__(self, node: str, programmer: ServiceProgrammer, datapath: Any, order: tuple[str, ...]) -> None:
+        self.cache = ServiceCache(node)
+        self.programmer = programmer
+        self.datapath = datapath
+        self.order = order
+        self._pending: set[str] = set()
+        self._full = True
+        self._lock = threading.Lock()
+
+    def list(self, store: Any) -> int:
+        """Fill the cache from a list of Services and EndpointSlices; returns the revision to watch
+        from (the older list's: events replayed past the newer one change nothing), and asks for a
+        full pass."""
+        services, slices = store.list("services"), store.list("endpointslices")
+        self.cache.load(services.items, slices.items)
+        with self._lock:
+            self._full = True
+        return min(int(services.resource_version), int(slices.resource_version))
+
+    def event(self, ev: WatchEvent) -> None:
+        """One watch event of any kind: a service to program again, or a full pass to run."""
+        if ev.object.get("kind") in SERVICE_KINDS:
+            keys = self.cache.apply(ev.type, ev.object)
+            with self._lock:
+                self._pending |= keys
+        else:
+            self.full_pass_needed()
+
+    def full_pass_needed(self) -> None:
+        with self._lock:
+            self._full = True
+
+    def take(self) -> tuple[set[str], bool]:
+        """What the watch left: (services to program again, whether a full pass is needed). Taking
+        it clears it; a full pass also covers the services."""
+        with self._lock:
+            keys, full = self._pending, self._full
+            self._pending, self._full = set(), False
+        return keys, full
+
+    def sync(self, keys: set[str]) -> dict[str, MapChanges] | None:
+        """Program these services (``namespace/name``) only; returns the changes written per map,
+        or None when only a full pass can decide (nothing was written then)."""
+        changes = self.programmer.update(self.cache.frontends_of(keys))
+        if changes is None:
+            return None
+        work = {name: MapChanges(updates, deletes) for name, (updates, deletes) in changes.items()
+                if updates or deletes}
+        self.datapath.apply(work, self.order)
+        return work
