@@ -7,8 +7,8 @@ import logging
 import sys
 
 from lace.datapath.config import DEFAULT_POD_MTU, ENCAP_OVERHEAD
+from lace.store.config import open_store
 from lace.store.errors import StoreError
-from lace.store import SqliteStore
 
 from .daemon import Agent
 
@@ -19,7 +19,8 @@ STORE_POLL_SECONDS = 0.005
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lace-agent", description="lace node agent")
     ap.add_argument("--node", required=True)
-    ap.add_argument("--store", required=True, help="path of the embedded store")
+    ap.add_argument("--store", required=True,
+                    help="the store: the embedded store's file, or etcd://HOST:PORT[,...][/PREFIX]")
     ap.add_argument("--pin-root", required=True)
     ap.add_argument("--socket", required=True)
     ap.add_argument("--uplink", default="eth0")
@@ -43,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lace.agent")
     try:
-        store = SqliteStore(args.store, poll_interval=STORE_POLL_SECONDS)
+        store = open_store(args.store, poll_interval=STORE_POLL_SECONDS)
     except StoreError as e:
-        log.error("agent failed: cannot open the store %s: %s", args.store, e)
+        log.error("agent failed: cannot open the store %s: %s%s", args.store, e,
+                  f" ({e.hint})" if e.hint else "")
         return 1
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
                   socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup,

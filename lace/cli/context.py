@@ -1,7 +1,7 @@
 """Which lab (cluster) a command talks to, like a kubectl context.
 
 The state dir is ``$LACE_STATE_DIR`` or ``/var/lib/lace``. Each lab lives in ``<state>/labs/<name>/``
-with its ``store.db``; ``<state>/current`` names the lab ``lace lab up`` created last. ``--lab NAME``
+with its ``store.db`` (or, for a lab on etcd, a ``store.spec`` naming it); ``<state>/current`` names the lab ``lace lab up`` created last. ``--lab NAME``
 or ``LACE_LAB=NAME`` selects another one.
 """
 
@@ -12,10 +12,13 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lace.cli.errors import NotFoundError, UnavailableError, UsageError
 from lace.store import STORE_FILE
+
+if TYPE_CHECKING:
+    from lace.store.config import StoreConfig
 from lace.lab.names import name_problem
 
 DEFAULT_STATE_DIR = "/var/lib/lace"
@@ -28,6 +31,11 @@ class LabContext:
     name: str
     dir: Path
     store_path: Path
+
+    def store_config(self) -> StoreConfig:
+        """The lab's store: its ``store.db``, or the etcd its ``store.spec`` names."""
+        from lace.store.config import lab_store
+        return lab_store(self.dir)
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -58,8 +58,8 @@ class Invocation:
     def store(self, args: Any) -> Store:
         """The selected lab's store, opened once per invocation."""
         if self._store is None:
-            from lace.store import SqliteStore
-            self._store = SqliteStore(self.lab(args).store_path)
+            from lace.store.config import open_store
+            self._store = open_store(self.lab(args).store_config())
         return self._store
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""``python -m lace.controllers --store FILE``: run lace's controllers until SIGTERM or SIGINT."""
+"""``python -m lace.controllers --store SPEC``: run lace's controllers until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from lace.store.errors import StoreError
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lace-controllers", description=__doc__)
-    ap.add_argument("--store", required=True, help="the store file (a lab's <state>/store.db)")
+    ap.add_argument("--store", required=True,
+                    help="the store: a file (a lab's <state>/store.db) or etcd://HOST:PORT[,...][/PREFIX][?netns=NAME]")
     ap.add_argument("--resync", type=float, default=30.0, help="seconds between full resyncs (default 30)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from lace.store import SqliteStore
+    from lace.store.config import open_store
 
     from .controller import EndpointSliceController
     try:
-        store = SqliteStore(args.store)
+        store = open_store(args.store)
     except StoreError as err:
         print(f"error: {err}" + (f"\nhint: {err.hint}" if err.hint else ""), file=sys.stderr)
         return 1

@@ -1,6 +1,10 @@
 """A lab cluster's lifecycle: bring up (topology, store, node registration and the cluster DNS
 objects, one agent per node, the kubelet, the controllers, the DNS feeder), report status, run
-commands in pods, restart agents, and tear everything down."""
+commands in pods, restart agents, and tear everything down.
+
+The store is the embedded SQLite file ``<state>/store.db``, or with ``store="etcd"`` a 3-member
+etcd cluster on the first three nodes (``lace.lab.etcd``); every process finds it the same way
+(``lace.store.config.lab_store``) and opens it with ``open_store``."""
 
 from __future__ import annotations
 
@@ -14,11 +18,12 @@ from typing import Any, Callable
 from lace import netlink
 from lace.cni.client import AgentUnavailable, call
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
-from lace.store import STORE_FILE
+from lace.store import Store, StoreError
 from lace.store import kinds as K
-from lace.store import SqliteStore
+from lace.store.config import lab_store, open_store
 
 from . import controllers, dns, dnsfeed, procs, topology
+from . import etcd as lab_etcd
 from .kubelet import Sandboxes
 
 Progress = Callable[[str], None]
@@ -39,7 +44,8 @@ def agent_socket(state_dir: str, node: str) -> str:
 
 def _agent_argv(state_dir: str, node: Any) -> list[str]:
     return [sys.executable, "-m", "lace.agent", "--node", node.name,
-            "--store", os.path.join(state_dir, STORE_FILE), "--pin-root", node.pin_root,
+            # inside its node's namespace, the agent reaches a lab's etcd over the fabric itself
+            "--store", str(lab_store(state_dir).without_netns()), "--pin-root", node.pin_root,
             "--socket", agent_socket(state_dir, node.name), "--uplink", node.uplink,
             "--mtu", str(topology.POD_MTU), "--metrics-port", str(METRICS_PORT)] + \
         (["--cgroup", node.cgroup, "--kubelet-cgroup", topology.kubelet_cgroup(node.cgroup)] if node.cgroup else [])
@@ -71,7 +77,7 @@ def wait_agent(state_dir: str, node: str, timeout: float = 30.0) -> dict:
     raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n{tail}")
 
 
-def register_nodes(store: SqliteStore, lab: Any) -> None:
+def register_nodes(store: Store, lab: Any) -> None:
     objs = []
     for n in lab.nodes:
         objs.append({"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -84,20 +90,36 @@ def register_nodes(store: SqliteStore, lab: Any) -> None:
             {"type": "InternalIP", "address": a} for a in (n.underlay_addr4, n.underlay_addr) if a]})
 
 
-def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: None) -> Any:
+STORES = ("sqlite", "etcd")
+
+
+def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: None, *,
+       store: str = "sqlite") -> Any:
+    if store not in STORES:
+        raise LabError(f'unknown store "{store}" (one of: {", ".join(STORES)})')
     if topology.load(name, state_dir=state_dir) is not None or netlink.netns.list_netns(f"lace-{name}-"):
         raise LabError(f'lab "{name}" already exists', ) from None
     os.makedirs(os.path.join(state_dir, "logs"), exist_ok=True)
     try:
         lab = topology.build(topology.LabSpec(name=name, nodes=nodes), state_dir=state_dir, progress=progress)
+        if store == "etcd":
+            members = lab.nodes[:lab_etcd.LAB_MEMBERS]
+            progress(f"starting etcd on {', '.join(n.name for n in members)}")
+            try:
+                lab_etcd.start_lab_cluster(lab, state_dir)
+            except StoreError as err:
+                raise LabError(f"etcd did not come up: {err}") from None
         progress("opening the store")
-        store = SqliteStore(os.path.join(state_dir, STORE_FILE))
         try:
-            register_nodes(store, lab)
+            opened = open_store(lab_store(state_dir))
+        except StoreError as err:
+            raise LabError(f"cannot open the lab's store: {err}") from None
+        try:
+            register_nodes(opened, lab)
             # kube-system/kube-dns and its pod, as a cluster's addons (lace.lab.dns)
-            store.apply_all(dns.cluster_objects())
+            opened.apply_all(dns.cluster_objects())
         finally:
-            store.close()
+            opened.close()
         for n in lab.nodes:
             progress(f"starting the agent on {n.name}")
             start_agent(state_dir, n)
@@ -147,7 +169,10 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
                           "pinRoot": n.pin_root, "agentPid": p.pid if p and p.alive else None,
                           "agent": health, "endpoints": endpoints})
     k = running.get("kubelet")
+    store = lab_store(state_dir)
+    etcd = {p.name: (p.pid if p.alive else None) for p in running.values() if p.name.startswith("etcd-")}
     return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
+            "store": {"backend": store.backend, "spec": str(store), "members": etcd or None},
             "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
             "controllersPid": controllers.pid(state_dir), "dnsFeederPid": dnsfeed.pid(state_dir)}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from lace.store import STORE_FILE
+from lace.store.config import lab_store
 
 from . import procs
 
@@ -19,7 +19,7 @@ PROC_NAME = "controllers"
 
 def start(state_dir: str) -> int:
     """Start the lab's controllers; returns the pid."""
-    argv = [sys.executable, "-m", "lace.controllers", "--store", os.path.join(state_dir, STORE_FILE)]
+    argv = [sys.executable, "-m", "lace.controllers", "--store", str(lab_store(state_dir))]
     return procs.spawn(argv, netns=None, name=PROC_NAME, state_dir=state_dir,
                        log_path=os.path.join(state_dir, "logs", f"{PROC_NAME}.log"))
 

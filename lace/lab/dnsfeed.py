@@ -29,7 +29,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from lace.store import STORE_FILE
 from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
@@ -154,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", required=True, help="the lab's state dir (its store and dns/)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from lace.store import SqliteStore
+    from lace.store.config import lab_store, open_store
     try:
-        store = SqliteStore(os.path.join(args.state_dir, STORE_FILE))
+        store = open_store(lab_store(args.state_dir))
     except StoreError as err:
         print(f"error: {err}" + (f"\nhint: {err.hint}" if err.hint else ""), file=sys.stderr)
         return 1

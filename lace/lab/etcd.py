@@ -12,7 +12,12 @@ Stdlib only (the CLI imports the lab on every lab command).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lace.store.config import StoreConfig
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
@@ -56,3 +61,64 @@ def member_argv(member: Member, cluster: list[Member], *, token: str,
         "--max-txn-ops", str(MAX_TXN_OPS), "--max-request-bytes", str(MAX_REQUEST_BYTES),
         "--auto-compaction-mode", "revision", "--auto-compaction-retention", str(RETENTION),
     ]
+
+
+# ---- a lab's etcd cluster (`lace lab up --store etcd`) ---------------------------------------
+
+#: how many members a lab's etcd has (on its first nodes; fewer when the lab has fewer nodes)
+LAB_MEMBERS = 3
+#: how long `lab up` waits for the members to elect a leader
+READY_TIMEOUT = 60.0
+
+
+def proc_name(node: str) -> str:
+    return f"etcd-{node}"
+
+
+def lab_members(lab: Any, state_dir: str) -> list[tuple[Member, Any]]:
+    """The members of ``lab``'s etcd and the node each runs on: one in each of its first nodes,
+    serving on the node's underlay (fabric) address, its data under ``<state>/etcd/<node>``."""
+    return [(Member(proc_name(n.name), n.underlay_addr, os.path.join(state_dir, "etcd", n.name)), n)
+            for n in lab.nodes[:LAB_MEMBERS]]
+
+
+def start_lab_cluster(lab: Any, state_dir: str) -> StoreConfig:
+    """Start ``lab``'s etcd members, each inside its node's namespace, wait for a healthy cluster
+    and record it as the lab's store (``store.spec``); returns that store's config.
+
+    Clients outside the lab (the CLI, the kubelet, the controllers) reach the members from the
+    first node's namespace; agents from their own. Nothing listens in the root namespace.
+    """
+    from lace.store.config import StoreConfig, write_lab_store
+    from lace.store.etcd import wait_ready
+
+    from . import procs
+    placed = lab_members(lab, state_dir)
+    members = [m for m, _ in placed]
+    for member, node in placed:
+        os.makedirs(member.data_dir, mode=0o700, exist_ok=True)
+        procs.spawn(member_argv(member, members, token=f"lace-{lab.name}"), netns=node.netns,
+                    name=member.name, state_dir=state_dir,
+                    log_path=os.path.join(state_dir, "logs", f"{member.name}.log"))
+    config = StoreConfig("etcd", endpoints=tuple(m.client_url.removeprefix("http://") for m in members),
+                         netns=placed[0][1].netns)
+
+    def exited() -> str | None:
+        running = {p.name: p for p in procs.list_procs(state_dir)}
+        gone = [m.name for m in members if not (running.get(m.name) and running[m.name].alive)]
+        if not gone:
+            return None
+        log = os.path.join(state_dir, "logs", f"{gone[0]}.log")
+        return f"{', '.join(gone)} exited; {log}:\n{_tail(log)}"
+
+    wait_ready(config.endpoints, netns=config.netns, timeout=READY_TIMEOUT, alive=exited)
+    write_lab_store(state_dir, config)
+    return config
+
+
+def _tail(path: str, size: int = 800) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-size:]
+    except OSError:
+        return ""

@@ -82,10 +82,9 @@ from typing import NamedTuple
 from lace import netlink
 from lace import probes as P
 from lace.cni.spec import CNI_VERSION
-from lace.store import STORE_FILE
+from lace.store.config import lab_store, open_store
 from lace.store.errors import Conflict, Gone, NotFound, StoreError
 from lace.store.kinds import DEFAULT_NETWORK, pod_network
-from lace.store import SqliteStore
 
 from . import dns, probing, procs
 from .files import write_json
@@ -212,7 +211,7 @@ class Kubelet:
         desc = json.loads((Path(state_dir) / "lab.json").read_text())
         self.nodes = {n["name"]: n for n in desc["nodes"]}
         # a short poll: a new pod is picked up within a few ms of its apply
-        self.store = SqliteStore(Path(state_dir) / STORE_FILE, poll_interval=0.005)
+        self.store = open_store(lab_store(state_dir), poll_interval=0.005)
         self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
         self.dns_dir = os.path.join(state_dir, dns.DNS_DIR)
         os.makedirs(self.dns_dir, exist_ok=True)

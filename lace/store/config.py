@@ -11,22 +11,29 @@ code:
   sockets are made in (a process outside the lab reaches the lab's etcd without it listening
   anywhere else).
 
+A lab's state directory says which store the lab has: the spec in its ``store.spec`` file
+(written by ``lace lab up --store etcd``), else its ``store.db`` (``lab_store``).
+
 Stdlib only until a store is opened: the CLI parses specs on every command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lace.store import STORE_FILE
 from lace.store.errors import StoreError
 
 if TYPE_CHECKING:
     from lace.store.api import Store
 
 BACKENDS = ("sqlite", "etcd")
+#: in a lab's state directory: the spec of its store when it is not the ``store.db`` beside it
+SPEC_FILE = "store.spec"
 DEFAULT_ETCD_PREFIX = "/lace"
 
 
@@ -70,6 +77,11 @@ class StoreConfig:
         spec = f"etcd://{','.join(self.endpoints)}{self.prefix}"
         return spec + (f"?netns={self.netns}" if self.netns else "")
 
+    def without_netns(self) -> StoreConfig:
+        """The same store for a process already inside a namespace that reaches it (a lab node's
+        agent): its sockets are made where it runs."""
+        return dataclasses.replace(self, netns=None)
+
     def describe(self) -> str:
         """A phrase for messages: where this store is."""
         if self.backend == "sqlite":
@@ -93,3 +105,20 @@ def open_store(config: StoreConfig | str | os.PathLike[str], *,
     if poll_interval is None:
         return SqliteStore(cfg.path)
     return SqliteStore(cfg.path, poll_interval=poll_interval)
+
+
+def lab_store(state_dir: str | os.PathLike[str]) -> StoreConfig:
+    """The store of a lab's state directory: the spec in its ``store.spec``, else its ``store.db``."""
+    try:
+        with open(os.path.join(state_dir, SPEC_FILE)) as f:
+            return StoreConfig.parse(f.read().strip())
+    except FileNotFoundError:
+        return StoreConfig("sqlite", path=os.path.join(os.fspath(state_dir), STORE_FILE))
+
+
+def write_lab_store(state_dir: str | os.PathLike[str], config: StoreConfig) -> None:
+    """Record ``config`` as the store of a lab's state directory (atomically)."""
+    path = os.path.join(state_dir, SPEC_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(config) + "\n")
+    os.replace(path + ".tmp", path)

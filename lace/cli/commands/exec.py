@@ -28,7 +28,7 @@ from lace.cli.context import current_lab, lab_context
 from lace.cli.errors import CliError, NotFoundError, UnavailableError, UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.status import ExitStatus
-from lace.store import STORE_FILE
+from lace.store.config import lab_store
 
 NODE_POD_NAMESPACE = "kube-system"
 NODE_POD_SELECTOR = "app=lace-node"
@@ -94,7 +94,8 @@ def _node_executable() -> list[str]:
 def lab_env(env: Mapping[str, str], state_dir: str, node: Any) -> dict[str, str]:
     from lace.lab import cluster
     out = dict(env)
-    out.update(LACE_PIN_ROOT=node.pin_root, LACE_STORE=os.path.join(state_dir, STORE_FILE),
+    # the command runs inside the node's namespace, which reaches the lab's etcd as its agent does
+    out.update(LACE_PIN_ROOT=node.pin_root, LACE_STORE=str(lab_store(state_dir).without_netns()),
                LACE_NODE=node.name, LACE_AGENT_SOCKET=cluster.agent_socket(state_dir, node.name))
     return out
 

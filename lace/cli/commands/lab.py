@@ -27,6 +27,9 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("up", help="build a lab and start its agents")
     p.add_argument("--name", default=None, help=f"lab name (default: {DEFAULT_LAB})")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default: 3)")
+    p.add_argument("--store", choices=("sqlite", "etcd"), default="sqlite",
+                   help="the cluster's store: the embedded SQLite file (default), or a 3-member etcd "
+                        "cluster on the first three nodes")
     p.set_defaults(handler=run_up)
     p = sub.add_parser("down", help="remove everything a lab created (safe to run twice)")
     p.add_argument("--name", default=None, help="lab name (default: the selected lab)")
@@ -82,7 +85,7 @@ def run_up(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     show = _progress(inv)
     show(f'bringing up lab "{name}" with {args.nodes} nodes')
     try:
-        lab = cluster.up(name, args.nodes, str(ctx.dir), progress=show)
+        lab = cluster.up(name, args.nodes, str(ctx.dir), progress=show, store=args.store)
     except (cluster.LabError, topology.LabError) as e:
         raise CliError(str(e), hint=f"`lace lab down --name {name}` removes a broken lab") from None
     set_current(name, inv.env)

@@ -445,8 +445,8 @@ class Runner:
         from lace.cli.node.resolve import for_node
         from lace.cli.node.trace import describe, fetch
         from lace.lab import cluster
-        from lace.store import STORE_FILE
-        store_path = os.path.join(self.state_dir, STORE_FILE)
+        from lace.store.config import lab_store
+        store_path = str(lab_store(self.state_dir))
         url = "/v1/flows?ip=" + ",".join(sorted(addrs))
         out: list[dict[str, Any]] = []
         for n in self.lab.nodes:

@@ -71,11 +71,14 @@ class NodeEnv:
             raise UnavailableError(f"cannot open map {cli_name} at {exc.path}: {exc.cause}") from None
 
     def require_store(self) -> str:
-        """The store path, checked to be an existing, readable file (never created here)."""
+        """The store's spec: a path checked to be an existing, readable file (never created
+        here), or an ``etcd://`` spec as it is."""
         if not self.store_path:
             raise UsageError(f"{ENV_STORE} is not set: names cannot be resolved",
                              hint="set it, or pass -n/--numeric to print raw IDs without the store")
         path = self.store_path
+        if path.startswith("etcd://"):
+            return path
         if not os.path.isfile(path):
             raise UnavailableError(f"the store {path} ({ENV_STORE}) does not exist or is not a file",
                                    hint="pass -n/--numeric to print raw IDs without the store")

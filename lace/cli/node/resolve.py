@@ -247,7 +247,7 @@ def for_node(numeric: bool, store_path: Callable[[], str]) -> NumericResolver:
     def open_store() -> Any:
         path = store_path()
         try:
-            return lace.store.SqliteStore(path)  # loads the SQLite store now, on first use
+            return lace.store.open_store(path)  # loads the store's backend now, on first use
         except lace.store.StoreError as exc:
             raise UnavailableError(f"cannot open the store {path}: {exc.message}",
                                    hint="pass -n/--numeric to print raw IDs without the store") from None

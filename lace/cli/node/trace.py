@@ -175,7 +175,7 @@ def pod_ips(node_env: NodeEnv, pod: str) -> list[str]:
         raise UsageError(f'--pod "{pod}" is not NAMESPACE/NAME')
     path = node_env.require_store()
     try:
-        st = lace.store.SqliteStore(path)  # loads the SQLite store now, on first use
+        st = lace.store.open_store(path)  # loads the store's backend now, on first use
     except lace.store.StoreError as exc:
         raise UnavailableError(f"cannot open the store {path}: {exc.message}",
                                hint="with -n use --ip instead of --pod") from None
