@@ -57,7 +57,10 @@ gen: $(GEN_PY)
 $(GEN_PY): bpf/include/lace/abi/drop_reasons.def bpf/include/lace/abi/trace_points.def tools/gen_enums.py
 	$(PYTHON) tools/gen_enums.py
 
-bpf: $(BUILD)/include/vmlinux.h $(GEN_PY) $(PROG_OBJS) $(TEST_OBJS)
+# bench/datapath.py's stage table: pod_veth.c built to return at each of its LACE_BENCH_STAGE cut points
+STAGE_OBJS := $(foreach n,1 2 3 4 5 6 7,$(BUILD)/bpf/test/pod_veth_stop$(n).o)
+
+bpf: $(BUILD)/include/vmlinux.h $(GEN_PY) $(PROG_OBJS) $(TEST_OBJS) $(STAGE_OBJS)
 
 $(BUILD)/bpf/%.o: bpf/progs/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
 	@mkdir -p $(dir $@)
@@ -66,6 +69,10 @@ $(BUILD)/bpf/%.o: bpf/progs/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
 $(BUILD)/bpf/test/%.o: tests/bpf/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(BUILD)/bpf/test/pod_veth_stop%.o: bpf/progs/pod_veth.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -DLACE_BENCH_STOP=$* -c $< -o $@
 
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 

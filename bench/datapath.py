@@ -3,6 +3,10 @@
 the same run, for each path (established, new flow allowed, new flow to a service VIP, policy
 drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries.
 
+Then a stage table at the largest conntrack size: where each path's nanoseconds go, from
+pod_veth.c built to return at each of its LACE_BENCH_STAGE cut points (the Makefile's
+pod_veth_stop<n>.o): a stage costs the difference between its cut point and the one before.
+
 Run as root after `make install`:  .venv/bin/python bench/datapath.py [--quick]
 Targets (DESIGN): established <= 60 ns, new flow <= 500 ns, <= 10% growth from 1k to 1M.
 Numbers are medians of interleaved rounds; on a noisy machine read the ratios.
@@ -25,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 from scapy.layers.inet import TCP  # noqa: E402
 
 from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
+from lace.datapath import registry  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
-from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState  # noqa: E402
+from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState, ct4_key  # noqa: E402
 from lace.datapath.registry import bpf_dir  # noqa: E402
 from lace.datapath.testbed import REMOTE, Backend, Testbed  # noqa: E402
 
@@ -128,6 +133,131 @@ def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: byt
         f"service new flow: verdict {res.retval}, events {events}: not a new flow translated to a backend"
 
 
+# The stage table. Each path's cut points in walk order (None: the whole program) and what the walk
+# did since the previous one (pod_veth.c's LACE_BENCH_STAGE comments). A path passes only some cut
+# points: an established packet leaves the walk for delivery after conntrack, a service flow skips
+# routing.
+STAGES: dict[str, list[tuple[int | None, str]]] = {
+    "established": [
+        (1, "flow scratch, parse"),
+        (2, "endpoint, source check, config"),
+        (3, "conntrack lookup, advance"),
+        (None, "delivery lookup, TTL, MACs, count, redirect"),
+    ],
+    "new flow": [
+        (1, "flow scratch, parse"),
+        (2, "endpoint, source check, config"),
+        (3, "conntrack lookup (miss)"),
+        (4, "service lookup (miss)"),
+        (5, "route lookup"),
+        (6, "segment, egress + ingress policy, delivery lookup"),
+        (7, "conntrack entry created"),
+        (None, "TTL, MACs, count, trace event, redirect"),
+    ],
+    "service new": [
+        (1, "flow scratch, parse"),
+        (2, "endpoint, source check, config"),
+        (3, "conntrack lookup (miss)"),
+        (4, "service lookup (hit)"),
+        (6, "backend (Maglev), DNAT, segment, policy, delivery lookup"),
+        (7, "conntrack: backend + frontend entries"),
+        (None, "TTL, MACs, count, trace event, redirect"),
+    ],
+}
+# source ports of the stage table's new flows (the main table's stay below 20000 per size)
+STAGE_NEW_SPORT, STAGE_SVC_SPORT = 20000, 30000
+
+
+def load_stage_programs(dp: Testbed) -> dict[int, tuple[object, object]]:
+    """pod_veth.o cut at each stage point, sharing the test bed's pinned maps (same capacities:
+    a changed definition must fail, not migrate the test bed's maps). Cut point -> (object,
+    program); close the objects when done."""
+    overrides = {registry.get(cli).pin_name: n for cli, n in dp.max_entries.items()}
+    progs: dict[int, tuple[object, object]] = {}
+    cuts = sorted({cut for stages in STAGES.values() for cut, _ in stages if cut is not None})
+    try:
+        for cut in cuts:
+            spec = ObjectSpec.open(str(bpf_dir() / "test" / f"pod_veth_stop{cut}.o"), pin_root=dp.pin_root)
+            for pin, n in overrides.items():
+                spec.maps[pin].set_max_entries(n)
+            obj = spec.load(migrate=False)
+            progs[cut] = (obj, obj.programs["lace_from_pod"])
+    except BaseException:
+        for obj, _ in progs.values():
+            obj.close()
+        raise
+    return progs
+
+
+def forget_flows(dp: Testbed, src: str, dsts: list[tuple[str, int]], sports: range) -> None:
+    """Delete the conntrack entries flows from src:sport to each (address, port) left, so that the
+    next cut point's run meets them as new flows again."""
+    m = dp.m("ct-tcp-v4")
+    for sport in sports:
+        for daddr, dport in dsts:
+            m.delete(ct4_key(1, src, daddr, sport, dport, 6))
+
+
+def stage_table(dp: Testbed, base, ctx: bytes, est: bytes, svc_new, rounds: int, calls: int) -> dict[str, list[float]]:
+    """Per path, the cost of each stage of STAGES (ns, medians of interleaved rounds, each cut point
+    measured like its row: established warm, new flows once per call against the pass program)."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    progs = load_stage_programs(dp)
+    try:
+        full = {None: dp.prog_pod} | {cut: prog for cut, (_, prog) in progs.items()}
+        ports = {"new flow": range(STAGE_NEW_SPORT, STAGE_NEW_SPORT + calls),
+                 "service new": range(STAGE_SVC_SPORT, STAGE_SVC_SPORT + calls)}
+        tmpl = {"new flow": bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=1, dport=80, flags="S")),
+                "service new": svc_new}
+        created = {"new flow": [(b.ipv4, 80)], "service new": [(VIP, 80)] + [(b.ipv4, p) for p in SVC_TARGETS]}
+        # one template per path, its source port patched in (the datapath checks no TCP checksum)
+        pkts = {path: [t[:34] + sp.to_bytes(2, "big") + t[36:] for sp in ports[path]] for path, t in tmpl.items()}
+        few = max(10, calls // 20)
+        samples: dict[tuple[str, int | None], list[float]] = {}
+        base_samples: dict[str, list[float]] = {"warm": [], "once": []}
+        for rnd in range(rounds + 1):
+            warm = measure(base, [est] * few, ctx, dp.netns, WARM_REPEAT)
+            once = measure(base, [est] * calls, ctx, dp.netns)
+            got: dict[tuple[str, int | None], float] = {}
+            for cut, _ in STAGES["established"]:
+                got[("established", cut)] = measure(full[cut], [est] * few, ctx, dp.netns, WARM_REPEAT)
+            for path in ("new flow", "service new"):
+                for cut, _ in STAGES[path]:
+                    got[(path, cut)] = measure(full[cut], pkts[path], ctx, dp.netns)
+                    forget_flows(dp, a.ipv4, created[path], ports[path])
+                    dp.ring.consume()
+                    dp.events.clear()
+            if rnd == 0:            # warm-up round, as in the main table
+                continue
+            base_samples["warm"].append(warm)
+            base_samples["once"].append(once)
+            for k, v in got.items():
+                samples.setdefault(k, []).append(v)
+    finally:
+        for obj, _ in progs.values():
+            obj.close()
+    out: dict[str, list[float]] = {}
+    for path, stages in STAGES.items():
+        base_ns = statistics.median(base_samples["warm" if path == "established" else "once"])
+        prev = 0.0
+        out[path] = []
+        for cut, _ in stages:
+            upto = statistics.median(samples[(path, cut)]) - base_ns
+            out[path].append(upto - prev)
+            prev = upto
+    return out
+
+
+def print_stage_table(stages: dict[str, list[float]], size: int) -> None:
+    print(f"\nwhere the time goes, conntrack {size:,} entries: pod_veth.c cut at each stage, ns each stage adds "
+          f"(differences of medians: a few ns of noise; negative = noise)")
+    for path, rows in STAGES.items():
+        total = sum(stages[path])
+        print(f"  {path} ({total:.0f} ns)")
+        for (cut, what), ns in zip(rows, stages[path]):
+            print(f"    {what:<58}{ns:>7.0f}{100 * ns / total:>6.0f}%")
+
+
 def load_pass_program():
     """The baseline: a tc program that only returns (tests/bpf/bench_pass.c), private maps.
     Returns (object, program); close the object when done."""
@@ -144,6 +274,7 @@ def run(quick: bool) -> int:
     dp = Testbed(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
     passobj, base = load_pass_program()
     results: dict[int, dict[str, float]] = {}
+    stages: dict[str, list[float]] = {}
     try:
         a, b = dp.pods["a"], dp.pods["b"]
         a.mac = b.host_mac          # see WARM_REPEAT
@@ -201,6 +332,8 @@ def run(quick: bool) -> int:
                 "pass warm": med["pass warm"],
                 "pass once": med["pass once"],
             }
+            if size == sizes[-1]:
+                stages = stage_table(dp, base, ctx_a, est, new_flow(VIP), rounds, calls)
     finally:
         passobj.close()
         dp.close()
@@ -221,6 +354,7 @@ def run(quick: bool) -> int:
         print(f"{p:<14}{row}{ratio:>8.2f}x   {targets[p]:<10} {how[p]}")
     for k in ("pass warm", "pass once"):
         print(f"{k + ' (base)':<14}" + "".join(f"{results[s][k]:>12.0f}" for s in sizes))
+    print_stage_table(stages, sizes[-1])
     return 0
 
 

@@ -57,6 +57,16 @@
 
 #define LACE_PIN __uint(pinning, LIBBPF_PIN_BY_NAME)
 
+/* Cut points for bench/datapath.py's stage table: an object built with -DLACE_BENCH_STOP=n (the
+ * Makefile's pod_veth_stop<n>.o, test objects only) returns TC_ACT_OK at cut point n, so the cost of
+ * the real walk up to each point can be measured and the difference between two points is the cost
+ * of the stage between them. In the product build they compile to nothing. */
+#ifdef LACE_BENCH_STOP
+#define LACE_BENCH_STAGE(n) do { if ((n) == LACE_BENCH_STOP) return TC_ACT_OK; } while (0)
+#else
+#define LACE_BENCH_STAGE(n) do { } while (0)
+#endif
+
 static __always_inline void lace_copy16(__u8 *dst, const __u8 *src)
 {
 	__builtin_memcpy(dst, src, 16);

@@ -134,6 +134,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	rc = parse_packet(skb, f);
 	if (rc == LACE_PARSE_PASS)
 		return TC_ACT_OK;
+	LACE_BENCH_STAGE(1);            /* parsed */
 	ep = bpf_map_lookup_elem(&lace_veth, &vk);
 	if (!ep)
 		return lace_drop(skb, f, LACE_DROP_UNKNOWN_ENDPOINT);
@@ -147,10 +148,12 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	cfg = bpf_map_lookup_elem(&lace_config, &zero);
 	if (!cfg)
 		return lace_drop(skb, f, LACE_DROP_NO_CONFIG);
+	LACE_BENCH_STAGE(2);            /* endpoint found and the source validated, config */
 
 	now = ct_now();
 	if (!f->icmp_error) {
 		e = ct_classify(f, src_net, now);
+		LACE_BENCH_STAGE(3);    /* conntrack looked up (an entry found is advanced) */
 		if (e) {
 			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
 				rc = service_forward(skb, f, e, now);
@@ -176,12 +179,15 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		}
 		/* a frontend in the source network: its backend's network, not a route */
 		svc = service_frontend(f, src_net, &skey);
+		LACE_BENCH_STAGE(4);    /* service frontend looked up */
 		if (svc) {
 			rc = service_new_flow(skb, f, &skey, svc, &d);
+			LACE_BENCH_STAGE(6);    /* backend chosen, DNAT, segment, policy, delivery */
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
 			if (!rc)
 				rc = service_ct_create(f, now);
+			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
 			return deliver(skb, f, cfg, d);
@@ -194,6 +200,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	if ((route->flags & LACE_ROUTE_F_SERVICE_MAP_FULL) && !f->icmp_error)
 		return lace_drop(skb, f, LACE_DROP_MAP_FULL);
 	f->dst_network = route->dst_network;
+	LACE_BENCH_STAGE(5);            /* routed */
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, f->dst_network, now, &quoted_orig);
 		if (!e)
@@ -224,6 +231,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 
 	f->dst_segment = segment_resolve(f->dst_network, f->family, f->daddr);
 	rc = new_flow_policy(skb, f, &d);
+	LACE_BENCH_STAGE(6);            /* segment, policy, delivery */
 	if (rc)
 		return lace_drop(skb, f, rc);
 	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
@@ -236,6 +244,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
 	rc = ct_create(f, now);
+	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
 	return deliver(skb, f, cfg, d);
