@@ -31,13 +31,13 @@ from .link import Link, TcFilter, attach_tcx
 from .maps import ANY, EXIST, NOEXIST, Map, TypedMap
 from .netns import enter as enter_netns
 from .object import MapSpec, Migration, Object, ObjectSpec, Program, ProgramSpec
-from .ringbuf import RingBuffer
+from .ringbuf import RingBuffer, RingReader
 from .testrun import TestRunResult, test_run
 
 __all__ = [
     "ANY", "EXIST", "NOEXIST",
     "BPFError", "IncompatibleMap", "KeyNotFound", "LoadError", "NotSupported", "VerifierError",
-    "Layout", "Map", "TypedMap", "RingBuffer",
+    "Layout", "Map", "TypedMap", "RingBuffer", "RingReader",
     "ObjectSpec", "MapSpec", "ProgramSpec", "Object", "Program", "Migration",
     "Link", "TcFilter", "attach_tcx",
     "LinkInfo", "MapInfo", "ProgInfo", "TcxQuery",

@@ -390,6 +390,30 @@ def test_ring_buffer_events_from_test_run(private_obj):
         private_obj.maps["lt_events"].dump()
 
 
+
+def test_ring_reader_reads_records_in_bulk_across_the_wrap(private_obj):
+    """The bulk reader gives what libbpf's reader gives, in order, also when records wrap around
+    the end of the ring (16 KiB: 682 records of 16 + 8 bytes), and skips records of another size."""
+    events = private_obj.maps["lt_events"]
+    with bpf.RingReader(events) as rr:
+        rr.read(16)                                   # whatever earlier tests left
+        assert not rr.wait(0)
+        first = bpf.test_run(private_obj.programs["lt_emit"], packet(size=72), repeat=1)
+        assert first.retval == 0 and rr.wait(1000)
+        data, others = rr.read(16)
+        (magic, ln, seq0), = struct.iter_unpack("<IIQ", data)
+        assert (magic, ln, others) == (0x1ACE, 72, 0)
+        seqs = []
+        for _ in range(4):                            # 2,000 records through a 682-record ring
+            bpf.test_run(private_obj.programs["lt_emit"], packet(size=72), repeat=500)
+            data, others = rr.read(16)
+            assert len(data) == 500 * 16 and others == 0
+            seqs += [s for _m, _l, s in struct.iter_unpack("<IIQ", data)]
+        assert seqs == list(range(seq0 + 1, seq0 + 2001))
+        assert rr.read(16) == (b"", 0) and not rr.wait(0)
+        bpf.test_run(private_obj.programs["lt_emit"], packet(size=72), repeat=3)
+        assert rr.read(8) == (b"", 3)                 # a reader of other records: counted, skipped
+
 # --- load errors ---------------------------------------------------------------------------------
 
 
