@@ -36,7 +36,9 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 class ApiServer:
     """Routes ``(method, path)`` to handlers returning (status, body): a JSON-able body, a
-    ``(content-type, bytes)`` pair, or an iterator of JSON-able documents streamed as NDJSON."""
+    ``(content-type, bytes)`` pair, or an iterator streamed until it ends or the client leaves —
+    bare, NDJSON; as ``(content-type, iterator)``, of that type.  A streamed item is a JSON-able
+    document (one NDJSON line) or bytes written as they are (the flow stream's raw frames)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -87,10 +89,13 @@ class ApiServer:
 
             def _send(self, status: int, out: Any) -> None:
                 if hasattr(out, "__next__"):
-                    self._stream(status, out)
+                    self._stream(status, "application/x-ndjson", out)
                     return
                 if isinstance(out, tuple):
                     ctype, data = out
+                    if hasattr(data, "__next__"):
+                        self._stream(status, ctype, data)
+                        return
                 else:
                     ctype, data = "application/json", json.dumps(out).encode()
                 self.send_response(status)
@@ -99,16 +104,17 @@ class ApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream(self, status: int, lines: Any) -> None:
-                """NDJSON, one document per line, until the iterator ends or the client leaves."""
+            def _stream(self, status: int, ctype: str, lines: Any) -> None:
+                """Each item as it comes (bytes as they are, a document as an NDJSON line), until
+                the iterator ends or the client leaves."""
                 self.send_response(status)
-                self.send_header("Content-Type", "application/x-ndjson")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.close_connection = True
                 try:
                     for doc in lines:
-                        self.wfile.write(ndjson_line(doc))
+                        self.wfile.write(doc if isinstance(doc, bytes) else ndjson_line(doc))
                         self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     pass

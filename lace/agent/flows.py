@@ -1,26 +1,35 @@
-"""The flow stream: the agent's reader of the ``events`` ring buffer, a bounded history of decoded
-flow decisions, and fan-out to any number of followers (``GET /v1/flows``).
+"""The flow stream: the agent's reader of the ``events`` ring buffer, a bounded history of flow
+decisions, and fan-out to any number of followers (``GET /v1/flows``).
 
-The agent is the only consumer of the ring buffer.  One thread polls it (with a timeout, so it can
-stop) and decodes each record once (:func:`decode_event`, a precompiled ``struct`` that gives the
-same document as ``lace.datapath.trace.decode_trace_event``); every event gets ``time`` (wall
-clock, from the monotonic ``ts_ns`` through the offset between ``time.time()`` and
-``time.monotonic()``) and ``node``.
+The agent is the only consumer of the ring buffer.  One thread waits on it (with a timeout, so it
+can stop) and takes every committed record at once (``lace.bpf.RingReader``), then pauses
+:data:`READ_PAUSE_S` so that a busy ring is read in batches of hundreds, not one wakeup per
+record.  Records stay raw (128 bytes each, :data:`~lace.datapath.trace.TRACE_EVENT`) in blocks:
+the history keeps blocks and followers queue them, so the reader does no work per record for a
+follower without filters.  Records are decoded (``decode_trace_event``) only where a document is
+made: the history's answer, a per-event follow stream, a filter's first look at a flow.  Every
+event gets ``time`` (wall clock, from the monotonic ``ts_ns`` through the offset between
+``time.time()`` and ``time.monotonic()`` when its block was read: :func:`~lace.datapath.trace.wall_time`)
+and ``node``.
 
 Losses are counted exactly, in two places:
 
 * **ring**: an event the datapath could not put in the ring buffer (the reader was behind and
   the buffer full) is counted by the datapath per CPU at ``metrics`` index 0 (verdict 0, which no
-  packet has; ``bpf/lib/trace.h``).  The collector reads that counter after every poll and
+  packet has; ``bpf/lib/trace.h``).  The collector reads that counter once a poll interval and
   reports the increase since it started (:attr:`FlowCollector.ring_lost`); every follower is
   told of the ring losses that happened while it followed.
-* **reader**: each follower has its own bounded queue; a slow follower loses events, never slows
-  the reader or other followers, and is told how many it lost.
+* **reader**: each follower has its own bounded queue (in records); a slow follower loses events,
+  never slows the reader or other followers, and is told how many it lost.
 
 Followers get one document per line: an event, ``{"lost": N}`` (both kinds added up) or
-``{"keepalive": true}`` after a quiet second.  With ``batch=1`` (``lace observe``) each line is
-``{"flows": [...], "lost": N, "ring_lost": R}`` (up to :data:`BATCH` events per line, so a busy
-stream costs one JSON encoding and one write per batch, not per event).
+``{"keepalive": true}`` after a quiet second.  With ``batch=raw`` (``lace observe``) the stream
+is frames instead: a first JSON line ``{"follow": true, "node": ..., "record_size": 128, "flows":
+[the --last backlog, decoded]}``, then per frame one JSON line ``{"records": N, "offset_ns": O,
+"lost": L, "ring_lost": R}`` followed by the N raw records (N x 128 bytes; ``O`` makes their
+``time``), up to :data:`BATCH` records a frame, and a frame of 0 records after a quiet second.
+The records are the ring buffer's own bytes: the agent spends nothing per event on the stream,
+and the CLI decodes only what it shows.
 """
 
 from __future__ import annotations
@@ -28,123 +37,95 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from lace.datapath.trace import TRACE_EVENT
+import orjson
+
+from lace.datapath.trace import PER_PACKET_BYTES, TRACE_EVENT, decode_trace_event, record_ts, wall_time
 
 log = logging.getLogger("lace.agent.flows")
 
 Event = dict[str, Any]
-Filter = Callable[[Event], bool]
 
+#: a follower's queue, in records (8 MiB of raw records)
 FOLLOWER_QUEUE = 65536
 POLL_MS = 200
+#: after a read that found records, the reader waits this long before the next one: at 200,000
+#: events/s a read then takes ~1,000 records (136 KB of the 4 MiB ring) instead of one per wakeup
+READ_PAUSE_S = 0.005
 #: how often a follower with nothing to say checks whether its client is still there
 KEEPALIVE_S = 1.0
-#: events per line of a batched follow stream
-BATCH = 2048
+#: records per frame of a ``batch=raw`` stream (a frame may pass it by the rest of one ring read)
+BATCH = 4096
 #: metrics map index where the datapath counts events the ring buffer could not take (trace.h)
 RING_LOST_INDEX = 0
+#: a filter's cached answers per flow (the record from ``point`` on), forgotten past this many
+FILTER_CACHE = 65536
+RECORD = TRACE_EVENT.size
+#: what a raw follow stream is served as
+FRAMES_CONTENT_TYPE = "application/x-lace-flow-frames"
 
 
-# ---- decoding ---------------------------------------------------------------------------------
+class Block(NamedTuple):
+    """Records read from the ring buffer at once (back to back), and the clock offset they were
+    read with (``wall_time``)."""
 
-#: struct lace_trace_event as its Layout compiles it (the big-endian ports come as raw u16: swapped below)
-_EVENT = TRACE_EVENT.struct
+    data: bytes
+    count: int
+    offset_ns: int
 
-
-def _labels() -> dict[str, Any]:
-    from lace.datapath.common import Family, Proto, Verdict, enum_label
-    from lace.datapath.conntrack import CtStatus, tcp_flag_labels
-    from lace.datapath.delivery import DeliveryKind
-    from lace.datapath.reasons import DropReason, TracePoint
-    from lace.datapath.trace import NatKind
-
-    def table(cls: Any, n: int = 256) -> list[Any]:
-        return [enum_label(cls, i) for i in range(n)]
-    return {"point": table(TracePoint), "verdict": table(Verdict), "reason": table(DropReason, 1024),
-            "family": table(Family), "proto": table(Proto), "ct_status": table(CtStatus),
-            "delivery": table(DeliveryKind), "nat": table(NatKind),
-            "tcp_flags": [tcp_flag_labels(i) for i in range(256)],
-            "ipv4": int(Family.IPV4), "ipv6": int(Family.IPV6), "tcp": int(Proto.TCP),
-            "remote": int(DeliveryKind.REMOTE)}
-
-
-_L: dict[str, Any] | None = None
-
-
-def _addr(fam: int, raw: bytes, v4: int, v6: int) -> str:
-    if fam == v4:
-        return socket.inet_ntop(socket.AF_INET, raw[:4])
-    if fam == v6:
-        if raw[:12] == b"\0" * 10 + b"\xff\xff":  # v4-mapped: ipaddress's spelling, as the decoder's
-            return str(ipaddress.IPv6Address(raw))
-        return socket.inet_ntop(socket.AF_INET6, raw)
-    return raw.hex()
-
-
-def decode_event(raw: bytes) -> Event:
-    """One ring buffer record as ``decode_trace_event`` gives it, about five times faster."""
-    global _L
-    L = _L or _labels()
-    _L = L
-    (ts, ifindex, pkt_len, point, verdict, reason, fam, proto, ct_status, delivery, src_net, dst_net,
-     src_seg, dst_seg, saddr, daddr, sport, dport, policy_id, nat_addr, nat_port, nat_kind, tcp_flags,
-     delivery_ifindex, sid, node_id, rule, _reserved) = _EVENT.unpack_from(raw)
-    v4, v6 = L["ipv4"], L["ipv6"]
-    return {
-        "ts_ns": ts, "ifindex": ifindex, "pkt_len": pkt_len,
-        "point": L["point"][point], "verdict": L["verdict"][verdict],
-        "reason": L["reason"][reason] if reason < 1024 else reason,
-        "family": L["family"][fam], "proto": L["proto"][proto], "ct_status": L["ct_status"][ct_status],
-        "delivery": L["delivery"][delivery],
-        "src_network": src_net, "dst_network": dst_net, "src_segment": src_seg, "dst_segment": dst_seg,
-        "saddr": _addr(fam, saddr, v4, v6), "daddr": _addr(fam, daddr, v4, v6),
-        "sport": ((sport & 0xFF) << 8) | (sport >> 8), "dport": ((dport & 0xFF) << 8) | (dport >> 8),
-        "tcp_flags": L["tcp_flags"][tcp_flags] if proto == L["tcp"] else [],
-        "policy_id": policy_id, "rule": rule,
-        "nat_kind": L["nat"][nat_kind],
-        "nat_addr": _addr(fam, nat_addr, v4, v6) if nat_kind else None,
-        "nat_port": (((nat_port & 0xFF) << 8) | (nat_port >> 8)) if nat_kind else None,
-        "delivery_ifindex": delivery_ifindex,
-        "sid": socket.inet_ntop(socket.AF_INET6, sid) if delivery == L["remote"] else None,
-        "node_id": node_id,
-    }
-
-
-def _decode(raw: bytes) -> Event:
-    return decode_event(raw)
+    def events(self, node: str) -> Iterator[Event]:
+        """Each record decoded, with its ``time`` and ``node``."""
+        data, off = self.data, self.offset_ns
+        for i, ts in enumerate(record_ts(data)):
+            ev = decode_trace_event(data[i * RECORD:(i + 1) * RECORD])
+            ev["time"] = wall_time(ts, off)
+            ev["node"] = node
+            yield ev
 
 
 # ---- followers --------------------------------------------------------------------------------
 
 class _Follower:
-    """One client's queue.  The reader thread is the only writer of ``q`` (append) and ``dropped``;
-    the client's thread the only popper and the only writer of ``reported``: exact without a lock."""
+    """One client's queue of blocks.  The reader thread is the only writer of ``q`` (append),
+    ``pushed`` and ``dropped``; the client's thread the only popper and the only writer of
+    ``popped`` and ``reported``: exact without a lock."""
 
-    def __init__(self, filt: Filter | None, size: int, ring_lost: int) -> None:
+    def __init__(self, filt: FlowFilter | None, size: int, ring_lost: int) -> None:
         self.filt = filt
-        self.q: collections.deque[Event] = collections.deque()
+        self.q: collections.deque[Block] = collections.deque()
         self.size = size
+        self.pushed = 0
+        self.popped = 0
         self.dropped = 0
         self.reported = 0
         self.ring_base = ring_lost       # ring losses before this follower started are not its own
         self.ready = threading.Event()
 
-    def offer(self, ev: Event) -> None:
-        if self.filt is not None and not self.filt(ev):
-            return
-        q = self.q
-        if len(q) >= self.size:
-            self.dropped += 1
-            return
-        q.append(ev)
-        if len(q) == 1:
+    def offer(self, block: Block) -> None:
+        if self.filt is not None:
+            block = self.filt.select(block)
+            if not block.count:
+                return
+        room = self.size - (self.pushed - self.popped)
+        if room < block.count:           # what fits goes in; the rest is this follower's loss
+            keep = max(room, 0)
+            self.dropped += block.count - keep
+            if not keep:
+                return
+            block = Block(block.data[:keep * RECORD], keep, block.offset_ns)
+        self.q.append(block)
+        self.pushed += block.count
+        if len(self.q) == 1:
             self.ready.set()
+
+    def pop(self) -> Block:
+        block = self.q.popleft()
+        self.popped += block.count
+        return block
 
     def take_lost(self) -> int:
         n = self.dropped - self.reported
@@ -155,23 +136,26 @@ class _Follower:
 class FlowCollector:
     """Reads the ``events`` ring buffer into history and followers once started.
 
-    ``source`` replaces the ring buffer for tests: a callable ``poll(timeout_ms, deliver)`` that
-    calls ``deliver(raw_bytes)`` per record.  ``ring_lost_source`` (tests) replaces the datapath's
-    counter of events the ring buffer could not take: a callable returning the running total.
+    ``source`` replaces the ring buffer for tests: a callable ``poll(timeout_ms)`` returning
+    ``(records, others)`` as :meth:`lace.bpf.RingReader.read` does.  ``ring_lost_source`` (tests)
+    replaces the datapath's counter of events the ring buffer could not take: a callable returning
+    the running total.
     """
 
     def __init__(self, node: str, capacity: int = 10000, *,
-                 source: Callable[[int, Callable[[bytes], Any]], Any] | None = None,
-                 decode: Callable[[bytes], Event] = _decode, follower_queue: int = FOLLOWER_QUEUE,
+                 source: Callable[[int], tuple[bytes, int]] | None = None,
+                 follower_queue: int = FOLLOWER_QUEUE,
                  ring_lost_source: Callable[[], int] | None = None) -> None:
         self.node = node
         self.capacity = capacity
-        self.history_buf: collections.deque[Event] = collections.deque(maxlen=capacity)
+        #: the newest blocks, at least ``capacity`` records when that many came (the oldest block
+        #: may hold some past it: :meth:`history` leaves them out)
+        self.history_buf: collections.deque[Block] = collections.deque()
+        self._history_records = 0
         self._followers: set[_Follower] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._decode = decode
         self._follower_queue = follower_queue
         self.received = 0
         self.errors = 0
@@ -189,25 +173,22 @@ class FlowCollector:
 
     # -- the reader ------------------------------------------------------------------------------
 
-    def _deliver(self, raw: bytes) -> int:
-        try:
-            ev = self._decode(raw)
-        except Exception:  # a short or unknown record: count it, keep reading
-            self.errors += 1
-            return 0
-        self.add(ev)
-        return 0
-
-    def add(self, ev: Event) -> None:
-        """Record one decoded event (the reader calls this; tests may too)."""
-        ts = ev.get("ts_ns")
-        if ts.__class__ is int:
-            ev["time"] = (ts + self._offset_ns) / 1e9
-        ev["node"] = self.node
-        self.received += 1
-        self.history_buf.append(ev)   # deque.append is atomic; history() copies under the GIL
+    def add_records(self, data: bytes, others: int = 0) -> None:
+        """Take records read from the ring buffer (back to back; the reader calls this, tests may
+        too); ``others`` counts records of another size, which no decoder can read."""
+        n, rest = divmod(len(data), RECORD)
+        self.errors += others + (1 if rest else 0)
+        if not n:
+            return
+        block = Block(data[:n * RECORD] if rest else data, n, self._offset_ns)
+        self.received += n
+        hist = self.history_buf
+        hist.append(block)           # deque.append is atomic; history() copies under the lock
+        self._history_records += n
+        while self._history_records - hist[0].count >= self.capacity:
+            self._history_records -= hist.popleft().count
         for f in self._followers_now:
-            f.offer(ev)
+            f.offer(block)
 
     _followers_now: tuple[_Follower, ...] = ()
 
@@ -226,23 +207,53 @@ class FlowCollector:
         return self.ring_lost
 
     def _run(self) -> None:
+        assert self._source is not None
         last_cal = last_lost = time.monotonic()
         while not self._stop.is_set():
             try:
-                self._source(POLL_MS, self._deliver)
+                data, others = self._source(POLL_MS)
             except Exception as exc:
                 self.errors += 1
                 log.warning("flow reader: %s", exc)
                 self._stop.wait(0.5)
-            # under load a poll returns as soon as the ring is drained: read the loss counter (a
-            # per-CPU map lookup) once a poll interval, not after every poll
+            else:
+                if data or others:
+                    with self._lock:
+                        self.add_records(data, others)
+                    self._stop.wait(READ_PAUSE_S)
+            # under load a read returns at once: read the loss counter (a per-CPU map lookup) once
+            # a poll interval, not after every read
             now = time.monotonic()
             if now - last_lost >= POLL_MS / 1000:
                 self.check_ring_lost()
                 last_lost = now
-            if time.monotonic() - last_cal > 60:  # follow wall-clock steps (NTP)
+            if now - last_cal > 60:  # follow wall-clock steps (NTP)
                 self._calibrate()
-                last_cal = time.monotonic()
+                last_cal = now
+
+    def _ring_source(self, events_map: Any) -> Callable[[int], tuple[bytes, int]]:
+        """Bulk reads of the ring (x86-64), else libbpf's reader with a callback per record."""
+        from lace.bpf import NotSupported, RingBuffer, RingReader
+        try:
+            reader = RingReader(events_map)
+        except NotSupported as exc:
+            log.info("flow reader: %s; reading records one at a time", exc)
+        else:
+            self._ring = reader
+
+            def bulk(timeout_ms: int) -> tuple[bytes, int]:
+                return reader.read(RECORD) if reader.wait(timeout_ms) else (b"", 0)
+            return bulk
+        got: list[bytes] = []
+        ring = self._ring = RingBuffer(events_map, got.append)
+
+        def one_by_one(timeout_ms: int) -> tuple[bytes, int]:
+            ring.poll(timeout_ms)
+            records = [r for r in got if len(r) == RECORD]
+            others = len(got) - len(records)
+            got.clear()
+            return b"".join(records), others
+        return one_by_one
 
     def start(self, events_map: Any = None, metrics_map: Any = None) -> None:
         """Start reading: ``events_map`` (a ring buffer ``lace.bpf.Map``) unless a test source was
@@ -258,9 +269,7 @@ class FlowCollector:
             self._ring_lost_source = ring_lost
         self.check_ring_lost()
         if self._source is None:
-            from lace.bpf import RingBuffer
-            self._ring = RingBuffer(events_map, self._deliver)
-            self._source = lambda ms, _deliver: self._ring.poll(ms)
+            self._source = self._ring_source(events_map)
         self._thread = threading.Thread(target=self._run, name="flows", daemon=True)
         self._thread.start()
 
@@ -282,24 +291,46 @@ class FlowCollector:
     def stats(self) -> dict[str, Any]:
         return {"node": self.node, "received": self.received, "errors": self.errors,
                 "ring_lost": self.ring_lost, "followers": self.followers, "capacity": self.capacity,
-                "kept": len(self.history_buf)}
+                "kept": min(self._history_records, self.capacity)}
 
     # -- readers ---------------------------------------------------------------------------------
 
-    def history(self, last: int = 0, filt: Filter | None = None) -> list[Event]:
+    def _kept_events(self, blocks: list[Block]) -> list[Event]:
+        """The events of history blocks, decoded, without the oldest past ``capacity``."""
+        skip = max(0, sum(b.count for b in blocks) - self.capacity)
+        events: list[Event] = []
+        for b in blocks:
+            if skip >= b.count:
+                skip -= b.count
+                continue
+            if skip:
+                b = Block(b.data[skip * RECORD:], b.count - skip, b.offset_ns)
+                skip = 0
+            events.extend(b.events(self.node))
+        return events
+
+    def history(self, last: int = 0, filt: FlowFilter | None = None) -> list[Event]:
         """The most recent ``last`` matching events (all kept ones when ``last`` is 0), oldest first."""
         with self._lock:
-            events = list(self.history_buf)
+            blocks = list(self.history_buf)
+        events = self._kept_events(blocks)
         if filt is not None:
             events = [e for e in events if filt(e)]
         return events[-last:] if last else events
 
-    def _register(self, f: _Follower) -> list[Event]:
+    def _register(self, f: _Follower, last: int) -> list[Event]:
+        """Add a follower; the ``last`` matching events before it came (under the lock: none is
+        both in them and in its queue)."""
         with self._lock:
-            backlog = list(self.history_buf)
+            blocks = list(self.history_buf) if last else []
             self._followers.add(f)
             self._followers_now = tuple(self._followers)
-        return backlog
+        if not last:
+            return []
+        events = self._kept_events(blocks)
+        if f.filt is not None:
+            events = [e for e in events if f.filt(e)]
+        return events[-last:]
 
     def _unregister(self, f: _Follower) -> None:
         with self._lock:
@@ -311,57 +342,61 @@ class FlowCollector:
         f.ring_base += n
         return n
 
-    def follow(self, filt: Filter | None = None, last: int = 0) -> Iterator[Event]:
+    def _wait(self, f: _Follower) -> bool:
+        """Until ``f`` has records (True) or a keepalive second passed (False)."""
+        if f.q:
+            return True
+        f.ready.clear()
+        return bool(f.q) or f.ready.wait(KEEPALIVE_S)
+
+    def follow(self, filt: FlowFilter | None = None, last: int = 0) -> Iterator[Event]:
         """``last`` past events, then every new matching one until the consumer stops iterating.
 
         Yields ``{"lost": N}`` when events were lost (this follower's queue overflowed, or the ring
         buffer was full); ``{"keepalive": true}`` after a quiet second, so that a server notices a
         client that went away."""
         f = _Follower(filt, self._follower_queue, self.ring_lost)
-        backlog = self._register(f)
         try:
-            if last:
-                for e in [e for e in backlog if filt is None or filt(e)][-last:]:
-                    yield e
+            yield from self._register(f, last)
             while not self._stop.is_set():
-                if not f.q:
-                    f.ready.clear()
-                    if not f.q and not f.ready.wait(KEEPALIVE_S):
-                        lost = f.take_lost() + self._ring_delta(f)
-                        yield {"lost": lost} if lost else {"keepalive": True}
-                        continue
-                ev = f.q.popleft()
+                if not self._wait(f):
+                    lost = f.take_lost() + self._ring_delta(f)
+                    yield {"lost": lost} if lost else {"keepalive": True}
+                    continue
+                block = f.pop()
                 lost = f.take_lost() + self._ring_delta(f)
                 if lost:
                     yield {"lost": lost}
-                yield ev
+                yield from block.events(self.node)
         finally:
             self._unregister(f)
 
-    def follow_batches(self, filt: Filter | None = None, last: int = 0,
-                       batch: int = BATCH) -> Iterator[dict[str, Any]]:
-        """As :meth:`follow`, one ``{"flows": [...], "lost": N, "ring_lost": R}`` document per batch
-        (``{"keepalive": true, ...}`` when quiet); the first document has ``"follow": true``."""
+    def follow_frames(self, filt: FlowFilter | None = None, last: int = 0,
+                      batch: int = BATCH) -> Iterator[Event | bytes]:
+        """As :meth:`follow`, in the ``batch=raw`` framing of the module docstring: the first
+        document (a dict), then frames (bytes: their JSON header line and their records)."""
         f = _Follower(filt, self._follower_queue, self.ring_lost)
-        backlog = self._register(f)
         try:
-            first = {"follow": True, "node": self.node, "flows": []}
-            if last:
-                first["flows"] = [e for e in backlog if filt is None or filt(e)][-last:]
-            yield first
+            backlog = self._register(f, last)
+            yield {"follow": True, "node": self.node, "record_size": RECORD, "flows": backlog}
             q = f.q
-            pop = q.popleft
             while not self._stop.is_set():
-                if not q:
-                    f.ready.clear()
-                    if not q and not f.ready.wait(KEEPALIVE_S):
-                        yield {"keepalive": True, "lost": f.take_lost(), "ring_lost": self._ring_delta(f)}
-                        continue
-                n = min(len(q), batch)
-                flows = [pop() for _ in range(n)]
-                yield {"flows": flows, "lost": f.take_lost(), "ring_lost": self._ring_delta(f)}
+                if not self._wait(f):
+                    yield self._frame(f, [], 0)
+                    continue
+                blocks = [f.pop()]
+                n, off = blocks[0].count, blocks[0].offset_ns
+                while q and n < batch and q[0].offset_ns == off:
+                    blocks.append(f.pop())
+                    n += blocks[-1].count
+                yield self._frame(f, blocks, n)
         finally:
             self._unregister(f)
+
+    def _frame(self, f: _Follower, blocks: list[Block], n: int) -> bytes:
+        head = {"records": n, "offset_ns": blocks[0].offset_ns if blocks else self._offset_ns,
+                "lost": f.take_lost(), "ring_lost": self._ring_delta(f)}
+        return b"".join([orjson.dumps(head, option=orjson.OPT_APPEND_NEWLINE), *(b.data for b in blocks)])
 
     @property
     def followers(self) -> int:
@@ -380,11 +415,14 @@ class FlowCollector:
             last = int(q.get("last") or 0)
             if last < 0:
                 raise ValueError(f"last must be 0 or more, not {last}")
+            batch = q.get("batch")
+            if batch and batch != "raw":
+                raise ValueError(f"batch must be raw (frames of ring buffer records), not {batch!r}")
         except ValueError as exc:
             return 400, {"error": str(exc)}
         if q.get("follow") in ("1", "true", "yes"):
-            if q.get("batch") in ("1", "true", "yes"):
-                return 200, self.follow_batches(filt, last)
+            if batch:
+                return 200, (FRAMES_CONTENT_TYPE, self.follow_frames(filt, last))
             return 200, self.follow(filt, last)
         self.check_ring_lost()
         return 200, {"node": self.node, "flows": self.history(last, filt), **self.stats()}
@@ -431,13 +469,13 @@ def _addr_in(nets: list[Any]) -> Callable[[str | None], bool]:
     return match
 
 
-def parse_filter(q: dict[str, str]) -> Filter | None:
+def parse_filter(q: dict[str, str]) -> FlowFilter | None:
     """A predicate from query parameters, or None when there are none; ValueError names a bad one.
 
     verdict, reason, proto, port: comma-separated lists (any of them); ip (either end, or the NAT
     frontend), src_ip, dst_ip: addresses or CIDRs; pod_ip: addresses (either end; the CLI resolved
     a pod to them); since, until: wall-clock seconds since the epoch."""
-    checks: list[Filter] = []
+    checks: list[Callable[[Event], bool]] = []
     verdicts = _list(q, "verdict")
     if verdicts:
         bad = [v for v in verdicts if v not in _VERDICTS]
@@ -478,15 +516,76 @@ def parse_filter(q: dict[str, str]) -> Filter | None:
     if pod_ip:
         addrs = set(_unquote(pod_ip).split(","))
         checks.append(lambda e: e.get("saddr") in addrs or e.get("daddr") in addrs)
-    for key, cmp in (("since", float.__ge__), ("until", float.__le__)):
+    bounds = []
+    for key in ("since", "until"):
+        bound = None
         if q.get(key):
             try:
                 bound = float(_unquote(q[key]))
             except ValueError:
                 raise ValueError(f"{key} must be seconds since the epoch, not {q.get(key)!r}") from None
-            checks.append(lambda e, b=bound, c=cmp: isinstance(e.get("time"), float) and c(e["time"], b))
-    if not checks:
+        bounds.append(bound)
+    if not checks and bounds == [None, None]:
         return None
-    if len(checks) == 1:
-        return checks[0]
-    return lambda e: all(c(e) for c in checks)
+    flow = None if not checks else checks[0] if len(checks) == 1 else (lambda e: all(c(e) for c in checks))
+    return FlowFilter(flow, *bounds)
+
+
+class FlowFilter:
+    """What a follower or a history request asked for: ``flow``, checks of the flow's fields, and
+    a time window (``since``/``until``, wall-clock seconds) checked per event.
+
+    A block of raw records is filtered with one decoding per flow, not per event: ``flow``'s answer
+    is kept by the record's bytes from ``point`` on (:data:`~lace.datapath.trace.PER_PACKET_BYTES`),
+    which leaves out ts_ns, ifindex and pkt_len, the fields that change with every packet.  ``flow``
+    sees the event without those fields (and without ``time``), so a check that read them would
+    fail visibly rather than answer for another packet."""
+
+    def __init__(self, flow: Callable[[Event], bool] | None, since: float | None = None,
+                 until: float | None = None) -> None:
+        self.flow = flow
+        self.since = since
+        self.until = until
+        self._answers: dict[bytes, bool] = {}
+
+    def _in_window(self, t: Any) -> bool:
+        if self.since is None and self.until is None:
+            return True
+        if not isinstance(t, float):
+            return False
+        return (self.since is None or t >= self.since) and (self.until is None or t <= self.until)
+
+    def __call__(self, e: Event) -> bool:
+        return self._in_window(e.get("time")) and (self.flow is None or self.flow(e))
+
+    def _flow_answer(self, key: bytes, record: bytes) -> bool:
+        assert self.flow is not None
+        ev = decode_trace_event(record)
+        for k in ("ts_ns", "ifindex", "pkt_len"):
+            del ev[k]
+        if len(self._answers) >= FILTER_CACHE:
+            self._answers.clear()
+        ok = self._answers[key] = bool(self.flow(ev))
+        return ok
+
+    def select(self, block: Block) -> Block:
+        """The block's matching records (the block itself when all match)."""
+        data, off = block.data, block.offset_ns
+        times = [wall_time(ts, off) for ts in record_ts(data)] if (self.since, self.until) != (None, None) else None
+        answers, flow = self._answers, self.flow
+        keep = []
+        for i in range(block.count):
+            o = i * RECORD
+            if times is not None and not self._in_window(times[i]):
+                continue
+            if flow is not None:
+                key = data[o + PER_PACKET_BYTES:o + RECORD]
+                ok = answers.get(key)
+                if ok is None:
+                    ok = self._flow_answer(key, data[o:o + RECORD])
+                if not ok:
+                    continue
+            keep.append(o)
+        if len(keep) == block.count:
+            return block
+        return Block(b"".join([data[o:o + RECORD] for o in keep]), len(keep), off)

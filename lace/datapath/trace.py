@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
-import ipaddress
+import socket
 from typing import Any
+
+import numpy as np
 
 from lace.bpf.layout import Layout
 from lace.datapath.common import Family, Proto, Verdict, addr_str, enum_label
@@ -87,40 +89,86 @@ C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
 }
 
 
+#: struct lace_trace_event compiled once (the big-endian ports come as raw u16: swapped below)
+_EVENT = TRACE_EVENT.struct
+_V4_MAPPED = b"\0" * 10 + b"\xff\xff"
+
+
+class _Labels:
+    """Every enum's label by value, looked up once: the flow collector decodes every ring buffer
+    record, and ``enum_label`` (an enum construction, an exception for an unknown value) per field
+    cost five times the rest of the decoding."""
+
+    def __init__(self) -> None:
+        def table(cls: type[enum.IntEnum], n: int = 256) -> list[Any]:
+            return [enum_label(cls, i) for i in range(n)]
+        self.point = table(TracePoint)
+        self.verdict = table(Verdict)
+        self.reason = table(DropReason, 1024)   # u16: a code past the table is unknown anyway
+        self.family = table(Family)
+        self.proto = table(Proto)
+        self.ct_status = table(CtStatus)
+        self.delivery = table(DeliveryKind)
+        self.nat = table(NatKind)
+        self.tcp_flags = [tcp_flag_labels(i) for i in range(256)]
+
+
+_labels: _Labels | None = None
+
+
+def _addr(fam: int, raw: bytes) -> str:
+    """``addr_str`` for the hot path: inet_ntop, except for a v4-mapped IPv6 address, which
+    ipaddress spells ``::ffff:a00:1`` (as every other command shows it) and inet_ntop as ``::ffff:10.0.0.1``."""
+    if fam == Family.IPV4:
+        return socket.inet_ntop(socket.AF_INET, raw[:4])
+    if fam == Family.IPV6 and raw[:12] != _V4_MAPPED:
+        return socket.inet_ntop(socket.AF_INET6, raw)
+    return addr_str(fam, raw)
+
+
 def decode_trace_event(raw: bytes) -> dict[str, Any]:
-    """A flow event with enums by label and addresses as strings (NAT and SID fields only when set)."""
-    e = TRACE_EVENT.unpack(raw)
-    fam = e["family"]
-    out: dict[str, Any] = {
-        "ts_ns": e["ts_ns"],
-        "ifindex": e["ifindex"],
-        "pkt_len": e["pkt_len"],
-        "point": enum_label(TracePoint, e["point"]),
-        "verdict": enum_label(Verdict, e["verdict"]),
-        "reason": enum_label(DropReason, e["reason"]),
-        "family": enum_label(Family, fam),
-        "proto": enum_label(Proto, e["proto"]),
-        "ct_status": enum_label(CtStatus, e["ct_status"]),
-        "delivery": enum_label(DeliveryKind, e["delivery"]),
-        "src_network": e["src_network"],
-        "dst_network": e["dst_network"],
-        "src_segment": e["src_segment"],
-        "dst_segment": e["dst_segment"],
-        "saddr": addr_str(fam, e["saddr"]),
-        "daddr": addr_str(fam, e["daddr"]),
-        "sport": e["sport"],
-        "dport": e["dport"],
-        "tcp_flags": tcp_flag_labels(e["tcp_flags"]) if e["proto"] == Proto.TCP else [],
-        "policy_id": e["policy_id"],
-        "rule": e["rule"],
-        "nat_kind": enum_label(NatKind, e["nat_kind"]),
-        "nat_addr": addr_str(fam, e["nat_addr"]) if e["nat_kind"] else None,
-        "nat_port": e["nat_port"] if e["nat_kind"] else None,
-        "delivery_ifindex": e["delivery_ifindex"],
-        "sid": str(ipaddress.IPv6Address(e["sid"])) if e["delivery"] == DeliveryKind.REMOTE else None,
-        "node_id": e["node_id"],
+    """A flow event with enums by label (the number when unknown) and addresses as strings (NAT
+    and SID fields only when set).  The flow collector decodes every record it shows with it, so
+    it unpacks the compiled struct once and reads labels from tables built on first use."""
+    global _labels
+    L = _labels or _Labels()
+    _labels = L
+    (ts, ifindex, pkt_len, point, verdict, reason, fam, proto, ct_status, delivery, src_net, dst_net,
+     src_seg, dst_seg, saddr, daddr, sport, dport, policy_id, nat_addr, nat_port, nat_kind, tcp_flags,
+     delivery_ifindex, sid, node_id, rule, _reserved) = _EVENT.unpack_from(raw)
+    return {
+        "ts_ns": ts, "ifindex": ifindex, "pkt_len": pkt_len,
+        "point": L.point[point], "verdict": L.verdict[verdict], "reason": L.reason[reason] if reason < 1024 else reason,
+        "family": L.family[fam], "proto": L.proto[proto], "ct_status": L.ct_status[ct_status],
+        "delivery": L.delivery[delivery],
+        "src_network": src_net, "dst_network": dst_net, "src_segment": src_seg, "dst_segment": dst_seg,
+        "saddr": _addr(fam, saddr), "daddr": _addr(fam, daddr),
+        "sport": ((sport & 0xFF) << 8) | (sport >> 8), "dport": ((dport & 0xFF) << 8) | (dport >> 8),
+        "tcp_flags": L.tcp_flags[tcp_flags] if proto == Proto.TCP else [],
+        "policy_id": policy_id, "rule": rule,
+        "nat_kind": L.nat[nat_kind],
+        "nat_addr": _addr(fam, nat_addr) if nat_kind else None,
+        "nat_port": (((nat_port & 0xFF) << 8) | (nat_port >> 8)) if nat_kind else None,
+        "delivery_ifindex": delivery_ifindex,
+        "sid": _addr(Family.IPV6, sid) if delivery == DeliveryKind.REMOTE else None,
+        "node_id": node_id,
     }
-    return out
+
+
+#: a record's first bytes: ts_ns, ifindex and pkt_len, which change with every packet of a flow;
+#: the rest (from ``point`` on) is what a flow filter reads, so it keys a filter's cached answers
+PER_PACKET_BYTES = TRACE_EVENT.field("point").offset
+
+
+def record_ts(data: bytes) -> list[int]:
+    """``ts_ns`` of each record in ``data`` (records back to back, as a ring buffer read gives them)."""
+    return np.frombuffer(data, dtype="<u8")[:: TRACE_EVENT.size // 8].tolist() if data else []
+
+
+def wall_time(ts_ns: int, offset_ns: int) -> float:
+    """An event's ``time``: its monotonic ``ts_ns`` (bpf_ktime_get_ns) on the wall clock, through
+    the offset between the two clocks the flow collector measured when it read the record."""
+    return (ts_ns + offset_ns) / 1e9
 
 
 def metrics_index(reason: int, point: int, verdict: int) -> int:

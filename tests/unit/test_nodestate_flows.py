@@ -1,5 +1,5 @@
 """FlowCollector: history, filters, fan-out to followers, a slow follower told what it lost, and
-the /v1/flows handler — with a fake ring source (no kernel)."""
+the /v1/flows handler — with raw ring buffer records and no kernel."""
 
 from __future__ import annotations
 
@@ -7,71 +7,114 @@ import threading
 import time
 from typing import Any
 
-from lace.agent.flows import FlowCollector, parse_filter
+import orjson
+
+from lace.agent.flows import FRAMES_CONTENT_TYPE, FlowCollector, parse_filter
+from lace.datapath.trace import TRACE_EVENT
+
+V4 = 4
+TCP, UDP = 6, 17
+DROP, FORWARD = 2, 1
 
 
-def ev(i: int, **kw: Any) -> dict[str, Any]:
-    base = {"ts_ns": time.monotonic_ns(), "verdict": "forward", "proto": "tcp", "saddr": "10.0.0.1",
-            "daddr": "10.0.0.2", "sport": 1000 + i, "dport": 80, "seq": i}
-    base.update(kw)
-    return base
+def record(i: int, **kw: Any) -> bytes:
+    """A policy-relevant TCP flow record; ``i`` is its source port - 1000 (the tests' sequence)."""
+    fields = {"ts_ns": time.monotonic_ns(), "ifindex": 3, "pkt_len": 60, "verdict": FORWARD, "family": V4,
+              "proto": TCP, "saddr": bytes([10, 0, 0, 1]), "daddr": bytes([10, 0, 0, 2]), "sport": 1000 + i,
+              "dport": 80}
+    fields.update(kw)
+    return TRACE_EVENT.pack(**fields)
+
+
+def seqs(events: list[dict[str, Any]]) -> list[int]:
+    return [e["sport"] - 1000 for e in events if "sport" in e]
 
 
 def collector(**kw: Any) -> FlowCollector:
-    return FlowCollector("n1", source=lambda ms, deliver: time.sleep(ms / 1000), decode=lambda raw: {}, **kw)
+    return FlowCollector("n1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1], **kw)
 
 
-def test_history_is_bounded_and_has_wall_time() -> None:
+def wait_for(cond: Any, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.005)
+
+
+def test_history_is_bounded_by_records_and_has_wall_time() -> None:
     c = collector(capacity=5)
-    for i in range(12):
-        c.add(ev(i))
+    c.add_records(b"".join(record(i) for i in range(3)))
+    c.add_records(b"".join(record(i) for i in range(3, 12)))
     h = c.history()
-    assert [e["seq"] for e in h] == [7, 8, 9, 10, 11]
+    assert seqs(h) == [7, 8, 9, 10, 11]
     assert all(e["node"] == "n1" and abs(e["time"] - time.time()) < 5 for e in h)
-    assert [e["seq"] for e in c.history(2)] == [10, 11]
+    assert seqs(c.history(2)) == [10, 11]
+    assert c.stats()["kept"] == 5 and c.received == 12
+
+
+def test_records_of_another_size_are_counted_not_decoded() -> None:
+    c = collector()
+    c.add_records(record(1) + record(2)[:100], others=2)
+    assert c.received == 1 and c.errors == 3 and seqs(c.history()) == [1]
 
 
 def test_filters() -> None:
+    ev = lambda **kw: {"verdict": "forward", "proto": "tcp", "saddr": "10.0.0.1", "daddr": "10.0.0.2",  # noqa: E731
+                       "sport": 1000, "dport": 80, "nat_port": None, "time": 100.0, **kw}
     f = parse_filter({"verdict": "drop", "ip": "10.0.0.0/24", "port": "80", "proto": "tcp"})
-    assert f(ev(1, verdict="drop"))
-    assert not f(ev(1))
-    assert not f(ev(1, verdict="drop", proto="udp"))
-    assert not parse_filter({"ip": "192.168.0.0/16"})(ev(1))
-    assert parse_filter({"pod_ip": "10.0.0.2"})(ev(1))
+    assert f(ev(verdict="drop"))
+    assert not f(ev())
+    assert not f(ev(verdict="drop", proto="udp"))
+    assert not parse_filter({"ip": "192.168.0.0/16"})(ev())
+    assert parse_filter({"pod_ip": "10.0.0.2"})(ev())
+    assert parse_filter({"since": "99"})(ev()) and not parse_filter({"until": "99"})(ev())
+    assert parse_filter({}) is None
+
+
+def test_filtering_records_decides_once_per_flow_and_times_per_event() -> None:
+    c = collector()
+    base = time.monotonic_ns()
+    # one dropped flow in packets of different lengths and times, and a forwarded one
+    recs = [record(1, verdict=DROP, pkt_len=60 + i, ts_ns=base + i * 10**9) for i in range(4)]
+    recs += [record(2, ts_ns=base + 5 * 10**9)]
+    since = (base + 1_500_000_000 + c._offset_ns) / 1e9
+    f = parse_filter({"verdict": "drop", "since": repr(since)})
+    c.add_records(b"".join(recs))
+    got = c.history(filt=f)
+    assert [(e["sport"], e["pkt_len"]) for e in got] == [(1001, 62), (1001, 63)]
+    sel = f.select(c.history_buf[0])
+    assert sel.count == 2 and sel.data == recs[2] + recs[3]
+    assert len(f._answers) == 2        # two flows, two decisions
 
 
 def test_fan_out_and_slow_follower_is_told_what_it_lost() -> None:
     c = collector(follower_queue=4)
     fast, slow = c.follow(), c.follow()
     got_fast: list[dict] = []
-    ready = threading.Event()
 
     def run_fast() -> None:
-        ready.set()
         for d in fast:
-            if "seq" in d:
+            if "sport" in d:
                 got_fast.append(d)
                 if len(got_fast) == 10:
                     return
 
-    # start both generators (they register on first next())
     t = threading.Thread(target=run_fast)
+    t.start()
     first_slow: list[dict] = []
     t_slow = threading.Thread(target=lambda: first_slow.append(next(slow)))
-    t.start()
     t_slow.start()
-    ready.wait()
-    time.sleep(0.2)
-    assert c.followers == 2
-    for i in range(10):
-        c.add(ev(i))
-        time.sleep(0.005)
+    wait_for(lambda: c.followers == 2)
+    c.add_records(record(0))
+    t_slow.join(5)                       # the slow follower took its first event, then stalls
+    for i in range(1, 10):
+        c.add_records(record(i))
+        wait_for(lambda: len(got_fast) == i + 1 or not t.is_alive())
     t.join(5)
-    t_slow.join(5)
-    assert [d["seq"] for d in got_fast] == list(range(10))
+    assert seqs(got_fast) == list(range(10))
     docs = first_slow + [next(slow) for _ in range(5)]
     # the slow follower got what fit in its queue, in order, and was told how many it lost
-    assert [d["seq"] for d in docs if "seq" in d] == [0, 1, 2, 3, 4]
+    assert seqs(docs) == [0, 1, 2, 3, 4]
     assert [d["lost"] for d in docs if "lost" in d] == [5]
     slow.close()
     fast.close()
@@ -81,13 +124,25 @@ def test_fan_out_and_slow_follower_is_told_what_it_lost() -> None:
 def test_handler_list_and_follow() -> None:
     c = collector()
     for i in range(3):
-        c.add(ev(i, verdict="drop" if i == 1 else "forward"))
+        c.add_records(record(i, verdict=DROP if i == 1 else FORWARD))
     (method, path, handler), = c.routes()
     assert (method, path) == ("GET", "/v1/flows")
     status, body = handler({"_query": {"verdict": "drop"}})
-    assert status == 200 and [e["seq"] for e in body["flows"]] == [1]
+    assert status == 200 and seqs(body["flows"]) == [1]
     status, body = handler({"_query": {"verdict": "nope"}})
     assert status == 400
+    status, body = handler({"_query": {"follow": "1", "batch": "1"}})
+    assert status == 400 and "batch must be raw" in body["error"]
     status, it = handler({"_query": {"follow": "1", "last": "2"}})
-    assert [next(it)["seq"], next(it)["seq"]] == [1, 2]
+    assert seqs([next(it), next(it)]) == [1, 2]
     it.close()
+    status, (ctype, frames) = handler({"_query": {"follow": "1", "batch": "raw", "last": "1"}})
+    first = next(frames)
+    assert ctype == FRAMES_CONTENT_TYPE and first["record_size"] == TRACE_EVENT.size
+    assert first["follow"] and seqs(first["flows"]) == [2]
+    sent = record(5) + record(6)
+    c.add_records(sent)
+    head, _, data = next(frames).partition(b"\n")
+    assert orjson.loads(head) == {"records": 2, "offset_ns": c._offset_ns, "lost": 0, "ring_lost": 0}
+    assert data == sent
+    frames.close()

@@ -1,6 +1,6 @@
 """lace observe without a lab: filter parsing and negation, time parsing, merging in time order,
-the reorder window, export rotation, the summary; the collector's batched stream and exact loss
-counts; the fast event decoder against the reference one."""
+the reorder window, export rotation, the summary; the collector's raw frames and exact loss
+counts; rendering of followed records against describing each decoded event; the decoder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lace.agent.flows import FlowCollector, decode_event, parse_filter
+from lace.agent.flows import FlowCollector, parse_filter
 from lace.cli.commands import observe as ob
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
@@ -178,11 +178,11 @@ def test_history_merges_nodes_in_time_order() -> None:
 def test_reorder_window_releases_oldest_first_once_old_enough() -> None:
     r = ob.Reorder(0.5)
     for t in (10.3, 10.1, 10.2, 10.9):
-        r.push(ev(t))
-    assert r.pop_ready(10.6) == [] or all(e["time"] <= 10.1 for e in r.pop_ready(10.6))
+        r.push(t, ev(t))
+    assert [e["time"] for e in r.pop_ready(10.6)] == [10.1]
     r2 = ob.Reorder(0.5)
     for t in (10.3, 10.1, 10.2, 10.9):
-        r2.push(ev(t))
+        r2.push(t, ev(t))
     assert [e["time"] for e in r2.pop_ready(10.85)] == [10.1, 10.2, 10.3]
     assert [e["time"] for e in r2.drain()] == [10.9]
 
@@ -230,61 +230,170 @@ def test_compact_line_names_node_pods_verdict_reason_policy() -> None:
     assert line.endswith("policy b/deny (default deny)")
 
 
-# ---- the collector -----------------------------------------------------------------------------------
+# ---- the collector's raw stream and its rendering ---------------------------------------------------
 
-def collector(**kw: Any) -> FlowCollector:
-    return FlowCollector("n1", source=lambda ms, deliver: time.sleep(ms / 1000), decode=lambda raw: {}, **kw)
+V4, V6 = 4, 6
 
 
-def test_batched_follow_counts_every_loss_exactly() -> None:
+def record(rnd: random.Random, ts: int, **kw: Any) -> bytes:
+    """A ring buffer record of one of a few flows between the test's pods (and some unknown
+    addresses, families and enum values), with its own per-packet fields."""
+    fam = rnd.choice([V4, V4, V4, V6, 0])
+    addr = lambda: (bytes([10, 244, rnd.choice([0, 1, 5]), 2]) + bytes(12) if fam == V4  # noqa: E731
+                    else b"\0" * 10 + b"\xff\xff" + os.urandom(4) if rnd.random() < 0.2 else os.urandom(16))
+    fields = dict(
+        ts_ns=ts, ifindex=rnd.choice([3, 4]), pkt_len=rnd.randrange(60, 1500), point=rnd.randrange(8),
+        verdict=rnd.choice([1, 2, 3, 9]), reason=rnd.choice([0, 1, 2, 5, 300, 2000]), family=fam,
+        proto=rnd.choice([6, 17, 1, 58, 132]), ct_status=rnd.randrange(5), delivery=rnd.randrange(6),
+        src_network=rnd.choice([0, 1, 2]), dst_network=rnd.choice([1, 2]), src_segment=rnd.choice([256, 257, 3]),
+        dst_segment=rnd.choice([256, 257]), saddr=addr(), daddr=addr(), sport=rnd.choice([40000, 40001, 7]),
+        dport=rnd.choice([80, 53]), policy_id=rnd.choice([0, 7, 9]), nat_addr=addr(), nat_port=rnd.choice([0, 8080]),
+        nat_kind=rnd.randrange(3), tcp_flags=rnd.getrandbits(8), delivery_ifindex=9, sid=addr(), node_id=3,
+        rule=rnd.choice([0, 2, 0xFFFF]))
+    fields.update(kw)
+    return TRACE_EVENT.pack(**fields)
+
+
+def reference(data: bytes, offset_ns: int, node: str) -> list[dict[str, Any]]:
+    """The events of records as the collector's history gives them (one decoding per record)."""
+    out = []
+    for i in range(len(data) // 128):
+        e = decode_trace_event(data[i * 128:(i + 1) * 128])
+        e["time"] = (e["ts_ns"] + offset_ns) / 1e9
+        e["node"] = node
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("with_names", [True, False])
+@pytest.mark.parametrize("filters", [(), (("verdict", "DROPPED", False), ("port", "53", True)),
+                                     (("namespace", "a", False),), (("to_ip", "10.244.1.0/24", False),)])
+def test_rendered_frames_are_what_describing_each_event_gives(with_names, filters) -> None:
+    """A flow's template filled in with each packet's fields is the JSON line of that event,
+    described, and the filters and the time window pick the same events as on decoded ones."""
+    if not with_names and any(k == "namespace" for k, _v, _n in filters):
+        return
+    rnd = random.Random(11)
+    offset = 1_764_763_200_123_456_789
+    shapes = [record(rnd, 0) for _ in range(40)]     # 40 flows, 3,000 packets with their own fields
+    ts0 = 5_000_000_000
+    recs = []
+    for i in range(3000):
+        r = bytearray(rnd.choice(shapes))
+        r[0:8] = (ts0 + i * 1_000_037).to_bytes(8, "little")
+        r[12:16] = rnd.randrange(40, 9000).to_bytes(4, "little")
+        r[72:76] = os.urandom(4) if rnd.random() < 0.3 else r[72:76]
+        recs.append(bytes(r))
+    data = b"".join(recs)
+    events = reference(data, offset, "w1")
+    since, until = events[200]["time"], events[2500]["time"]
+    s = sel(*filters, names=names() if with_names else None, since=since, until=until)
+    describe = ob.Describer(names() if with_names else None)
+    want = [describe(e) for e in events if s.predicate(e)]
+    assert 0 < len(want) <= 2301     # the window keeps events 200..2500
+    for as_text in (True, False):
+        r = ob.FrameRenderer("w1", s, describe, as_text)
+        got_times, got = [], []
+        for a in range(0, 3000, 700):                # frames of up to 700 records
+            chunk = data[a * 128:(a + 700) * 128]
+            t, f = r.render(len(chunk) // 128, offset, chunk)
+            got_times += t
+            got += f
+        assert got_times == [d["time"] for d in want]
+        assert got == ([ob._json(d) for d in want] if as_text else want)
+        assert len(r._shapes) <= 40 * 2
+
+
+def test_followed_agent_stream_prints_the_same_json_lines(tmp_path) -> None:
+    """The agent's API server and `lace observe --follow -o jsonl`: every event, once, as the
+    JSON line of the decoded and described event; --until ends it."""
+    from lace.agent.api import ApiServer
+    rnd = random.Random(5)
+    c = FlowCollector("w1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1])
+    api = ApiServer(str(tmp_path / "agent.sock"))
+    for method, path, fn in c.routes():
+        api.route(method, path, fn)
+    api.start()
+    try:
+        now = time.monotonic_ns()
+        blocks = [b"".join(record(rnd, now + i * 1000 + j) for j in range(300)) for i in range(5)]
+        until = time.time() + 1.0
+        out, err = io.StringIO(), io.StringIO()
+        t = threading.Thread(target=lambda: lace_main(
+            ["observe", "--follow", "-o", "jsonl", "-n", "--agent", f"w1={api.path}", "--until", f"@{until}"],
+            {"NO_COLOR": "1"}, stdout=out, stderr=err, stdin=io.StringIO()))
+        t.start()
+        deadline = time.monotonic() + 10
+        while c.followers == 0:
+            assert time.monotonic() < deadline and t.is_alive(), err.getvalue()
+            time.sleep(0.01)
+        for b in blocks:
+            c.add_records(b)
+        t.join(15)
+        assert not t.is_alive()
+        describe = ob.Describer(None)
+        want = [ob._json(describe(e)) for b in blocks for e in reference(b, c._offset_ns, "w1")]
+        assert out.getvalue().splitlines() == want, err.getvalue()
+    finally:
+        api.stop()
+
+
+def test_frames_count_every_loss_exactly() -> None:
     ring = [0]
-    c = collector(follower_queue=100, ring_lost_source=lambda: ring[0])
+    c = FlowCollector("n1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1], follower_queue=100,
+                      ring_lost_source=lambda: ring[0])
     c.check_ring_lost()
-    it = c.follow_batches(batch=50)
+    it = c.follow_frames(batch=50)
     first = next(it)
-    assert first["follow"] and first["flows"] == []
-    for i in range(250):
-        c.add({"ts_ns": time.monotonic_ns(), "seq": i})
+    assert first["follow"] and first["flows"] == [] and first["record_size"] == 128
+    rnd = random.Random(1)
+    for i in range(25):
+        c.add_records(b"".join(record(rnd, i * 10 + j) for j in range(10)))
     ring[0] = 17
     c.check_ring_lost()
     seen, lost, ring_lost = [], 0, 0
     while len(seen) < 100:
-        doc = next(it)
-        seen += [e["seq"] for e in doc.get("flows", [])]
-        lost += doc["lost"]
-        ring_lost += doc["ring_lost"]
+        head, _, data = next(it).partition(b"\n")
+        head = json.loads(head)
+        assert len(data) == head["records"] * 128 and head["records"] <= 50
+        seen += [int.from_bytes(data[i * 128:i * 128 + 8], "little") for i in range(head["records"])]
+        lost += head["lost"]
+        ring_lost += head["ring_lost"]
     assert seen == list(range(100)) and lost == 150 and ring_lost == 17
     it.close()
     assert c.followers == 0
 
 
-def test_two_batched_followers_see_the_same_events() -> None:
-    c = collector()
-    its = [c.follow_batches(), c.follow_batches()]
+def test_two_followers_see_the_same_records() -> None:
+    c = FlowCollector("n1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1])
+    its = [c.follow_frames(), c.follow_frames()]
     for it in its:
         next(it)
-    for i in range(1000):
-        c.add({"ts_ns": 1, "seq": i})
+    rnd = random.Random(2)
+    sent = [record(rnd, i) for i in range(1000)]
+    for i in range(0, 1000, 100):
+        c.add_records(b"".join(sent[i:i + 100]))
     for it in its:
-        got: list[int] = []
-        while len(got) < 1000:
-            got += [e["seq"] for e in next(it).get("flows", [])]
-        assert got == list(range(1000))
+        got = b""
+        while len(got) < 1000 * 128:
+            got += next(it).partition(b"\n")[2]
+        assert got == b"".join(sent)
         it.close()
 
 
-def test_fast_decoder_matches_the_reference() -> None:
-    rnd = random.Random(7)
-    for i in range(500):
-        fam = rnd.choice([2, 10, 0])
-        raw = TRACE_EVENT.pack(
-            ts_ns=rnd.getrandbits(63), ifindex=rnd.getrandbits(32), pkt_len=rnd.getrandbits(16), point=rnd.randrange(8),
-            verdict=rnd.randrange(4), reason=rnd.randrange(40), family=fam, proto=rnd.choice([6, 17, 1, 58, 132, 0]),
-            ct_status=rnd.randrange(5), delivery=rnd.randrange(6), src_network=rnd.getrandbits(32),
-            dst_network=rnd.getrandbits(32), src_segment=5, dst_segment=7,
-            saddr=os.urandom(16) if i % 5 else b"\0" * 10 + b"\xff\xff" + os.urandom(4), daddr=os.urandom(16),
-            sport=rnd.getrandbits(16), dport=rnd.getrandbits(16), policy_id=rnd.getrandbits(32),
-            nat_addr=os.urandom(16), nat_port=rnd.getrandbits(16), nat_kind=rnd.randrange(3),
-            tcp_flags=rnd.getrandbits(8), delivery_ifindex=9, sid=os.urandom(16), node_id=3,
-            rule=rnd.getrandbits(16), reserved=0)
-        assert decode_event(raw) == decode_trace_event(raw)
+def test_decoder_spells_fields_as_the_commands_do() -> None:
+    raw = TRACE_EVENT.pack(
+        ts_ns=5, ifindex=3, pkt_len=60, point=1, verdict=2, reason=1, family=V6, proto=6, ct_status=0,
+        delivery=2, src_network=1, dst_network=2, src_segment=256, dst_segment=257,
+        saddr=b"\0" * 10 + b"\xff\xff" + bytes([10, 0, 0, 1]), daddr=bytes.fromhex("fd000000000000000000000000000001"),
+        sport=40000, dport=443, policy_id=7, nat_addr=bytes(16), nat_port=0, nat_kind=0, tcp_flags=0x02,
+        delivery_ifindex=9, sid=bytes.fromhex("fc000001000000000000000000000000"), node_id=3, rule=0xFFFF)
+    e = decode_trace_event(raw)
+    assert (e["saddr"], e["daddr"]) == ("::ffff:a00:1", "fd00::1")     # v4-mapped as ipaddress spells it
+    assert (e["sport"], e["dport"], e["tcp_flags"], e["verdict"], e["family"]) == (40000, 443, ["syn"], "drop", "ipv6")
+    assert (e["nat_addr"], e["nat_port"], e["nat_kind"]) == (None, None, "none")
+    assert e["sid"] == "fc00:1::" and e["rule"] == 0xFFFF and e["delivery"] == "remote"
+    unknown = decode_trace_event(TRACE_EVENT.pack(verdict=200, reason=1000, family=9, saddr=b"\1" * 16, delivery=1,
+                                                  sid=b"\1" * 16))
+    assert (unknown["verdict"], unknown["reason"], unknown["family"]) == (200, 1000, 9)
+    assert unknown["saddr"] == "01" * 16 and unknown["sid"] is None

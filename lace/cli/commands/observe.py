@@ -377,10 +377,21 @@ class Selection:
     since: float | None = None
     until: float | None = None
     exact_pushdown: bool = True       # the agents' filtering is all there is (--last can be pushed)
+    #: ``predicate`` without the time window: what the flow must be (a followed stream asks it
+    #: once per flow and checks ``since``/``until`` per event)
+    flow_predicate: Callable[[Event], bool] | None = None
+
+    def in_window(self, t: float) -> bool:
+        return (self.since is None or t >= self.since) and (self.until is None or t <= self.until)
 
 
 def _any(preds: list[Callable[[Event], bool]]) -> Callable[[Event], bool]:
     return preds[0] if len(preds) == 1 else (lambda e: any(p(e) for p in preds))
+
+
+def _all(preds: list[Callable[[Event], bool]]) -> Callable[[Event], bool] | None:
+    preds = list(preds)
+    return None if not preds else preds[0] if len(preds) == 1 else (lambda e: all(p(e) for p in preds))
 
 
 def _addr_pred(net: Any, keys: tuple[str, ...]) -> Callable[[Event], bool]:
@@ -506,6 +517,7 @@ def build_selection(specs: list[Spec], *, names: Names | None, known_nodes: list
                     exact = False
                     continue
                 query[push_key] = ",".join(dict.fromkeys(push))
+    flow_predicate = _all(preds)
     if since is not None:
         query["since"] = repr(since)
         preds.append(lambda e: isinstance(e.get("time"), (int, float)) and e["time"] >= since)
@@ -514,8 +526,7 @@ def build_selection(specs: list[Spec], *, names: Names | None, known_nodes: list
         preds.append(lambda e: isinstance(e.get("time"), (int, float)) and e["time"] <= until)
     if not nodes:
         raise UsageError("no node left to ask after --node filters", hint="nodes: " + ", ".join(known_nodes))
-    predicate = None if not preds else preds[0] if len(preds) == 1 else (lambda e: all(p(e) for p in preds))
-    return Selection(predicate, query, nodes, since, until, exact)
+    return Selection(_all(preds), query, nodes, since, until, exact, flow_predicate)
 
 
 # ---- talking to the agents -----------------------------------------------------------------------
@@ -602,20 +613,20 @@ def _t(e: Event) -> float:
 
 
 class Reorder:
-    """Bounded reorder window for followed streams: an event is released once it is ``window``
-    seconds old (by its own time), oldest first; later arrivals older than what was released go
-    out at once (they cannot be placed any more)."""
+    """Bounded reorder window for followed streams: a flow (an event or its JSON text) is released
+    once it is ``window`` seconds old (by its own time), oldest first; later arrivals older than
+    what was released go out at once (they cannot be placed any more)."""
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self.heap: list[tuple[float, int, Event]] = []
+        self.heap: list[tuple[float, int, Any]] = []
         self.seq = 0
 
-    def push(self, e: Event) -> None:
+    def push(self, t: float, flow: Any) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (_t(e), self.seq, e))
+        heapq.heappush(self.heap, (t, self.seq, flow))
 
-    def pop_ready(self, now: float) -> list[Event]:
+    def pop_ready(self, now: float) -> list[Any]:
         out = []
         limit = now - self.window
         h = self.heap
@@ -623,7 +634,7 @@ class Reorder:
             out.append(heapq.heappop(h)[2])
         return out
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[Any]:
         out = [x[2] for x in sorted(self.heap)]
         self.heap = []
         return out
@@ -675,6 +686,110 @@ class Describer:
         if e.get("verdict") in ("drop", "audit") and str(e.get("reason", "")).startswith("policy") and not d["policy"]:
             d["policy"] = "no policy info in the event"
         return d
+
+
+#: the fields of a flow's events that change with every packet (and ``time``, made from ``ts_ns``)
+#: in the order the decoder gives them: the holes of a flow's JSON template
+_PER_PACKET = ("ts_ns", "pkt_len", "sport", "dport", "time")
+#: answers and templates kept per stream, forgotten past this many flows
+_FLOW_CACHE = 65536
+
+
+class FrameRenderer:
+    """One node's followed records (``batch=raw`` frames of raw ring buffer records) into what the
+    sink takes, with the work done per flow rather than per event.
+
+    Every packet of a flow gives the same described event but for :data:`_PER_PACKET`.  So a flow
+    (its record with those fields zeroed) is decoded once (``decode_trace_event``), described once
+    (:class:`Describer`) and its JSON text made once, as a ``%`` template with those fields as
+    holes; each event is then the template filled in (JSON lines, exports) or the described event
+    copied with its own values (the other outputs).  The filters are asked once per flow too (the
+    record from ``point`` on, as the agent keys them: ``lace.agent.flows.FlowFilter``), without
+    the per-packet fields; the time window per event."""
+
+    def __init__(self, node: str, sel: Selection, describe: Describer, as_text: bool) -> None:
+        from lace.datapath.trace import PER_PACKET_BYTES, TRACE_EVENT
+        self.node, self.sel, self.describe, self.as_text = node, sel, describe, as_text
+        self._size = TRACE_EVENT.size
+        self._flow_from = PER_PACKET_BYTES
+        fields = [TRACE_EVENT.field(k) for k in _PER_PACKET if k != "time"]
+        self._zero = [(f.offset, f.offset + f.size) for f in fields]
+        self._answers: dict[bytes, bool] = {}
+        self._shapes: dict[bytes, tuple[str, Event]] = {}
+
+    def _matches(self, record: bytes) -> bool:
+        key = record[self._flow_from:]
+        ok = self._answers.get(key)
+        if ok is None:
+            from lace.datapath.trace import decode_trace_event
+            assert self.sel.flow_predicate is not None
+            ev = decode_trace_event(record)
+            for k in ("ts_ns", "ifindex", "pkt_len"):
+                del ev[k]
+            ev["node"] = self.node
+            if len(self._answers) >= _FLOW_CACHE:
+                self._answers.clear()
+            ok = self._answers[key] = bool(self.sel.flow_predicate(ev))
+        return ok
+
+    def _shape(self, key: bytes, record: bytes) -> tuple[str, Event]:
+        """A flow's JSON template and described event (per-packet fields of its first record)."""
+        from lace.datapath.trace import decode_trace_event
+        ev = decode_trace_event(record)
+        ev["time"] = 0.0
+        ev["node"] = self.node
+        d = self.describe(ev)
+        pieces = [f'"{k}":%s' if k in _PER_PACKET else _json({k: v})[1:-1].replace("%", "%%")
+                  for k, v in d.items()]
+        holes = tuple(k for k in d if k in _PER_PACKET)
+        assert holes == _PER_PACKET, holes     # the order the values are filled in
+        if len(self._shapes) >= _FLOW_CACHE:
+            self._shapes.clear()
+        shape = self._shapes[key] = ("{" + ",".join(pieces) + "}", d)
+        return shape
+
+    def render(self, count: int, offset_ns: int, data: bytes) -> tuple[list[float], list[Any]]:
+        """The selected flows of one frame: their times, and their JSON texts (``as_text``) or
+        described events."""
+        import numpy as np
+
+        from lace.datapath.trace import TRACE_EVENT, record_ts, wall_time
+        if not count:
+            return [], []
+        size, sel = self._size, self.sel
+        ts = record_ts(data)
+        times = [wall_time(t, offset_ns) for t in ts]
+        rows: Iterable[int] = range(count)
+        if sel.since is not None or sel.until is not None:
+            rows = [i for i in rows if sel.in_window(times[i])]
+        if sel.flow_predicate is not None:
+            rows = [i for i in rows if self._matches(data[i * size:(i + 1) * size])]
+        rows = list(rows)
+        cols = TRACE_EVENT.decode_many(data, count)
+        pkt, sport, dport = cols["pkt_len"].tolist(), cols["sport"].tolist(), cols["dport"].tolist()
+        masked = np.frombuffer(data, np.uint8, count * size).reshape(count, size).copy()
+        for a, b in self._zero:
+            masked[:, a:b] = 0
+        keys = masked.tobytes()
+        shapes, learn = self._shapes, self._shape
+        out: list[Any] = []
+        if self.as_text:
+            # the times as orjson writes them (its float text differs from repr's in places)
+            time_text = orjson.dumps([times[i] for i in rows]).decode()[1:-1].split(",")
+            for j, i in enumerate(rows):
+                a = i * size
+                key = keys[a:a + size]
+                shape = shapes.get(key) or learn(key, data[a:a + size])
+                out.append(shape[0] % (ts[i], pkt[i], sport[i], dport[i], time_text[j]))
+        else:
+            for i in rows:
+                a = i * size
+                key = keys[a:a + size]
+                shape = shapes.get(key) or learn(key, data[a:a + size])
+                d = dict(shape[1])
+                d["ts_ns"], d["pkt_len"], d["sport"], d["dport"], d["time"] = ts[i], pkt[i], sport[i], dport[i], times[i]
+                out.append(d)
+        return [times[i] for i in rows], out
 
 
 def _ep(addr: Any, port: Any, proto: str) -> str:
@@ -880,6 +995,23 @@ class Sink:
         else:
             self.out.write(compact_line(d) + "\n")
 
+    @property
+    def takes_text(self) -> bool:
+        """Whether every flow goes out as its JSON text (JSON lines, an export): then a followed
+        stream renders that text straight from the records (:class:`FrameRenderer`)."""
+        return self.summary is None and (self.export is not None or self.jsonl)
+
+    def add_texts(self, texts: list[str]) -> None:
+        """Flows as the JSON text :func:`_json` gives for their described events (``takes_text``)."""
+        if not texts:
+            return
+        self.count += len(texts)
+        if self.export is not None:
+            for t in texts:
+                self.export.write(t)
+        else:
+            self.out.write("\n".join(texts) + "\n")
+
     def lost(self, node: str, ring: int, reader: int) -> None:
         msg = {"lost": {"node": node, "ring": ring, "reader": reader, "total": ring + reader}}
         if self.export is not None:
@@ -1035,7 +1167,9 @@ def _footer(count: int, docs: dict[str, dict[str, Any]]) -> str:
 
 
 class _Stream(threading.Thread):
-    """One node's followed stream: batches into the shared queue, then ("end", node, error)."""
+    """One node's followed stream (``batch=raw``, see ``lace.agent.flows``) into the shared queue:
+    ("first", node, document), then ("frame", node, (header, records)) per frame, then ("end",
+    node, error)."""
 
     def __init__(self, node: str, sock: str, query: dict[str, str], out: queue.Queue[Any]) -> None:
         super().__init__(name=f"observe-{node}", daemon=True)
@@ -1045,21 +1179,32 @@ class _Stream(threading.Thread):
 
     def run(self) -> None:
         import http.client
+
+        from lace.datapath.trace import TRACE_EVENT
         err: NodeError | None = None
         try:
             conn, resp = _open(self.node, self.sock, self.query, None)
             self.conn = conn
-            self.out.put(("open", self.node, None))
-            readline = resp.readline
+            first = orjson.loads(resp.readline() or b"{}")
+            if first.get("record_size") != TRACE_EVENT.size:
+                raise NodeError(self.node, f"its agent sends flow records of {first.get('record_size')} bytes, "
+                                           f"this lace reads {TRACE_EVENT.size}",
+                                f"run the same lace version on both: lace lab restart-agent {self.node}")
+            self.out.put(("first", self.node, first))
+            readline, read, size = resp.readline, resp.read, TRACE_EVENT.size
             while True:
                 line = readline()
                 if not line:
                     break
-                doc = orjson.loads(line)
-                self.out.put(("batch", self.node, doc))
+                head = orjson.loads(line)
+                want = head["records"] * size
+                data = read(want) if want else b""
+                if len(data) != want:
+                    raise ValueError(f"a frame of {head['records']} records ended after {len(data)} bytes")
+                self.out.put(("frame", self.node, (head, data)))
         except NodeError as exc:
             err = exc
-        except (OSError, ValueError, http.client.HTTPException) as exc:
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
             if not self.stopping:
                 err = NodeError(self.node, f"the stream from its agent broke: {exc}",
                                 f"is its agent still running? lace lab status")
@@ -1080,7 +1225,7 @@ class _Stream(threading.Thread):
 
 def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: dict[str, str],
            sink: Sink, describe: Describer) -> ExitStatus:
-    query = dict(sel.query, follow="1", batch="1")
+    query = dict(sel.query, follow="1", batch="raw")
     if args.last:
         query["last"] = str(args.last if sel.exact_pushdown else max(args.last, 10000))
     q: queue.Queue[Any] = queue.Queue()
@@ -1094,15 +1239,25 @@ def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: d
     lost = collections.Counter()
     backlog: list[Event] = []
     pending_first = set(streams)
+    renderers: dict[str, FrameRenderer] = {}
+    as_text = sink.takes_text
     old_term = None
     if threading.current_thread() is threading.main_thread():
         def _term(signum: int, frame: Any) -> None:
             raise KeyboardInterrupt
         old_term = signal.signal(signal.SIGTERM, _term)
 
-    def emit(events: Iterable[Event]) -> None:
-        for e in events:
-            sink.add(describe(e))
+    def emit(flows: list[Any]) -> None:
+        """Rendered flows: JSON texts when the sink takes text, else described events."""
+        if as_text:
+            sink.add_texts(flows)
+        else:
+            for d in flows:
+                sink.add(d)
+
+    def emit_events(events: Iterable[Event]) -> None:
+        described = [describe(e) for e in events]
+        emit([_json(d) for d in described] if as_text else described)
 
     try:
         while live:
@@ -1119,27 +1274,27 @@ def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: d
                     if doc.hint:
                         inv.stderr.write(f"  hint: {doc.hint}\n")
                     sink.flush()
-            elif kind == "batch":
+            elif kind == "first":       # the backlog (--last), decoded by the agent
+                renderers[node] = FrameRenderer(str(doc.get("node") or node), sel, describe, as_text)
                 flows = doc.get("flows") or []
-                if pred is not None:
-                    flows = [e for e in flows if pred(e)]
-                if doc.get("follow"):   # the first document: the backlog (--last)
-                    pending_first.discard(node)
-                    backlog.extend(flows)
-                    if not pending_first and args.last:
-                        emit(sorted(backlog, key=_t)[-args.last:])
-                        backlog = []
+                pending_first.discard(node)
+                backlog.extend(e for e in flows if pred is None or pred(e))
+                if not pending_first and args.last:
+                    emit_events(sorted(backlog, key=_t)[-args.last:])
+                    backlog = []
+            elif kind == "frame":
+                head, data = doc
+                ring, reader = int(head.get("ring_lost") or 0), int(head.get("lost") or 0)
+                if ring or reader:
+                    lost[(node, "ring")] += ring
+                    lost[(node, "reader")] += reader
+                    sink.lost(node, ring, reader)
+                times, flows = renderers[node].render(head["records"], head["offset_ns"], data)
+                if reorder is None:
+                    emit(flows)
                 else:
-                    ring, reader = int(doc.get("ring_lost") or 0), int(doc.get("lost") or 0)
-                    if ring or reader:
-                        lost[(node, "ring")] += ring
-                        lost[(node, "reader")] += reader
-                        sink.lost(node, ring, reader)
-                    if reorder is None:
-                        emit(flows)
-                    else:
-                        for e in flows:
-                            reorder.push(e)
+                    for t, f in zip(times, flows):
+                        reorder.push(t, f)
             if reorder is not None:
                 emit(reorder.pop_ready(time.time()))
             if sel.until is not None and time.time() > sel.until + args.reorder_window:
