@@ -1,5 +1,6 @@
-/* Internet checksum arithmetic (RFC 1071) for headers the datapath builds from scratch; headers it
- * rewrites in place are updated incrementally by lib/nat.h through the kernel's csum helpers. */
+/* Internet checksum arithmetic (RFC 1071) for headers the datapath builds from scratch, and the
+ * incremental update (RFC 1624) of the IPv4 header checksum for addresses lib/nat.h rewrites in
+ * place. Transport checksums are updated by the kernel's helpers (see lib/nat.h). */
 #ifndef LACE_LIB_CSUM_H
 #define LACE_LIB_CSUM_H
 
@@ -11,6 +12,19 @@ static __always_inline __u16 csum_fold(__u32 sum)
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u16)~sum;
+}
+
+/* The checksum field check after the 4-byte word from was replaced by to (RFC 1624, eqn. 3:
+ * HC' = ~(~HC + ~m + m')). All three are taken as they sit in the packet: one's complement sums do
+ * not depend on byte order. */
+static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+{
+	__u64 sum = (__u16)~check;
+
+	sum += (__u32)~from;
+	sum += to;
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	return csum_fold((__u32)sum + (__u32)(sum >> 32));
 }
 
 /* Add len bytes at buf (stack or map memory, len a multiple of 4) to the running sum seed. */

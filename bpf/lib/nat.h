@@ -1,8 +1,12 @@
 /* Address and port translation in place: rewrite a packet's source or destination address and
  * port, keeping the IPv4 header checksum and the TCP/UDP (and ICMPv6) checksum valid.
  *
- * Checksums are updated incrementally by the kernel's helpers, which also get partial checksums
- * right: a pod's stack hands over TCP/UDP with CHECKSUM_PARTIAL (the field holds only the
+ * The IP header is in the linear area (parse_packet reads it there): its addresses are written by
+ * direct packet access and the IPv4 header checksum is updated inline (csum_replace4), where a
+ * helper call each would cost more than the write. So are ports whose transport header is linear
+ * (bpf_skb_store_bytes otherwise). Transport checksums are updated incrementally by the kernel's
+ * helpers, which know what the program cannot see (the skb's checksum state) and so get partial
+ * checksums right: a pod's stack hands over TCP/UDP with CHECKSUM_PARTIAL (the field holds only the
  * pseudo-header sum and the device completes it), so an address change — part of the pseudo
  * header — is applied with BPF_F_PSEUDO_HDR, while a port change is applied only when the
  * checksum is complete (the helpers skip it for a partial one; the final sum will cover the new
@@ -13,19 +17,11 @@
 #define LACE_LIB_NAT_H
 
 #include "lib/common.h"
+#include "lib/csum.h"
 #include "lib/parse.h"
 
 #define NAT_SRC 0
 #define NAT_DST 1
-
-#define IPV4_CSUM_OFF (ETH_HLEN + 10)
-
-static __always_inline __u32 nat_addr_off(__u8 family, int dst)
-{
-	if (family == LACE_FAMILY_IPV4)
-		return ETH_HLEN + 12 + (dst ? 4 : 0);
-	return ETH_HLEN + 8 + (dst ? 16 : 0);
-}
 
 /* The offset of the checksum covering the transport header at l4_off, 0 when proto has none
  * that lace updates. */
@@ -45,33 +41,54 @@ static __always_inline __u64 nat_l4_flags(__u8 proto)
 	return proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 }
 
+/* Write the 2 bytes v at off: in place when they are in the linear area, else by the helper. */
+static __always_inline int pkt_store16(struct __sk_buff *skb, __u32 off, __be16 v)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (off <= LACE_PKT_DIRECT_MAX && data + off + sizeof(v) <= data_end) {
+		*(__be16 *)(data + off) = v;
+		return 0;
+	}
+	if (bpf_skb_store_bytes(skb, off, &v, sizeof(v), 0) < 0)
+		return LACE_DROP_NAT_FAILED;
+	return 0;
+}
+
 /* Write to (4 or 16 bytes by family) over the source (NAT_SRC) or destination (NAT_DST) address,
  * which holds from; both are 8-byte aligned addresses (union lace_addr in common.h). 0, or
- * LACE_DROP_NAT_FAILED when a helper refuses. */
+ * LACE_DROP_NAT_FAILED when a helper refuses (or the IP header is no longer linear). */
 static __always_inline int nat_rewrite_addr(struct __sk_buff *skb, __u8 family, __u8 proto, __u32 l4_off,
 					    int dst, const __u8 *from, const __u8 *to)
 {
 	__u32 csum_off = nat_l4_csum_off(proto, l4_off);
 	__u64 l4flags = nat_l4_flags(proto) | BPF_F_PSEUDO_HDR;
-	__u32 off = nat_addr_off(family, dst);
+	void *data, *data_end;
 
 	if (family == LACE_FAMILY_IPV4) {
+		struct lace_iphdr *ip;
 		__be32 old, new;
 
 		__builtin_memcpy(&old, from, 4);
 		__builtin_memcpy(&new, to, 4);
 		if (old == new)
 			return 0;
-		if (bpf_l3_csum_replace(skb, IPV4_CSUM_OFF, old, new, sizeof(new)) < 0)
-			return LACE_DROP_NAT_FAILED;
+		/* the helper may move the packet: pointers into it are taken after it */
 		if (csum_off && proto != IPPROTO_ICMP &&
 		    bpf_l4_csum_replace(skb, csum_off, old, new, l4flags | sizeof(new)) < 0)
 			return LACE_DROP_NAT_FAILED;
-		if (bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0) < 0)
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
 			return LACE_DROP_NAT_FAILED;
+		ip->check = csum_replace4(ip->check, old, new);
+		__builtin_memcpy(dst ? ip->daddr : ip->saddr, &new, sizeof(new));
 		return 0;
 	}
 	union lace_addr new6;
+	struct lace_ip6hdr *ip6;
 	__s64 diff;
 
 	lace_copy16_a8(&new6, to);
@@ -83,8 +100,12 @@ static __always_inline int nat_rewrite_addr(struct __sk_buff *skb, __u8 family, 
 		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, l4flags) < 0)
 			return LACE_DROP_NAT_FAILED;
 	}
-	if (bpf_skb_store_bytes(skb, off, new6.b, 16, 0) < 0)
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip6 = data + ETH_HLEN;
+	if ((void *)(ip6 + 1) > data_end)
 		return LACE_DROP_NAT_FAILED;
+	lace_copy16(dst ? ip6->daddr : ip6->saddr, new6.b);
 	return 0;
 }
 
@@ -100,9 +121,7 @@ static __always_inline int nat_rewrite_port(struct __sk_buff *skb, __u8 proto, _
 		return LACE_DROP_NAT_FAILED;
 	if (bpf_l4_csum_replace(skb, csum_off, from, to, nat_l4_flags(proto) | sizeof(to)) < 0)
 		return LACE_DROP_NAT_FAILED;
-	if (bpf_skb_store_bytes(skb, l4_off + (dst ? 2 : 0), &to, sizeof(to), 0) < 0)
-		return LACE_DROP_NAT_FAILED;
-	return 0;
+	return pkt_store16(skb, l4_off + (dst ? 2 : 0), to);
 }
 
 /* Write to over the identifier of the ICMP or ICMPv6 echo header at l4_off, which holds from (the
