@@ -701,8 +701,7 @@ class FrameRenderer:
 
     Every packet of a flow gives the same described event but for :data:`_PER_PACKET`.  So a flow
     (its record with those fields zeroed) is decoded once (``decode_trace_event``), described once
-    (:class:`Describer`) and its JSON text made once, as a ``%`` template with those fields as
-    holes; each event is then the template filled in (JSON lines, exports) or the described event
+    (:class:`Describer`) and its JSON text made once, in pieces around those fields; each event is then the template filled in (JSON lines, exports) or the described event
     copied with its own values (the other outputs).  The filters are asked once per flow too (the
     record from ``point`` on, as the agent keys them: ``lace.agent.flows.FlowFilter``), without
     the per-packet fields; the time window per event."""
@@ -732,20 +731,22 @@ class FrameRenderer:
             ok = self._answers[key] = bool(self.sel.flow_predicate(ev))
         return ok
 
-    def _shape(self, key: bytes, record: bytes) -> tuple[str, Event]:
-        """A flow's JSON template and described event (per-packet fields of its first record)."""
+    def _shape(self, key: bytes, record: bytes) -> tuple[tuple[str, ...], Event]:
+        """A flow's JSON text around the per-packet values (six pieces: before ts_ns, between it
+        and pkt_len, ... after time) and its described event (per-packet fields of this record)."""
         from lace.datapath.trace import decode_trace_event
         ev = decode_trace_event(record)
         ev["time"] = 0.0
         ev["node"] = self.node
         d = self.describe(ev)
-        pieces = [f'"{k}":%s' if k in _PER_PACKET else _json({k: v})[1:-1].replace("%", "%%")
-                  for k, v in d.items()]
         holes = tuple(k for k in d if k in _PER_PACKET)
         assert holes == _PER_PACKET, holes     # the order the values are filled in
+        # a NUL marks each value's place: JSON text has none of its own (a string's is escaped)
+        members = [f'"{k}":\0' if k in _PER_PACKET else _json({k: v})[1:-1] for k, v in d.items()]
+        pieces = ("{" + ",".join(members) + "}").split("\0")
         if len(self._shapes) >= _FLOW_CACHE:
             self._shapes.clear()
-        shape = self._shapes[key] = ("{" + ",".join(pieces) + "}", d)
+        shape = self._shapes[key] = (tuple(pieces), d)
         return shape
 
     def render(self, count: int, offset_ns: int, data: bytes) -> tuple[list[float], list[Any]]:
@@ -779,8 +780,8 @@ class FrameRenderer:
             for j, i in enumerate(rows):
                 a = i * size
                 key = keys[a:a + size]
-                shape = shapes.get(key) or learn(key, data[a:a + size])
-                out.append(shape[0] % (ts[i], pkt[i], sport[i], dport[i], time_text[j]))
+                p0, p1, p2, p3, p4, p5 = (shapes.get(key) or learn(key, data[a:a + size]))[0]
+                out.append(f"{p0}{ts[i]}{p1}{pkt[i]}{p2}{sport[i]}{p3}{dport[i]}{p4}{time_text[j]}{p5}")
         else:
             for i in rows:
                 a = i * size
@@ -1207,7 +1208,7 @@ class _Stream(threading.Thread):
         except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
             if not self.stopping:
                 err = NodeError(self.node, f"the stream from its agent broke: {exc}",
-                                f"is its agent still running? lace lab status")
+                                "is its agent still running? lace lab status")
         if err is None and not self.stopping:
             err = NodeError(self.node, "its agent ended the stream (restarted?)", "run lace observe --follow again")
         self.out.put(("end", self.node, err))
