@@ -338,6 +338,22 @@ def test_followed_agent_stream_prints_the_same_json_lines(tmp_path) -> None:
         api.stop()
 
 
+def test_follow_names_an_agent_that_does_not_stream_records(tmp_path) -> None:
+    from lace.agent.api import ApiServer
+    api = ApiServer(str(tmp_path / "agent.sock"))
+    api.route("GET", "/v1/flows", lambda body: (200, iter([{"keepalive": True}])))   # an older agent
+    api.start()
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        rc = lace_main(["observe", "--follow", "-n", "--agent", f"w1={api.path}"], {"NO_COLOR": "1"},
+                       stdout=out, stderr=err, stdin=io.StringIO())
+    finally:
+        api.stop()
+    assert int(rc) == 1 and "Traceback" not in err.getvalue()
+    assert "node w1 did not answer: its agent does not stream raw flow records" in err.getvalue()
+    assert "hint: run the same lace version on both" in err.getvalue()
+
+
 def test_frames_count_every_loss_exactly() -> None:
     ring = [0]
     c = FlowCollector("n1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1], follower_queue=100,

@@ -1188,8 +1188,9 @@ class _Stream(threading.Thread):
             self.conn = conn
             first = orjson.loads(resp.readline() or b"{}")
             if first.get("record_size") != TRACE_EVENT.size:
-                raise NodeError(self.node, f"its agent sends flow records of {first.get('record_size')} bytes, "
-                                           f"this lace reads {TRACE_EVENT.size}",
+                what = (f"sends flow records of {first['record_size']} bytes, this lace reads {TRACE_EVENT.size}"
+                        if "record_size" in first else "does not stream raw flow records (an older lace?)")
+                raise NodeError(self.node, f"its agent {what}",
                                 f"run the same lace version on both: lace lab restart-agent {self.node}")
             self.out.put(("first", self.node, first))
             readline, read, size = resp.readline, resp.read, TRACE_EVENT.size
