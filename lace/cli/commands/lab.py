@@ -126,6 +126,10 @@ def run_status(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     con.print(t)
     con.print(f"fabric {st['fabric']}   outside {st['outside']}   kubelet pid {st['kubeletPid'] or '-'}"
               f"   controllers pid {st.get('controllersPid') or '-'}   dns feeder pid {st.get('dnsFeederPid') or '-'}")
+    store = st.get("store") or {}
+    if store.get("backend") == "etcd":
+        members = "   ".join(f"{m} pid {pid or '-'}" for m, pid in sorted((store.get("members") or {}).items()))
+        con.print(f"store etcd: {members}")
     healthy = all(n["agent"] == "healthy" for n in st["nodes"])
     return ExitStatus.OK if healthy else ExitStatus.UNAVAILABLE
 
