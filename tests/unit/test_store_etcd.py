@@ -130,3 +130,14 @@ def test_store_specs():
     with pytest.raises(StoreError, match="not a store spec"):
         StoreConfig.parse("http://h:2379")
     assert K.resolve_kind("pods").kind == "Pod"
+
+
+def test_a_lab_state_dir_names_its_store(tmp_path):
+    from lace.store.config import lab_store, write_lab_store
+    assert lab_store(tmp_path) == StoreConfig("sqlite", path=str(tmp_path / "store.db"))
+    etcd = StoreConfig.parse("etcd://[fd5e:ff::1]:2379,[fd5e:ff::2]:2379/lace?netns=lace-x-worker-1")
+    write_lab_store(tmp_path, etcd)
+    assert lab_store(tmp_path) == etcd
+    # an agent inside a node's namespace reaches the members from where it runs
+    assert str(etcd.without_netns()) == "etcd://[fd5e:ff::1]:2379,[fd5e:ff::2]:2379/lace"
+    assert type(open_store(tmp_path / "other.db")).__name__ == "SqliteStore"
