@@ -545,27 +545,34 @@ class KubeProxyNftables:
             f"add rule {t} service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services",
         ]
         for s in services:
-            base = f"{s.namespace}/{s.name}/tcp/http"
-            svc = f"service-{_hash32(base, 8)}-{base}"
-            eps = []
-            for ip in s.backends:
-                ep_name = f"{base}__{ip}/{s.target_port}"
-                eps.append((f"endpoint-{_hash32(ep_name, 8)}-{ep_name}", ip))
-            # chains before the rules that jump to them, as kube-proxy's transaction orders them
-            out.append(f"add chain {t} {svc}")
-            out += [f"add chain {t} {ep}" for ep, _ in eps]
-            out.append(f"add rule {t} {svc} ip daddr {s.vip} ip saddr != {POD_NET} jump mark-for-masquerade")
-            if exact or s is MEASURED:
-                arms = " , ".join(f"{i} : goto {ep}" for i, (ep, _) in enumerate(eps))
-                out.append(f"add rule {t} {svc} numgen random mod {len(eps)} vmap {{ {arms} }}")
-            else:
-                out.append(f"add rule {t} {svc} goto {eps[0][0]}")
-            for ep, ip in eps:
-                out.append(f"add rule {t} {ep} ip saddr {ip} jump mark-for-masquerade")
-                out.append(f"add rule {t} {ep} meta l4proto tcp dnat to {ip}:{s.target_port}")
-            out.append(f"add element {t} cluster-ips {{ {s.vip} }}")
-            out.append(f"add element {t} service-ips {{ {s.vip} . tcp . {s.port} : goto {svc} }}")
+            out += self.service_rules(s, exact or s is MEASURED)
         return "\n".join(out) + "\n"
+
+    def service_rules(self, s: Service, exact: bool = True) -> list[str]:
+        """One service's chains, rules and map elements; ``exact`` False: its chain goes straight
+        to its first endpoint (no numgen map)."""
+        t = self.T
+        base = f"{s.namespace}/{s.name}/tcp/http"
+        svc = f"service-{_hash32(base, 8)}-{base}"
+        eps = []
+        for ip in s.backends:
+            ep_name = f"{base}__{ip}/{s.target_port}"
+            eps.append((f"endpoint-{_hash32(ep_name, 8)}-{ep_name}", ip))
+        # chains before the rules that jump to them, as kube-proxy's transaction orders them
+        out = [f"add chain {t} {svc}"]
+        out += [f"add chain {t} {ep}" for ep, _ in eps]
+        out.append(f"add rule {t} {svc} ip daddr {s.vip} ip saddr != {POD_NET} jump mark-for-masquerade")
+        if exact:
+            arms = " , ".join(f"{i} : goto {ep}" for i, (ep, _) in enumerate(eps))
+            out.append(f"add rule {t} {svc} numgen random mod {len(eps)} vmap {{ {arms} }}")
+        else:
+            out.append(f"add rule {t} {svc} goto {eps[0][0]}")
+        for ep, ip in eps:
+            out.append(f"add rule {t} {ep} ip saddr {ip} jump mark-for-masquerade")
+            out.append(f"add rule {t} {ep} meta l4proto tcp dnat to {ip}:{s.target_port}")
+        out.append(f"add element {t} cluster-ips {{ {s.vip} }}")
+        out.append(f"add element {t} service-ips {{ {s.vip} . tcp . {s.port} : goto {svc} }}")
+        return out
 
     def program(self, services: list[Service], exact: bool) -> float:
         """One nft transaction, as kube-proxy's. Every service's numgen map is an anonymous set,

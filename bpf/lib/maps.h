@@ -111,9 +111,11 @@ struct {
 	LACE_PIN;
 } lace_backends SEC(".maps");
 
-/* maglev: every multi-backend service's consistent-hash table (see abi/services.h) */
+/* maglev: every multi-backend service's consistent-hash table (see abi/services.h); mappable, so
+ * the agent reads and writes whole tables through memory instead of one syscall per batch */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, LACE_MAGLEV_MAX);
 	__type(key, __u32);
 	__type(value, __u32);

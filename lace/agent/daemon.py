@@ -5,6 +5,7 @@ diff; a periodic resync repairs anything changed behind its back)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -129,6 +130,9 @@ class Agent:
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
         self._watch_since = self.service_sync.list(self.store)
         self.reconcile()
+        # what the first pass built lives as long as the agent: keep the collector's full passes
+        # from walking it again and again (tens of thousands of services are millions of objects)
+        gc.freeze()
         self.loops["reconcile"].ok()
         self.api.start()
         if self.metrics_port:

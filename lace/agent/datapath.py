@@ -10,10 +10,13 @@ never stops and no entry is lost.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 import threading
 from collections.abc import Sequence
+
+import numpy as np
 
 from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects
@@ -31,7 +34,9 @@ POD_PROGRAM = "lace_from_pod"
 UPLINK_PROGRAM = "lace_from_uplink"
 HOST_PROGRAM = "lace_from_host"
 #: maps the agent writes a whole table at a time (entries per table): an entry of the desired
-#: state is one table (key: table number as u32, value: its entries back to back)
+#: state is one table (key: table number as u32, value: its entries back to back). They are
+#: mappable u32 arrays (BPF_F_MMAPABLE): tables are read and written through the mapping, a
+#: memory copy each, where a batch syscall would copy a key and a value per entry
 TABLES = {"maglev": MAGLEV_SIZE}
 
 
@@ -58,6 +63,8 @@ class NodeDatapath:
         #: reconcile diffs against this instead of reading an LPM trie back entry by entry; the
         #: periodic resync reads the kernel again and repairs anything changed behind its back
         self._shadow: dict[str, Entries] = {}
+        #: table maps' memory, mapped on first use (lace.agent.datapath.TABLES)
+        self._mapped: dict[str, mmap.mmap] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -68,6 +75,7 @@ class NodeDatapath:
             log.warning("map %s migrated (%s): %d entries copied, %d dropped",
                         m.map, m.reason, m.copied, m.dropped)
         old, self.loaded = self.loaded, loaded
+        self._unmap()
         if old is not None:
             old.close()
 
@@ -76,7 +84,24 @@ class NodeDatapath:
         """The pinned maps the load migrated (none before :meth:`load`)."""
         return list(self.loaded.migrations) if self.loaded is not None else []
 
+    def _unmap(self) -> None:
+        for mm in self._mapped.values():
+            mm.close()
+        self._mapped.clear()
+
+    def _memory(self, cli_name: str) -> mmap.mmap:
+        """A table map's values, mapped (shared with the kernel and every program that reads it)."""
+        mm = self._mapped.get(cli_name)
+        if mm is None:
+            m = self.map(cli_name)
+            size = m.max_entries * m.value_size
+            mm = mmap.mmap(m.fd, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE, mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+            self._mapped[cli_name] = mm
+        return mm
+
     def close(self) -> None:
+        self._unmap()
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -172,16 +197,10 @@ class NodeDatapath:
         size = TABLES.get(cli_name)
         if size is None:
             return self._objects(cli_name).entries(cli_name)
-        # a table map: whole tables that hold anything (an all-zero table is no table)
-        _, values, count = self.map(cli_name).dump()
-        blob = bytes(values)
-        width = size * 4
-        out: Entries = {}
-        for t in range(1, count // size):
-            chunk = blob[t * width:(t + 1) * width]
-            if chunk.count(0) != width:
-                out[struct.pack("<I", t)] = chunk
-        return out
+        # a table map: whole tables that hold anything (an all-zero table is no table; 0 is unused)
+        count = self.map(cli_name).max_entries // size
+        tables = np.frombuffer(self._memory(cli_name), dtype=np.uint32, count=count * size).reshape(count, size)
+        return {struct.pack("<I", t): tables[t].tobytes() for t in np.flatnonzero(tables[1:].any(axis=1)) + 1}
 
     def apply(self, changes: dict[str, MapChanges], order: Sequence[str]) -> None:
         """Make before break: every map's updates in ``order`` (backends and Maglev tables before the
@@ -207,12 +226,13 @@ class NodeDatapath:
         m = self.map(cli_name)
         shadow = self._shadow.get(cli_name)
         size = TABLES.get(cli_name)
+        memory = self._memory(cli_name) if size is not None else None
         for k, v in updates.items():
-            if size is None:
+            if memory is None:
                 m.update(k, v)
             else:
-                first = struct.unpack("<I", k)[0] * size
-                m.update_batch(struct.pack(f"<{size}I", *range(first, first + size)), v, size)
+                first = struct.unpack("<I", k)[0] * size * 4
+                memory[first:first + len(v)] = v
             if shadow is not None:
                 shadow[k] = v
 
@@ -220,11 +240,12 @@ class NodeDatapath:
         m = self.map(cli_name)
         shadow = self._shadow.get(cli_name)
         size = TABLES.get(cli_name)
+        memory = self._memory(cli_name) if size is not None else None
         for k in deletes:
-            if size is None:
+            if memory is None:
                 m.delete(k)
             else:   # array slots cannot be deleted: a table is cleared to zeros
-                first = struct.unpack("<I", k)[0] * size
-                m.update_batch(struct.pack(f"<{size}I", *range(first, first + size)), bytes(4 * size), size)
+                first = struct.unpack("<I", k)[0] * size * 4
+                memory[first:first + size * 4] = bytes(size * 4)
             if shadow is not None:
                 shadow.pop(k, None)

@@ -318,6 +318,17 @@ class ServiceProgrammer:
             return tuple(dict(x) for x in self._out)   # type: ignore[return-value]
 
     def _full(self, fronts: list[Frontend]) -> None:
+        if self.pressure is not None and not self.pressure.reason:
+            # everything fit last time: a service whose frontends are the very objects programmed
+            # last time (the service cache's) is unchanged; the others go through _update, unless
+            # they would overflow a map, and then the stable order below decides
+            groups: dict[str, list[Frontend]] = {}
+            for f in fronts:
+                groups.setdefault(f.service, []).append(f)
+            changed = {k: v for k, v in groups.items() if not _same(self._groups.get(k), v)}
+            changed.update((k, []) for k in self._groups if k not in groups)
+            if self._update(changed) is not None:
+                return
         pr = ServicePressure(frontends=len(fronts), capacity=self.capacity,
                              tables_capacity=self.tables_capacity)
         pr.entries_desired = sum(self._need(f) for f in fronts)
@@ -365,47 +376,56 @@ class ServiceProgrammer:
         gone). Returns each service map's (updates, deletes), or None when only a full pass can
         decide — a map is full, or would be — and then nothing was changed."""
         with self._lock:
-            pr = self.pressure
-            if pr is None or pr.reason:
-                return None
-            old = {k: self._groups.get(k, ()) for k in changed}
-            grow = sum(self._need(f) for fs in changed.values() for f in fs) - \
-                sum(self._need(f) for fs in old.values() for f in fs)
-            if len(self._out[0]) + grow > self.capacity:
-                return None
-            adds, removes = [], []
-            for key, fronts in changed.items():
-                now, was = set(fronts), set(old[key])
-                adds += [f for f in fronts if f not in was]
-                removes += [f for f in old[key] if f not in now]
-            built = [(f, self._build(f)) for f in adds]
-            # what every key this pass touches held before it: the changes are the difference
-            before: tuple[dict[bytes, bytes | None], ...] = ({}, {}, {})
-            for b in (*(b for _, b in built), *(self._memo[f] for f in removes)):
-                keys = (b.services, b.backends, (table_key(b.table),) if b.members and b.table else ())
-                for ks, was_map, current in zip(keys, before, self._out):
-                    for k in ks:
-                        if k not in was_map:
-                            was_map[k] = current.get(k)
-            for f, b in built:   # add first, remove afterwards (see _replace)
-                self._add(f, b)
-            for f in removes:
-                self._remove(f)
-            for key, fronts in changed.items():
-                if fronts:
-                    self._groups[key] = tuple(fronts)
-                else:
-                    self._groups.pop(key, None)
-            pr.frontends += len(adds) - len(removes)
-            pr.programmed += len(adds) - len(removes)
-            pr.entries_desired += grow
-            self._count_tables(pr)
-            out: dict[str, tuple[Entries, list[bytes]]] = {}
-            for name, entries, was_map in zip(("services", "backends", "maglev"), self._out, before):
-                updates = {k: entries[k] for k in was_map if k in entries and entries[k] != was_map[k]}
-                deletes = [k for k, v in was_map.items() if v is not None and k not in entries]
-                out[name] = (updates, deletes)
-            return out
+            return self._update(changed)
+
+    def _update(self, changed: dict[str, list[Frontend]]) -> dict[str, tuple[Entries, list[bytes]]] | None:
+        pr = self.pressure
+        if pr is None or pr.reason:
+            return None
+        old = {k: self._groups.get(k, ()) for k in changed}
+        grow = sum(self._need(f) for fs in changed.values() for f in fs) - \
+            sum(self._need(f) for fs in old.values() for f in fs)
+        if len(self._out[0]) + grow > self.capacity:
+            return None
+        adds, removes = [], []
+        for key, fronts in changed.items():
+            now, was = set(fronts), set(old[key])
+            adds += [f for f in fronts if f not in was]
+            removes += [f for f in old[key] if f not in now]
+        built = [(f, self._build(f)) for f in adds]
+        # what every key this pass touches held before it: the changes are the difference
+        before: tuple[dict[bytes, bytes | None], ...] = ({}, {}, {})
+        for b in (*(b for _, b in built), *(self._memo[f] for f in removes)):
+            keys = (b.services, b.backends, (table_key(b.table),) if b.members and b.table else ())
+            for ks, was_map, current in zip(keys, before, self._out):
+                for k in ks:
+                    if k not in was_map:
+                        was_map[k] = current.get(k)
+        for f, b in built:   # add first, remove afterwards (see _replace)
+            self._add(f, b)
+        for f in removes:
+            self._remove(f)
+        for key, fronts in changed.items():
+            if fronts:
+                self._groups[key] = tuple(fronts)
+            else:
+                self._groups.pop(key, None)
+        pr.frontends += len(adds) - len(removes)
+        pr.programmed += len(adds) - len(removes)
+        pr.entries_desired += grow
+        self._count_tables(pr)
+        out: dict[str, tuple[Entries, list[bytes]]] = {}
+        for name, entries, was_map in zip(("services", "backends", "maglev"), self._out, before):
+            updates = {k: entries[k] for k in was_map if k in entries and entries[k] != was_map[k]}
+            deletes = [k for k, v in was_map.items() if v is not None and k not in entries]
+            out[name] = (updates, deletes)
+        return out
+
+
+def _same(old: tuple[Frontend, ...] | None, new: list[Frontend]) -> bool:
+    """Whether a service's frontends are the very objects programmed before (no comparison of
+    values: the service cache hands out the same objects until something changes)."""
+    return old is not None and len(old) == len(new) and all(a is b for a, b in zip(old, new))
 
 
 def _shared_value(users: dict[bytes, int]) -> bytes:
