@@ -140,4 +140,5 @@ def test_a_lab_state_dir_names_its_store(tmp_path):
     assert lab_store(tmp_path) == etcd
     # an agent inside a node's namespace reaches the members from where it runs
     assert str(etcd.without_netns()) == "etcd://[fd5e:ff::1]:2379,[fd5e:ff::2]:2379/lace"
-    assert type(open_store(tmp_path / "other.db")).__name__ == "SqliteStore"
+    with open_store(tmp_path / "other.db") as s:
+        assert type(s).__name__ == "SqliteStore"
