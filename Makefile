@@ -18,17 +18,34 @@ GEN_PY     := lace/datapath/reasons.py
 CNI_BIN    := $(VENV)/bin/lace-cni
 
 
-.PHONY: install system-packages venv bpf gen cni-plugin test test-unit test-schema test-datapath \
+.PHONY: install system-packages venv bpf native gen cni-plugin test test-unit test-schema test-datapath \
         test-integration test-e2e lab bench clean
 
-install: .stamp-apt .stamp-venv $(CNI_BIN) bpf
+install: .stamp-apt .stamp-venv $(CNI_BIN) bpf native
 
+# Installing a package that ships a service (etcd-server's etcd.service) must not start it: a
+# system etcd would listen on 127.0.0.1:2379 in the root namespace, and lace never leaves a listener
+# there (its etcd members run only inside lab namespaces). So, unless the machine already has a
+# policy-rc.d (a container image's "start nothing"), a temporary one denies every service start
+# (exit 101) for the apt-get run and is removed afterwards, even when apt-get fails; then
+# etcd.service is disabled (and stopped, should anything have started it) where systemd runs.
 system-packages: .stamp-apt
 .stamp-apt: Makefile
 	@missing=$$(for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages: $$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  policy=/usr/sbin/policy-rc.d; ours=; \
+	  if [ ! -e $$policy ]; then \
+	    printf '#!/bin/sh\n# lace make install: no service starts during apt-get install\nexit 101\n' > $$policy; \
+	    chmod 755 $$policy; ours=1; \
+	    trap 'rm -f '$$policy EXIT; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; rc=$$?; \
+	  if [ -n "$$ours" ]; then rm -f $$policy; fi; \
+	  if [ -d /run/systemd/system ] && systemctl list-unit-files etcd.service >/dev/null 2>&1; then \
+	    systemctl disable --now etcd.service >/dev/null 2>&1 || true; \
+	  fi; \
+	  [ $$rc -eq 0 ] || exit $$rc; \
 	fi
 	@touch $@
 
@@ -59,6 +76,13 @@ $(GEN_PY): bpf/include/lace/abi/drop_reasons.def bpf/include/lace/abi/trace_poin
 
 # bench/datapath.py's stage table: pod_veth.c built to return at each of its LACE_BENCH_STAGE cut points
 STAGE_OBJS := $(foreach n,1 2 3 4 5 6 7,$(BUILD)/bpf/test/pod_veth_stop$(n).o)
+
+# The agent's one native helper (ctypes): the Maglev table fill, ~100x faster than in CPython.
+NATIVE_LIB := $(BUILD)/native/libmaglev.so
+native: $(NATIVE_LIB)
+$(NATIVE_LIB): native/maglev.c | .stamp-apt
+	@mkdir -p $(dir $@)
+	$(CLANG) -O2 -Wall -Werror -shared -fPIC -o $@ $<
 
 bpf: $(BUILD)/include/vmlinux.h $(GEN_PY) $(PROG_OBJS) $(TEST_OBJS) $(STAGE_OBJS)
 
