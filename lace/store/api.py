@@ -60,6 +60,39 @@ class Lease:
     name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Liveness:
+    """A node's liveness record while it is held: who holds it and its time to live (seconds)."""
+
+    name: str
+    holder: str
+    ttl: float
+
+
+class Heartbeat(abc.ABC):
+    """A liveness record held for one name (a node), kept alive by ``renew``.
+
+    The record disappears from ``Store.node_liveness`` once ``ttl`` seconds pass without a renewal
+    (the holder died, or cannot reach the store), without anyone deleting it: on etcd it is a key
+    attached to an etcd lease, on SQLite a row with an expiry time. A renewal that finds the record
+    already expired takes it again and says so.
+    """
+
+    name: str
+    holder: str
+    ttl: float
+
+    @abc.abstractmethod
+    def renew(self) -> bool:
+        """Extend the record by ``ttl`` seconds: True if it was still held, False if it had expired
+        (or another holder took it) and was taken again. Raises Unavailable when the store cannot
+        be reached — the record then expires on its own."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Drop the record now (best effort: an unreachable store lets it expire instead)."""
+
+
 class Watch(abc.ABC, Iterator[WatchEvent]):
     """An iterator of WatchEvents that blocks for new writes until stopped or its timeout elapses."""
 
@@ -173,6 +206,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def release_leases(self, node: str, container_id: str) -> int:
         """Delete a container's leases on ``node``; returns how many there were."""
+
+    @abc.abstractmethod
+    def keep_alive(self, node: str, ttl: float, holder: str) -> Heartbeat:
+        """Take the liveness record of ``node`` for ``holder`` (an agent: who it is, for messages),
+        to be renewed at least every ``ttl`` seconds (a third of it is the usual period).
+
+        Liveness records are not objects: no resourceVersion, no watch event, and no transaction
+        reads them, so their expiry (which no writer performs) never races a guarded transaction.
+        Renewing does not advance the cluster revision; taking or expiring one may (on etcd, every
+        key's write does)."""
+
+    @abc.abstractmethod
+    def node_liveness(self) -> dict[str, Liveness]:
+        """The liveness records held now, by node: a node missing here has no live agent (its
+        record expired, was released, or was never taken)."""
 
     def close(self) -> None:
         """Release the store's resources."""

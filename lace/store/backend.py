@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from lace.store.api import Watch
+from lace.store.api import Heartbeat, Liveness, Watch
 
 T = TypeVar("T")
 
@@ -101,6 +101,15 @@ class Backend(abc.ABC):
     def compact(self, keep: int | None = None) -> int:
         """Drop all but the newest ``keep`` events (a backend default if None); returns the
         revision up to which events are gone."""
+
+    @abc.abstractmethod
+    def hold_liveness(self, name: str, ttl: float, holder: str) -> Heartbeat:
+        """Take the liveness record ``name`` (``Store.keep_alive``): kept apart from the objects,
+        outside every transaction, revision and watch."""
+
+    @abc.abstractmethod
+    def liveness(self) -> dict[str, Liveness]:
+        """The liveness records held now (``Store.node_liveness``)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -24,9 +24,15 @@ lace write committed since the snapshot: single-writer serializability, like SQL
 whole transaction body again (``run``) on a fresh snapshot, with jittered backoff, a bounded
 number of times. Read-only transactions never commit: a snapshot needs no guard. (A finer scheme
 — compares on the keys read and a guard per kind listed — would let disjoint writers commit
-together; the read set is already confined to ``_EtcdTransaction`` for that.) Keys with a lease
-(node liveness, to come) must stay outside what the guarded transactions read, or be compared
-key by key: their expiry deletes them without touching the guard.
+together; the read set is already confined to ``_EtcdTransaction`` for that.)
+
+**Liveness** keys, ``<prefix>/liveness/<node>``, are the one thing with an etcd lease: an agent
+grants a lease of its TTL, puts its node's key on it and keeps the lease alive; when the agent
+dies or loses the cluster's leader (a partition) the lease expires and etcd deletes the key. That
+delete touches no guard, so these keys stay outside everything the guarded transactions read, and
+outside the ``registry/`` prefix the watch covers: liveness is read by listing the prefix
+(``liveness``), never inside a transaction. A heartbeat has its own client with a request timeout
+of a third of its TTL, so a renewal that cannot get through fails while the lease still runs.
 
 **Client**: etcd3gw (maintained by OpenStack) over etcd's v3 JSON gateway, for the unary calls
 (range, txn, compaction, status, leases): pure Python over ``requests``, no gRPC or protobuf
@@ -48,6 +54,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import math
+import os
 import queue
 import random
 import socket
@@ -67,7 +75,7 @@ import urllib3.connection
 from etcd3gw import exceptions as etcd_errors
 
 from lace import nsenter
-from lace.store.api import Watch, WatchEvent
+from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import Conflict, Gone, StoreError, Unavailable
 
@@ -363,6 +371,7 @@ class EtcdBackend(Backend):
                                 netns, timeout)
         self._registry = f"{prefix}/registry/"
         self._guard = f"{prefix}/txn-guard"
+        self._liveness = f"{prefix}/liveness/"
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -382,6 +391,9 @@ class EtcdBackend(Backend):
 
     def _counter_key(self, counter: str) -> str:
         return f"{self.prefix}/counters/{counter}"
+
+    def _liveness_key(self, name: str) -> str:
+        return f"{self._liveness}{name}"
 
     def _kind_of(self, key: str) -> str:
         return key[len(self._registry):].split("/", 1)[0]
@@ -493,8 +505,75 @@ class EtcdBackend(Backend):
     def watch(self, kinds: list[str] | None, since: int | None, timeout: float | None) -> Watch:
         return EtcdWatch(self, kinds, since, timeout)
 
+    # ---- liveness: leased keys, outside the registry and the guard ---------------------------
+
+    def hold_liveness(self, name: str, ttl: float, holder: str) -> Heartbeat:
+        return EtcdHeartbeat(self, name, ttl, holder)
+
+    def liveness(self) -> dict[str, Liveness]:
+        _, kvs = self._range(self._liveness, None, _range_end(self._liveness))
+        out = {}
+        for kv in kvs:
+            name = _unb64(kv["key"]).decode()[len(self._liveness):]
+            try:
+                value = orjson.loads(_unb64(kv.get("value", "")))
+                out[name] = Liveness(name, str(value.get("holder", "")), float(value.get("ttl", 0)))
+            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                out[name] = Liveness(name, "", 0.0)   # someone else's value: still a held key
+        return out
+
     def close(self) -> None:
         self.gateway.close()
+
+
+class EtcdHeartbeat(Heartbeat):
+    """A node's liveness key on an etcd lease of ``ttl`` seconds (rounded up: etcd counts whole
+    seconds), kept alive by ``renew``; etcd deletes the key when the lease runs out."""
+
+    def __init__(self, backend: EtcdBackend, name: str, ttl: float, holder: str) -> None:
+        self.name, self.ttl, self.holder = name, ttl, holder
+        self._key = backend._liveness_key(name)
+        self._gateway = _Gateway(backend.endpoints, backend.netns, max(0.5, ttl / 3))
+        self._lease: str | None = None
+        try:
+            self._take()
+        except BaseException:
+            self._gateway.close()
+            raise
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._gateway.call(path, body)
+        except _EtcdError as err:
+            raise Unavailable(f'etcd at {self._gateway.where()} refused {path} for the liveness of '
+                              f'"{self.name}": {err.message}', hint=_hint_for(err.message)) from None
+
+    def _take(self) -> None:
+        granted = self._call("lease/grant", {"TTL": max(1, math.ceil(self.ttl))})
+        if granted.get("error") or not granted.get("ID"):
+            raise Unavailable(f'etcd at {self._gateway.where()} granted no lease for the liveness of '
+                              f'"{self.name}": {granted.get("error") or granted}')
+        self._lease = str(granted["ID"])
+        value = orjson.dumps({"holder": self.holder, "ttl": self.ttl, "pid": os.getpid()})
+        self._call("kv/put", {"key": _b64(self._key), "value": _b64(value), "lease": self._lease})
+
+    def renew(self) -> bool:
+        if self._lease is None:
+            self._take()
+            return False
+        answer = self._call("lease/keepalive", {"ID": self._lease})
+        if int((answer.get("result") or answer).get("TTL", 0) or 0) > 0:
+            return True
+        self._lease = None      # expired while we could not renew it: etcd deleted the key
+        self._take()
+        return False
+
+    def release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            with contextlib.suppress(StoreError):
+                self._call("kv/lease/revoke", {"ID": lease})
+        self._gateway.close()
 
 
 def _hint_for(message: str) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from lace.store import allocate, rules
 from lace.store import kinds as K
-from lace.store.api import ApplyResult, Lease, ListResult, Selector, Store, Watch
+from lace.store.api import ApplyResult, Heartbeat, Lease, ListResult, Liveness, Selector, Store, Watch
 from lace.store.backend import Backend, Transaction
 from lace.store.allocate import IPNet
 from lace.store.errors import AlreadyExists, Conflict, NotFound, StoreError, ValidationError
@@ -196,6 +196,17 @@ class RegistryStore(Store):
 
     def close(self) -> None:
         self.backend.close()
+
+    def keep_alive(self, node: str, ttl: float, holder: str) -> Heartbeat:
+        if not node:
+            raise ValidationError("liveness", "node", "is empty", "name the node the agent runs on")
+        if ttl <= 0:
+            raise ValidationError(f'liveness of node "{node}"', "ttl", f"{ttl} is not positive",
+                                  "give the seconds a renewal may be late before the node counts as down")
+        return self.backend.hold_liveness(node, ttl, holder)
+
+    def node_liveness(self) -> dict[str, Liveness]:
+        return self.backend.liveness()
 
     def compact(self, keep: int | None = None) -> int:
         """Drop all but the newest ``keep`` events (default: the backend's); returns the compaction mark."""

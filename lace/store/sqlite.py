@@ -1,7 +1,11 @@
 """SQLite storage: the embedded backend, one file in WAL mode shared by the CLI and every node agent.
 
 Tables: ``objects`` (one row per object, its JSON), ``events`` (one row per revision, bounded by
-compaction) and ``meta`` (the revision counter, the compaction mark, named counters). Each write is
+compaction), ``meta`` (the revision counter, the compaction mark, named counters) and
+``liveness`` (node liveness records: a holder and an expiry time on this machine's wall clock,
+renewed by the agents; neither objects nor events, so they bump no revision and wake no watch —
+the same contract as etcd's leased keys, with the expiry decided at read time instead of by a
+lease). Each write is
 one ``BEGIN IMMEDIATE`` transaction — revision bump, the reads the layers above make, object row
 and event row — so revisions are in commit order across processes and a rejected write leaves
 nothing behind. Watches poll ``PRAGMA data_version`` (a cheap "did another connection commit?")
@@ -19,13 +23,14 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
-from lace.store.api import Watch, WatchEvent
+from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import Gone, StoreError, Unavailable
 
@@ -44,6 +49,9 @@ CREATE TABLE IF NOT EXISTS events (
     rv INTEGER PRIMARY KEY, type TEXT NOT NULL, kind TEXT NOT NULL,
     namespace TEXT NOT NULL, name TEXT NOT NULL, json BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_kind ON events (kind, rv);
+CREATE TABLE IF NOT EXISTS liveness (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, token TEXT NOT NULL,
+    ttl REAL NOT NULL, expires REAL NOT NULL);
 """
 _META_DEFAULTS = {"schema_version": SCHEMA_VERSION, "revision": 0, "compacted": 0}
 
@@ -293,6 +301,48 @@ class SqliteBackend(Backend):
 
     def watch(self, kinds: list[str] | None, since: int | None, timeout: float | None) -> Watch:
         return SqliteWatch(self, kinds, since, timeout)
+
+    # ---- liveness (outside objects, revisions and events) -----------------------------------
+
+    def hold_liveness(self, name: str, ttl: float, holder: str) -> Heartbeat:
+        beat = SqliteHeartbeat(self, name, ttl, holder)
+        beat.take()
+        return beat
+
+    def liveness(self) -> dict[str, Liveness]:
+        with self._read() as conn:
+            rows = conn.execute("SELECT name, holder, ttl FROM liveness WHERE expires > ? ORDER BY name",
+                                (time.time(),)).fetchall()
+        return {name: Liveness(name, holder, ttl) for name, holder, ttl in rows}
+
+
+class SqliteHeartbeat(Heartbeat):
+    """A liveness row held by one holder (its random token): renewed by moving its expiry on."""
+
+    def __init__(self, backend: SqliteBackend, name: str, ttl: float, holder: str) -> None:
+        self._backend = backend
+        self.name, self.ttl, self.holder = name, ttl, holder
+        self._token = uuid.uuid4().hex
+
+    def take(self) -> None:
+        with self._backend._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO liveness (name, holder, token, ttl, expires) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         (self.name, self.holder, self._token, self.ttl, time.time() + self.ttl))
+
+    def renew(self) -> bool:
+        now = time.time()
+        with self._backend._write() as conn:
+            held = conn.execute("UPDATE liveness SET expires = ? WHERE name = ? AND token = ? AND expires > ?",
+                                (now + self.ttl, self.name, self._token, now)).rowcount == 1
+        if not held:
+            self.take()
+        return held
+
+    def release(self) -> None:
+        with contextlib.suppress(StoreError):
+            with self._backend._write() as conn:
+                conn.execute("DELETE FROM liveness WHERE name = ? AND token = ?", (self.name, self._token))
 
 
 class SqliteWatch(Watch):

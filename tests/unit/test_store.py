@@ -403,6 +403,50 @@ def test_processes_write_concurrently_and_a_watcher_sees_every_event_in_order(st
     assert len(s.list("pods").items) == 2 * n
 
 
+def _wait_until(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_liveness_is_held_while_renewed_and_touches_no_revision_or_watch(store_factory):
+    s, reader = store_factory(), store_factory()
+    w = s.watch(since=s.revision(), timeout=30)
+    beat = s.keep_alive("node-1", 10, "agent pid 7")
+    rev = s.revision()     # taking it may advance etcd's revision (every etcd key does); renewing never
+    assert beat.renew() is True and beat.renew() is True
+    live = reader.node_liveness()
+    assert set(live) == {"node-1"}
+    assert live["node-1"].holder == "agent pid 7" and live["node-1"].ttl == 10
+    # not an object: no watch event, and a guarded write right after commits untouched
+    assert s.revision() == rev
+    s.create(ns("after-liveness"))
+    assert next(w).object["metadata"]["name"] == "after-liveness"
+    w.stop()
+    beat.release()
+    assert reader.node_liveness() == {}
+
+
+def test_liveness_expires_without_renewal_and_a_late_renewal_takes_it_again(store_factory):
+    s, reader = store_factory(), store_factory()
+    beat = s.keep_alive("node-2", 1, "agent")      # etcd's shortest lease is ~2 s
+    other = s.keep_alive("node-3", 30, "agent")
+    assert set(reader.node_liveness()) == {"node-2", "node-3"}
+    _wait_until(lambda: "node-2" not in reader.node_liveness(), 10)
+    assert "node-3" in reader.node_liveness()
+    assert beat.renew() is False                     # it had expired: taken again
+    assert "node-2" in reader.node_liveness()
+    assert beat.renew() is True
+    beat.release()
+    other.release()
+
+
+def test_liveness_rejects_a_bad_ttl(store):
+    with pytest.raises(ValidationError, match="ttl"):
+        store.keep_alive("node-1", 0, "agent")
+
+
 # ---- SQLite-only: the file itself (WAL mode, the events table and its bounded size) ------------
 
 def test_sqlite_store_file_is_wal(tmp_path):

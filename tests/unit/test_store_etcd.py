@@ -32,7 +32,7 @@ def etcd_store(etcd_config):
 def _raw(store, key):
     out = store.backend.gateway.call("kv/range", {"key": base64.b64encode(key.encode()).decode()})
     kv = out["kvs"][0]
-    return base64.b64decode(kv["value"]), int(kv["mod_revision"]), int(kv["create_revision"])
+    return base64.b64decode(kv.get("value", "")), int(kv["mod_revision"]), int(kv["create_revision"])
 
 
 @privileged
@@ -142,3 +142,20 @@ def test_a_lab_state_dir_names_its_store(tmp_path):
     assert str(etcd.without_netns()) == "etcd://[fd5e:ff::1]:2379,[fd5e:ff::2]:2379/lace"
     with open_store(tmp_path / "other.db") as s:
         assert type(s).__name__ == "SqliteStore"
+
+
+@privileged
+def test_liveness_is_a_leased_key_outside_the_registry_and_the_guard(etcd_store):
+    prefix = etcd_store.backend.prefix
+    etcd_store.create(pod("before"))
+    _, guard_rev, _ = _raw(etcd_store, f"{prefix}/txn-guard")
+    beat = etcd_store.keep_alive("node-1", 10, "agent pid 1")
+    out = etcd_store.backend.gateway.call(
+        "kv/range", {"key": base64.b64encode(f"{prefix}/liveness/node-1".encode()).decode()})
+    assert int(out["kvs"][0]["lease"]) != 0           # etcd deletes it when the lease runs out
+    assert _raw(etcd_store, f"{prefix}/txn-guard")[1] == guard_rev
+    # a transaction whose snapshot predates the liveness key still commits: nothing it read moved
+    with etcd_store.backend.transaction() as txn:
+        txn.create(pod("after"))
+    beat.release()
+    assert etcd_store.node_liveness() == {}
