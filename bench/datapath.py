@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from scapy.layers.inet import TCP  # noqa: E402
 
-from lace.bpf import ObjectSpec, enter_netns, test_run  # noqa: E402
+from lace.bpf import Map, ObjectSpec, enter_netns, test_run  # noqa: E402
 from lace.datapath import registry  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT_ENTRY, CtState, ct4_key  # noqa: E402
@@ -39,8 +41,8 @@ POLICY_FILL = 16_384
 CT_SIZES = (1_000, 100_000, 1_000_000)
 
 
-def fill_conntrack(dp: Testbed, n: int) -> None:
-    """n established TCPv4 entries that the measured flows never hit."""
+def fill_conntrack(m: Map, n: int) -> None:
+    """n established TCPv4 entries in m that the measured flows never hit."""
     keys = np.zeros(n, dtype=CT4_KEY.dtype)
     keys["network"] = 1
     idx = np.arange(n, dtype=np.uint32)
@@ -57,7 +59,6 @@ def fill_conntrack(dp: Testbed, n: int) -> None:
     vals["last_seen_ns"] = now
     vals["expires_ns"] = now + 3600 * 10**9
     vals["state"] = CtState.ESTABLISHED
-    m = dp.m("ct-tcp-v4")
     step = 100_000
     for i in range(0, n, step):
         k, v = keys[i:i + step], vals[i:i + step]
@@ -198,17 +199,20 @@ def forget_flows(dp: Testbed, src: str, dsts: list[tuple[str, int]], sports: ran
             m.delete(ct4_key(1, src, daddr, sport, dport, 6))
 
 
-def stage_table(dp: Testbed, base, ctx: bytes, est: bytes, svc_new, rounds: int, calls: int) -> dict[str, list[float]]:
-    """Per path, the cost of each stage of STAGES (ns, medians of interleaved rounds, each cut point
-    measured like its row: established warm, new flows once per call against the pass program)."""
+def stage_table(dp: Testbed, nf: NewFlows, base, ctx: bytes, est: bytes, new_pkt: bytes, svc_pkt: bytes,
+                rounds: int, calls: int) -> dict[str, dict[str, list[float]]]:
+    """Per path and way of running ("cold": once per call, "warm": in-kernel repetitions), the
+    cost of each stage of STAGES (ns, medians of interleaved rounds, net of the pass program run the
+    same way). The established packet runs warm only, as its row; new flows run both ways
+    (new_pkt, svc_pkt: their templates, TTL 255)."""
     a, b = dp.pods["a"], dp.pods["b"]
     progs = load_stage_programs(dp)
     try:
         full = {None: dp.prog_pod} | {cut: prog for cut, (_, prog) in progs.items()}
         ports = {"new flow": range(STAGE_NEW_SPORT, STAGE_NEW_SPORT + calls),
                  "service new": range(STAGE_SVC_SPORT, STAGE_SVC_SPORT + calls)}
-        tmpl = {"new flow": bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=1, dport=80, flags="S")),
-                "service new": svc_new}
+        tmpl = {"new flow": new_pkt, "service new": svc_pkt}
+        dst = {"new flow": (b.ipv4, 80), "service new": (VIP, 80)}
         created = {"new flow": [(b.ipv4, 80)], "service new": [(VIP, 80)] + [(b.ipv4, p) for p in SVC_TARGETS]}
         # one template per path, its source port patched in (the datapath checks no TCP checksum)
         pkts = {path: [t[:34] + sp.to_bytes(2, "big") + t[36:] for sp in ports[path]] for path, t in tmpl.items()}
@@ -223,49 +227,92 @@ def stage_table(dp: Testbed, base, ctx: bytes, est: bytes, svc_new, rounds: int,
                         assert rc == TC_ACT_OK, f"{path}: cut point {cut} ({what}) not reached (verdict {rc})"
         for path in ("new flow", "service new"):
             forget_flows(dp, a.ipv4, created[path], ports[path])
-        samples: dict[tuple[str, int | None], list[float]] = {}
-        base_samples: dict[str, list[float]] = {"warm": [], "once": []}
+        samples: dict[tuple[str, str, int | None], list[float]] = {}
         for rnd in range(rounds + 1):
-            warm = measure(base, [est] * few, ctx, dp.netns, WARM_REPEAT)
-            once = measure(base, [est] * calls, ctx, dp.netns)
-            got: dict[tuple[str, int | None], float] = {}
+            got: dict[tuple[str, str, int | None], float] = {
+                ("base", "warm", None): measure(base, [est] * few, ctx, dp.netns, WARM_REPEAT),
+                ("base", "cold", None): measure(base, [est] * calls, ctx, dp.netns),
+                ("base", "warm new", None): measure_new_warm(dp, nf, None, new_pkt, ctx, dst["new flow"], None, few),
+            }
             for cut, _ in STAGES["established"]:
-                got[("established", cut)] = measure(full[cut], [est] * few, ctx, dp.netns, WARM_REPEAT)
+                got[("established", "warm", cut)] = measure(full[cut], [est] * few, ctx, dp.netns, WARM_REPEAT)
             for path in ("new flow", "service new"):
                 for cut, _ in STAGES[path]:
-                    got[(path, cut)] = measure(full[cut], pkts[path], ctx, dp.netns)
-                    forget_flows(dp, a.ipv4, created[path], ports[path])
-                    dp.ring.consume()
-                    dp.events.clear()
+                    creates = cut is None or cut >= 7        # cut point 7: its entries are made
+                    got[(path, "cold", cut)] = measure(full[cut], pkts[path], ctx, dp.netns)
+                    if creates:
+                        forget_flows(dp, a.ipv4, created[path], ports[path])
+                    got[(path, "warm", cut)] = measure_new_warm(dp, nf, full[cut], tmpl[path], ctx, dst[path],
+                                                                created[path] if creates else None, few)
             if rnd == 0:            # warm-up round, as in the main table
                 continue
-            base_samples["warm"].append(warm)
-            base_samples["once"].append(once)
             for k, v in got.items():
                 samples.setdefault(k, []).append(v)
     finally:
         for obj, _ in progs.values():
             obj.close()
-    out: dict[str, list[float]] = {}
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    bases = {("established", "warm"): med[("base", "warm", None)], ("new flow", "cold"): med[("base", "cold", None)],
+             ("new flow", "warm"): med[("base", "warm new", None)]}
+    bases[("service new", "cold")] = bases[("new flow", "cold")]
+    bases[("service new", "warm")] = bases[("new flow", "warm")]
+    out: dict[str, dict[str, list[float]]] = {}
     for path, stages in STAGES.items():
-        base_ns = statistics.median(base_samples["warm" if path == "established" else "once"])
-        prev = 0.0
-        out[path] = []
-        for cut, _ in stages:
-            upto = statistics.median(samples[(path, cut)]) - base_ns
-            out[path].append(upto - prev)
-            prev = upto
+        out[path] = {}
+        for how in ("cold", "warm"):
+            if (path, how) not in bases:
+                continue
+            prev, rows = 0.0, []
+            for cut, _ in stages:
+                upto = med[(path, how, cut)] - bases[(path, how)]
+                rows.append(upto - prev)
+                prev = upto
+            out[path][how] = rows
     return out
 
 
-def print_stage_table(stages: dict[str, list[float]], size: int) -> None:
+def ct_floor(dp: Testbed, base, ctx: bytes, pkt: bytes, size: int, rounds: int, calls: int) -> dict[str, float]:
+    """The kernel's own cost of a conntrack lookup that misses and of an insert (tests/bpf/
+    bench_ct_floor.c) in an LRU hash with the test bed's capacity and size entries, each once per
+    call (cold, like the new-flow rows) and warm (in-kernel repetitions), net of the pass program."""
+    spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_ct_floor.o"))
+    spec.maps["bench_ct"].set_max_entries(dp.max_entries["ct-tcp-v4"])
+    obj = spec.load()
+    try:
+        fill_conntrack(obj.maps["bench_ct"], size)
+        miss, insert = obj.programs["bench_ct_miss"], obj.programs["bench_ct_insert"]
+        with enter_netns(dp.netns):
+            for prog in (miss, insert):
+                rc = test_run(prog, pkt, ctx=ctx, data_size_out=len(pkt) + 128).retval
+                assert rc == 0, f"{prog}: a fresh key was found, or could not be inserted"
+        few = max(10, calls // 20)
+        got: dict[str, list[float]] = {}
+        for rnd in range(rounds + 1):
+            row = {"pass once": measure(base, [pkt] * calls, ctx, dp.netns),
+                   "pass warm": measure(base, [pkt] * few, ctx, dp.netns, WARM_REPEAT),
+                   "miss once": measure(miss, [pkt] * calls, ctx, dp.netns),
+                   "miss warm": measure(miss, [pkt] * few, ctx, dp.netns, WARM_REPEAT),
+                   "insert once": measure(insert, [pkt] * calls, ctx, dp.netns),
+                   "insert warm": measure(insert, [pkt] * few, ctx, dp.netns, WARM_REPEAT)}
+            if rnd:
+                for k, v in row.items():
+                    got.setdefault(k, []).append(v)
+    finally:
+        obj.close()
+    med = {k: statistics.median(v) for k, v in got.items()}
+    return {f"{op} {how}": med[f"{op} {how}"] - med[f"pass {how}"]
+            for op in ("miss", "insert") for how in ("once", "warm")}
+
+
+def print_stage_table(stages: dict[str, dict[str, list[float]]], size: int) -> None:
     print(f"\nwhere the time goes, conntrack {size:,} entries: pod_veth.c cut at each stage, ns each stage adds "
-          f"(differences of medians: a few ns of noise; negative = noise)")
+          f"(differences of medians: some noise, cold more than warm)")
     for path, rows in STAGES.items():
-        total = sum(stages[path])
-        print(f"  {path} ({total:.0f} ns)")
-        for (cut, what), ns in zip(rows, stages[path]):
-            print(f"    {what:<58}{ns:>7.0f}{100 * ns / total:>6.0f}%")
+        hows = list(stages[path])
+        totals = "   ".join(f"{how} {sum(stages[path][how]):.0f}" for how in hows)
+        print(f"  {path + ' (' + totals + ')':<62}" + "".join(f"{how:>7}" for how in hows))
+        for i, (_, what) in enumerate(rows):
+            print(f"    {what:<58}" + "".join(f"{stages[path][how][i]:>7.0f}" for how in hows))
 
 
 def load_pass_program():
@@ -277,21 +324,92 @@ def load_pass_program():
     return obj, obj.programs["bench_pass"]
 
 
+class NewFlows:
+    """tests/bpf/bench_new_flows.c (private maps): BPF_PROG_TEST_RUN's repetitions as new flows back
+    to back — each repetition gets the next source port and the destination :meth:`aim` set, then
+    tail-calls the program :meth:`into` set (bench_pass_tail when none: the baseline)."""
+
+    def __init__(self) -> None:
+        spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_new_flows.o"))
+        spec.private()
+        self.obj = spec.load()
+        self.prog = self.obj.programs["bench_new_flows"]
+        self.bss = next(m for name, m in self.obj.maps.items() if name.endswith(".bss"))
+        self.into(None)
+
+    def into(self, prog) -> None:
+        target = prog if prog is not None else self.obj.programs["bench_pass_tail"]
+        self.obj.maps["bench_walk"].update(struct.pack("<I", 0), struct.pack("<I", target.fd))
+
+    def aim(self, sport: int, daddr: str, dport: int) -> None:
+        """struct bench_flow: the next source port, the destination as it sits in the packet."""
+        self.bss.update(struct.pack("<I", 0),
+                        struct.pack("<I", sport) + socket.inet_aton(daddr) + struct.pack("!H", dport) + bytes(2))
+
+    def close(self) -> None:
+        self.obj.close()
+
+
+# the warm new-flow rows' source ports: WARM_REPEAT per call, forgotten after each measurement
+WARM_SPORT = 40000
+
+
+def measure_new_warm(dp: Testbed, nf: NewFlows, prog, pkt: bytes, ctx: bytes, dst: tuple[str, int],
+                     created: list[tuple[str, int]] | None, calls: int) -> float:
+    """Median ns per repetition of calls runs of WARM_REPEAT fresh flows each from pod a (pkt: their
+    template, TTL 255) to dst through prog (None: the tail-called pass baseline); created: the
+    (address, port) destinations whose conntrack entries prog leaves behind, forgotten afterwards
+    (None: it creates none)."""
+    nf.into(prog)
+    nf.aim(WARM_SPORT, *dst)
+    ns = measure(nf.prog, [pkt] * calls, ctx, dp.netns, WARM_REPEAT)
+    if created:
+        forget_flows(dp, dp.pods["a"].ipv4, created, range(WARM_SPORT, WARM_SPORT + calls * WARM_REPEAT))
+    dp.ring.consume()
+    dp.events.clear()
+    return ns
+
+
+def check_new_warm(dp: Testbed, nf: NewFlows, pkt: bytes, ctx: bytes, dst: tuple[str, int],
+                   created: list[tuple[str, int]], service: bool) -> None:
+    """Fail unless every repetition through lace_from_pod is a new flow forwarded to pod b (for a
+    service, translated to a backend)."""
+    from lace.datapath.conntrack import CtStatus
+    from lace.datapath.testbed import TC_ACT_REDIRECT
+    from lace.datapath.trace import TRACE_EVENT
+
+    nf.into(dp.prog_pod)
+    nf.aim(WARM_SPORT, *dst)
+    with enter_netns(dp.netns):
+        res = test_run(nf.prog, pkt, ctx=ctx, repeat=WARM_REPEAT, data_size_out=len(pkt) + 128)
+    dp.ring.consume()
+    events = [TRACE_EVENT.unpack(e) for e in dp.events]
+    dp.events.clear()
+    forget_flows(dp, dp.pods["a"].ipv4, created, range(WARM_SPORT, WARM_SPORT + WARM_REPEAT))
+    ok = res.retval == TC_ACT_REDIRECT and len(events) == WARM_REPEAT and \
+        len({e["sport"] for e in events}) == WARM_REPEAT and all(e["ct_status"] == CtStatus.NEW for e in events)
+    if service:
+        ok = ok and all(e["nat_kind"] == 1 and e["dport"] in SVC_TARGETS for e in events)
+    assert ok, f"warm new flows to {dst}: verdict {res.retval}, {len(events)} events: not a new flow every repetition"
+
+
 def run(quick: bool) -> int:
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
     sizes = CT_SIZES[:2] if quick else CT_SIZES
     dp = Testbed(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
     passobj, base = load_pass_program()
+    nf = NewFlows()
     results: dict[int, dict[str, float]] = {}
-    stages: dict[str, list[float]] = {}
+    stages: dict[str, dict[str, list[float]]] = {}
+    floor: dict[str, float] = {}
     try:
         a, b = dp.pods["a"], dp.pods["b"]
         a.mac = b.host_mac          # see WARM_REPEAT
         ctx_a = dp.skb_ctx(a.ifindex)
         for size in sizes:
             dp.reset()
-            fill_conntrack(dp, size)
+            fill_conntrack(dp.m("ct-tcp-v4"), size)
             fill_policy(dp, POLICY_FILL)
             dp.select(b.segment, Direction.INGRESS)
             for port in SVC_TARGETS:
@@ -312,7 +430,15 @@ def run(quick: bool) -> int:
                 return bytes(dp.l3(a, dst, 4) / TCP(sport=flow, dport=80, flags="S"))
 
             check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP))
-            names = ("pass warm", "pass once", "established", "new flow", "service new", "policy drop", "encap")
+            # the warm new-flow rows' templates (NewFlows sets port and destination per repetition)
+            new_warm = bytes(dp.l3(a, b.ipv4, 4, ttl=255) / TCP(sport=1, dport=80, flags="S"))
+            svc_warm = bytes(dp.l3(a, VIP, 4, ttl=255) / TCP(sport=1, dport=80, flags="S"))
+            new_dst, new_made = (b.ipv4, 80), [(b.ipv4, 80)]
+            svc_dst, svc_made = (VIP, 80), [(VIP, 80)] + [(b.ipv4, p) for p in SVC_TARGETS]
+            check_new_warm(dp, nf, new_warm, ctx_a, new_dst, new_made, service=False)
+            check_new_warm(dp, nf, svc_warm, ctx_a, svc_dst, svc_made, service=True)
+            names = ("pass warm", "pass once", "pass tail", "established", "new flow", "service new",
+                     "new flow warm", "service new warm", "policy drop", "encap")
             samples: dict[str, list[float]] = {k: [] for k in names}
             for rnd in range(rounds + 1):
                 news = [new_flow() for _ in range(calls)]    # a new source port per run: every flow new
@@ -330,6 +456,11 @@ def run(quick: bool) -> int:
                 samples["encap"].append(measure(dp.prog_pod, [enc] * calls, ctx_a, dp.netns))
                 dp.ring.consume()
                 dp.events.clear()
+                samples["pass tail"].append(measure_new_warm(dp, nf, None, new_warm, ctx_a, new_dst, None, few))
+                samples["new flow warm"].append(
+                    measure_new_warm(dp, nf, dp.prog_pod, new_warm, ctx_a, new_dst, new_made, few))
+                samples["service new warm"].append(
+                    measure_new_warm(dp, nf, dp.prog_pod, svc_warm, ctx_a, svc_dst, svc_made, few))
                 if rnd == 0:        # a warm-up round: the first size's first round ran slow every time
                     samples = {k: [] for k in names}
             med = {k: statistics.median(v) for k, v in samples.items()}
@@ -339,33 +470,44 @@ def run(quick: bool) -> int:
                 "new flow": med["new flow"] - med["pass once"],
                 "service new": med["service new"] - med["pass once"],
                 "encap": med["encap"] - med["pass once"],
+                "new flow warm": med["new flow warm"] - med["pass tail"],
+                "service new warm": med["service new warm"] - med["pass tail"],
                 "pass warm": med["pass warm"],
                 "pass once": med["pass once"],
+                "pass tail": med["pass tail"],
             }
             if size == sizes[-1]:
                 # more rounds than the main table: a round is short, and differences of medians are noisier
-                stages = stage_table(dp, base, ctx_a, est, new_flow(VIP), 3 * rounds, calls)
+                stages = stage_table(dp, nf, base, ctx_a, est, new_warm, svc_warm, 3 * rounds, calls)
+                floor = ct_floor(dp, base, ctx_a, est, size, rounds, calls)
     finally:
+        nf.close()
         passobj.close()
         dp.close()
 
-    paths = ["established", "new flow", "service new", "policy drop", "encap"]
+    paths = ["established", "new flow", "service new", "new flow warm", "service new warm", "policy drop", "encap"]
     first = sizes[0]
     print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN; median of {rounds} interleaved rounds; "
           f"policy map {POLICY_FILL:,} entries)")
-    print(f"{'path':<14}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
-    targets = {"established": "<= 60", "new flow": "<= 500", "service new": "", "policy drop": "", "encap": ""}
+    print(f"{'path':<17}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
+    targets = {"established": "<= 60", "new flow": "<= 500", "service new": "", "new flow warm": "",
+               "service new warm": "", "policy drop": "", "encap": ""}
     how = {"established": f"warm x{WARM_REPEAT}", "policy drop": f"warm x{WARM_REPEAT}",
            "new flow": "once/call, cold (cannot repeat: run 2 would be established)",
            "service new": "once/call, cold: SYN to a VIP, 2 backends, Maglev",
+           "new flow warm": f"warm x{WARM_REPEAT}: a fresh flow every repetition (tests/bpf/bench_new_flows.c)",
+           "service new warm": f"warm x{WARM_REPEAT}: a fresh flow to the VIP every repetition",
            "encap": "once/call, cold (cannot repeat: run 2 would see the outer header)"}
     for p in paths:
         row = "".join(f"{results[s][p]:>12.0f}" for s in sizes)
         ratio = results[sizes[-1]][p] / results[first][p] if results[first][p] > 0 else float("nan")
-        print(f"{p:<14}{row}{ratio:>8.2f}x   {targets[p]:<10} {how[p]}")
-    for k in ("pass warm", "pass once"):
-        print(f"{k + ' (base)':<14}" + "".join(f"{results[s][k]:>12.0f}" for s in sizes))
+        print(f"{p:<17}{row}{ratio:>8.2f}x   {targets[p]:<10} {how[p]}")
+    for k in ("pass warm", "pass once", "pass tail"):
+        print(f"{k + ' (base)':<17}" + "".join(f"{results[s][k]:>12.0f}" for s in sizes))
     print_stage_table(stages, sizes[-1])
+    print(f"  the floor under them: the kernel's LRU hash alone, same capacity and fill (tests/bpf/bench_ct_floor.c)\n"
+          f"    lookup that misses    {floor['miss once']:>5.0f} once/call   {floor['miss warm']:>5.0f} warm\n"
+          f"    insert of a new entry {floor['insert once']:>5.0f} once/call   {floor['insert warm']:>5.0f} warm")
     return 0
 
 
