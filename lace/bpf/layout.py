@@ -74,6 +74,7 @@ class Layout:
         self.size = (offset + max_align - 1) // max_align * max_align
         self.fields: tuple[Field, ...] = tuple(out)
         self.names = tuple(f.name for f in out if not f.is_padding)
+        self._known = frozenset(self.names)
         self._by_name = {f.name: f for f in out}
         fmt = "<"
         pos = 0
@@ -121,10 +122,9 @@ class Layout:
 
     def pack(self, values: Mapping[str, Any] | None = None, **kw: Any) -> bytes:
         """Pack a record; missing fields are zero, unknown names are an error."""
-        merged = dict(values or {}, **kw)
-        unknown = set(merged) - set(self.names)
-        if unknown:
-            raise KeyError(f"{self.c_name} has no field(s) {sorted(unknown)}")
+        merged = dict(values, **kw) if values else kw
+        if not merged.keys() <= self._known:
+            raise KeyError(f"{self.c_name} has no field(s) {sorted(set(merged) - self._known)}")
         args = []
         for name, kind in self._conv:
             v = merged.get(name)

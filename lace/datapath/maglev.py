@@ -21,16 +21,20 @@ trace`` can predict the backend of any tuple.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import struct
+from array import array
 from collections.abc import Sequence
 
 from lace.datapath.common import AddressLike, addr16, check_port, check_u32
 from lace.datapath.services import MAGLEV_SIZE
 
-__all__ = ["table", "flow_hash", "pick", "mix64", "FLOW_HASH_SEED"]
+__all__ = ["table", "table_bytes", "flow_hash", "pick", "mix64", "FLOW_HASH_SEED"]
 
 _M64 = (1 << 64) - 1
+_U32 = struct.Struct("<I")
 
 
 def _is_prime(n: int) -> bool:
@@ -60,6 +64,11 @@ def table(backends: Sequence[tuple[str, int]], size: int = MAGLEV_SIZE) -> list[
     on the process. ``size`` must be a prime (every skip then walks all positions); IDs must be
     non-zero (0 is "no backend" in the maglev map). No backends: a table of zeros.
     """
+    return list(array("I", table_bytes(backends, size)))
+
+
+def table_bytes(backends: Sequence[tuple[str, int]], size: int = MAGLEV_SIZE) -> bytes:
+    """:func:`table` as the map holds it: ``size`` little-endian u32 backend IDs."""
     if not _is_prime(size):
         raise ValueError(f"Maglev table size {size} is not a prime")
     pairs = sorted(backends)
@@ -73,18 +82,42 @@ def table(backends: Sequence[tuple[str, int]], size: int = MAGLEV_SIZE) -> list[
     if 0 in ids:
         raise ValueError("backend ID 0 means no backend; it cannot be in a Maglev table")
     n = len(ids)
+    if n <= 1:
+        return _U32.pack(ids[0] if ids else 0) * size
+    perms = [_permutation(name, size) for name in names]
+    fill = _native_fill()
+    if fill is not None:
+        u32s = ctypes.c_uint32 * n
+        out = (ctypes.c_uint32 * size)()
+        if fill(u32s(*(o for o, _ in perms)), u32s(*(k for _, k in perms)), u32s(*ids), n, size, out) == 0:
+            return bytes(out)
+    return array("I", _fill(perms, ids, size)).tobytes()
+
+
+@functools.cache
+def _native_fill():
+    """The fill in C (native/maglev.c, built by ``make native`` into build/native), or None when
+    it is not built: the Python fill below gives the same table, slower."""
+    from lace.datapath.registry import bpf_dir
+
+    try:
+        lib = ctypes.CDLL(str(bpf_dir().parent / "native" / "libmaglev.so"))
+    except OSError:
+        return None
+    fn = lib.lace_maglev_fill
+    u32p = ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [u32p, u32p, u32p, ctypes.c_uint32, ctypes.c_uint32, u32p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _fill(perms: list[tuple[int, int]], ids: list[int], size: int) -> list[int]:
+    """The round-robin fill in Python: the reference for the C one."""
     entry = [0] * size
-    if n == 0:
-        return entry
-    if n == 1:
-        return [ids[0]] * size
     # Round-robin fill. Each backend's state is [next candidate, skip, ID]: the candidate walks
     # its permutation by adding skip modulo size (no offset + j * skip products), past positions
     # already claimed; unpacking one small list per turn is the cheapest state access in CPython.
-    state = []
-    for name, bid in zip(names, ids):
-        offset, skip = _permutation(name, size)
-        state.append([offset, skip, bid])
+    state = [[offset, skip, bid] for (offset, skip), bid in zip(perms, ids)]
     filled = 0
     while True:
         for st in state:

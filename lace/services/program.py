@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from lace.datapath import registry
 from lace.datapath.common import Family
-from lace.datapath.maglev import table as maglev_table
+from lace.datapath.maglev import table_bytes as maglev_table
 from lace.datapath.services import (BACKEND, SERVICE, SERVICE_KEY, MAGLEV_SIZE, BackendFlag, backend_key,
                                     backend_value, service_key, service_value)
 
@@ -232,7 +232,7 @@ class ServiceProgrammer:
                 built.table = t
                 if t not in self._blobs:
                     pair = tuple(sorted((b.identity, bid) for b, bid in zip(f.active, ids)))
-                    self._blobs[t] = pack_table(maglev_table(list(pair), MAGLEV_SIZE))
+                    self._blobs[t] = maglev_table(list(pair), MAGLEV_SIZE)
         for net in f.networks:
             built.services[service_key(net, f.addr, f.port, f.proto, 0)] = service_value(
                 service_id=f.service_id, backend_count=len(ids), active_count=len(f.active), flags=f.flags,

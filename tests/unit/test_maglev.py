@@ -165,3 +165,21 @@ def test_pick_follows_the_datapath_rules():
     assert pick(h, t, []) == 0                                         # no active backend
     with pytest.raises(ValueError):
         pick(h, t[:100], [1])
+
+
+def test_native_fill_is_the_python_fill():
+    """The agent fills tables in C (native/maglev.c, built by make install); the Python fill is
+    the reference it must match entry for entry."""
+    import random
+
+    from lace.datapath.maglev import _fill, _native_fill, _permutation
+
+    fill = _native_fill()
+    assert fill is not None, "build/native/libmaglev.so is missing: run make install"
+    rnd = random.Random(11)
+    for n in (2, 3, 7, 50, 300):
+        names = sorted(f"1/10.244.{rnd.randrange(256)}.{i}/8080/6" for i in range(n))
+        ids = rnd.sample(range(1, 1 << 32), n)
+        pairs = list(zip(names, ids))
+        perms = [_permutation(name, MAGLEV_SIZE) for name in names]
+        assert table(pairs) == _fill(perms, ids, MAGLEV_SIZE)
