@@ -145,6 +145,7 @@ class ServiceProgrammer:
                 if isinstance(value, (dict, list, set)):
                     setattr(c, attr, copy.copy(value))
             c._out = tuple(dict(x) for x in self._out)
+            c.pressure = copy.copy(self.pressure)   # a pass updates its counts in place
             c._backend_users = {k: dict(v) for k, v in self._backend_users.items()}
         c._lock = threading.Lock()
         return c

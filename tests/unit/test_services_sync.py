@@ -147,3 +147,21 @@ def test_a_frontend_without_a_table_gets_one_when_one_is_free():
     assert len(tables) == 1 and p.pressure.without_table == 0 and p.pressure.reason is None
     head = [SERVICE.unpack(v) for k, v in services.items() if SERVICE_KEY.unpack(k)["slot"] == 0]
     assert [h["maglev"] for h in head] == [struct.unpack("<I", next(iter(tables)))[0]]
+
+
+def test_a_scratch_copy_changes_nothing_of_the_programmer_it_copies():
+    cache = ServiceCache("w1")
+    objs = [_service(i, 1, 2) for i in range(3)]
+    cache.load([s for s, _ in objs], [sl for _, sl in objs])
+    cache.set_context(NET, {}, ADDR4, None)
+    p = ServiceProgrammer()
+    p.entries(cache.frontends())
+    out, pressure = tuple(dict(x) for x in p._out), p.pressure.as_dict()
+    cache.apply("DELETED", _rv(objs[0][0], 2))
+    s3, sl3 = _service(3, 3, 4)
+    cache.apply("ADDED", s3)
+    cache.apply("ADDED", sl3)
+    audit = p.scratch()
+    audit.entries(cache.frontends())                        # what an audit computes
+    assert p._out == out and p.pressure.as_dict() == pressure
+    assert len(audit._memo) == 3 and len(p._memo) == 3
