@@ -11,6 +11,7 @@ from lace.store.config import open_store
 from lace.store.errors import StoreError
 
 from .daemon import Agent
+from .liveness import DEFAULT_TTL
 
 #: how often the agent's store watch polls for other processes' commits (pod start latency)
 STORE_POLL_SECONDS = 0.005
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                          "the socket)")
     ap.add_argument("--metrics-address", dest="metrics_addresses", action="append", metavar="ADDR",
                     help="address to serve metrics on (repeatable; default: the uplink's addresses)")
+    ap.add_argument("--liveness-ttl", type=float, default=DEFAULT_TTL, metavar="SECONDS",
+                    help="the node's liveness record in the store expires this long after the agent last "
+                         f"renewed it (every third of it): a dead or cut-off agent's node shows NotReady "
+                         f"(default {DEFAULT_TTL:g})")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
                   socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup,
                   kubelet_cgroup=args.kubelet_cgroup, metrics_port=args.metrics_port,
-                  metrics_addresses=args.metrics_addresses)
+                  metrics_addresses=args.metrics_addresses, liveness_ttl=args.liveness_ttl)
     try:
         agent.run_forever()
     except Exception as e:

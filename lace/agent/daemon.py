@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -31,6 +33,7 @@ from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
 from .hostdev import HostDevice
+from .liveness import DEFAULT_TTL, LivenessKeeper
 from .metrics import AgentMetrics
 from .probes import stale_cookies
 from .socklb import SockLB
@@ -54,7 +57,7 @@ class Agent:
     def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
                  uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None,
                  kubelet_cgroup: str | None = None, metrics_port: int | None = None,
-                 metrics_addresses: list[str] | None = None) -> None:
+                 metrics_addresses: list[str] | None = None, liveness_ttl: float = DEFAULT_TTL) -> None:
         self.node = node
         self.store = store
         self.pin_root = pin_root
@@ -80,6 +83,11 @@ class Agent:
         self.metrics_port = metrics_port
         self.metrics_addresses = metrics_addresses
         self.datapath = NodeDatapath(pin_root)
+        #: the node's liveness record in the store; its renewals also tell when the store is lost
+        #: (the watch reconnects) and back (watch afresh, a full pass) — lace.agent.liveness
+        self.liveness = LivenessKeeper(store, node, liveness_ttl,
+                                       f"lace-agent pid {os.getpid()} on {socket.gethostname()}",
+                                       on_failing=self._restart_watch, on_restored=self._catch_up)
         # the host cgroup's socket hooks: the node's own processes reach service frontends
         self.socklb = SockLB(cgroup, self.datapath.links_dir) if cgroup else None
         self.hostdev = HostDevice(node, store, self.datapath, mtu)
@@ -128,6 +136,8 @@ class Agent:
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
                             self.datapath.read("maglev"))
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
+        self.liveness.renew_once()   # the record exists before the agent says it is ready
+        self.liveness.start()
         self._watch_since = self.service_sync.list(self.store)
         self.reconcile()
         # what the first pass built lives as long as the agent: keep the collector's full passes
@@ -156,6 +166,7 @@ class Agent:
     def stop(self) -> None:
         self.stopping.set()
         self.dirty.set()
+        self.liveness.stop()
         watch = self._watch
         if watch is not None:
             watch.stop()
@@ -339,6 +350,19 @@ class Agent:
                 self.loops["watch"].failed(e)
                 log.warning("watch: %s", e)
                 time.sleep(0.5)
+
+    def _restart_watch(self) -> None:
+        """End the current watch; the watch loop opens a new one from the last revision it saw
+        (on a member that still answers, or reporting that none does)."""
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+
+    def _catch_up(self) -> None:
+        """The store is back after an outage: watch afresh and make a full pass, so what changed
+        meanwhile reaches the maps even if the old watch missed it."""
+        self._restart_watch()
+        self.dirty.set()
 
     # -- API ---------------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ programs they carry, the uplink's MTU) and what the store says about this node (
 and leases, its pods), into a plain *facts* dict. :func:`assemble` is pure: it turns facts into
 the document ``node status`` and ``lace status`` render, so unit tests drive it with dicts.
 
-Subsystems: ``store-watch`` (connected, last event age, lag), ``reconcile``, ``ipam`` (this node's
+Subsystems: ``store-watch`` (connected, last event age, lag), ``liveness`` (the node's liveness
+record renewed in time; failing means the store is unavailable and the node is degraded: it
+forwards on what is programmed and catches up once the store is back), ``reconcile``, ``ipam`` (this node's
 blocks and leases), ``segments``, ``policy`` and ``services`` (a full map leaves entries out),
 ``probes``, ``datapath`` (uplink, host device, socket hooks, and every local pod's program: what
 should be attached against the pinned links), ``flows`` (the flow collector), ``mtu``
@@ -158,6 +160,26 @@ def _secs(s: float | None) -> str:
     return f"{s / 3600:.1f}h ago"
 
 
+def liveness_check(lv: dict[str, Any], now: float) -> dict[str, Any]:
+    """The ``liveness`` subsystem: the node's liveness record renewed in time, or the node is
+    degraded because the store is unavailable (``lv``: LivenessKeeper.facts)."""
+    ttl, renewed = lv.get("ttl") or 0.0, lv.get("lastRenewed")
+    age = _age(renewed, now)
+    probs = []
+    if lv.get("failingSince") is not None:
+        down = now - lv["failingSince"]
+        gone = (f"other nodes see this node as not ready (its record expired {ttl:.0f}s after the last "
+                f"renewal)" if age is None or age > ttl else f"its record expires in {ttl - age:.0f}s")
+        probs.append(f"degraded: store unavailable for {down:.0f}s, the node's liveness cannot be renewed "
+                     f"({lv.get('lastError')}); {gone}; the datapath keeps forwarding on what is programmed")
+    elif age is None or age > ttl:
+        probs.append(f"the node's liveness was not renewed for {_secs(age)} (ttl {ttl:.0f}s)")
+    summary = (f"degraded: store unavailable, last renewal {_secs(age)}" if probs else
+               f"record held, renewed {_secs(age)} (ttl {ttl:.0f}s)")
+    return _sub("liveness", probs, summary, degraded=bool(probs), ttl=ttl, lastRenewedAge=age,
+                expired=lv.get("expired", 0))
+
+
 def endpoint_states(pods: list[dict[str, Any]], endpoints: dict[str, dict[str, Any]], now: float,
                     grace: float = ENDPOINT_GRACE_SECONDS) -> list[dict[str, Any]]:
     """Each local pod's endpoint state: ``ready`` (program attached, veth and delivery entries
@@ -200,6 +222,10 @@ def assemble(f: dict[str, Any], now: float | None = None) -> dict[str, Any]:
                      f"{_secs(_age(w.get('lastEvent'), now))}, lag {lag:.1f}s",
                      connected=bool(w.get("connected")), revision=w.get("revision"),
                      lastEventAge=_age(w.get("lastEvent"), now), lag=round(lag, 3)))
+
+    lv = f.get("liveness")
+    if lv is not None:
+        subs.append(liveness_check(lv, now))
 
     r = f["reconcile"]
     probs = [f"last pass failed: {r['lastError']}"] if r.get("lastError") else []
@@ -377,6 +403,11 @@ def _store_facts(agent: Any) -> dict[str, Any]:
     ipam: dict[str, Any] = {"blocks": [], "errors": []}
     seg: dict[str, Any] = {"count": 0, "local": 0, "errors": []}
     pods: list[dict[str, Any]] = []
+    keeper = getattr(agent, "liveness", None)
+    if keeper is not None and keeper.failing:
+        # every read would wait out its timeouts on every endpoint: the status would come too late
+        msg = f"not read: the store is unavailable ({keeper.last_error})"
+        return {"ipam": {**ipam, "errors": [msg]}, "segments": {**seg, "errors": [msg]}, "pods": pods}
     try:
         blocks = [b for b in store.list("ipblocks").items if b["spec"].get("node") == node]
         leases = [x["spec"] for x in store.list("ipleases").items if x["spec"].get("node") == node]
@@ -524,6 +555,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
         "node": agent.node, "version": __version__, "pid": os.getpid(), "started": st.get("started"),
         "watch": {"connected": w.connected, "revision": w.revision, "lastEvent": w.last_event, "lag": w.lag(),
                   "error": w.error},
+        "liveness": agent.liveness.facts() if getattr(agent, "liveness", None) is not None else None,
         "reconcile": {"reconciles": st.get("reconciles", 0), "errors": st.get("errors", 0),
                       "lastError": st.get("last_error"), "lastReconcile": st.get("last_reconcile")},
         "ipam": store["ipam"], "segments": store["segments"], "pods": store["pods"],

@@ -34,6 +34,7 @@ def facts(**over):
     f = {
         "node": "worker-1", "version": "0.1.0", "pid": 42, "started": NOW - 300,
         "watch": {"connected": True, "revision": 90, "lastEvent": NOW - 2, "lag": 0.0, "error": None},
+        "liveness": {"ttl": 10.0, "lastRenewed": NOW - 1, "lastError": None, "failingSince": None, "expired": 0},
         "reconcile": {"reconciles": 12, "errors": 0, "lastError": None, "lastReconcile": NOW - 1},
         "ipam": {"blocks": [{"network": "default", "cidr": "10.244.1.0/24", "leases": 3, "size": 256}], "errors": []},
         "segments": {"count": 4, "local": 2, "errors": []},
@@ -120,13 +121,28 @@ def test_assemble_healthy():
     doc = st.assemble(facts(), NOW)
     assert doc["healthy"] and doc["problems"] == []
     assert doc["endpoints"] == {"ready": 2, "total": 2}
-    assert [s["name"] for s in doc["subsystems"]] == ["store-watch", "reconcile", "ipam", "segments", "policy",
+    assert [s["name"] for s in doc["subsystems"]] == ["store-watch", "liveness", "reconcile", "ipam", "segments", "policy",
                                                       "services", "probes", "datapath", "flows", "mtu", "maps",
                                                       "endpoints"]
     assert sub(doc, "store-watch")["lastEventAge"] == 2
     assert sub(doc, "datapath")["summary"].endswith("2/2 pod programs attached")
     assert doc["uptime"] == 300 and doc["version"] == "0.1.0"
     json.dumps(doc)
+
+
+def test_assemble_liveness_degraded_when_the_store_is_unavailable():
+    f = facts(liveness={"ttl": 10.0, "lastRenewed": NOW - 4, "lastError": "cannot reach etcd at ...",
+                        "failingSince": NOW - 3, "expired": 0})
+    doc = st.assemble(f, NOW)
+    lv = sub(doc, "liveness")
+    assert not doc["healthy"] and lv["degraded"]
+    assert lv["reason"].startswith("degraded: store unavailable for 3s") and "expires in 6s" in lv["reason"]
+    assert "keeps forwarding on what is programmed" in lv["reason"]
+    f["liveness"].update(lastRenewed=NOW - 14, failingSince=NOW - 13)
+    assert "other nodes see this node as not ready" in sub(st.assemble(f, NOW), "liveness")["reason"]
+    f["liveness"].update(lastRenewed=NOW - 1, failingSince=None, lastError=None, expired=1)
+    lv = sub(st.assemble(f, NOW), "liveness")
+    assert lv["ok"] and lv["summary"] == "record held, renewed 1.0s ago (ttl 10s)" and lv["expired"] == 1
 
 
 def test_assemble_detached_pod_names_it():

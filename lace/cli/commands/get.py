@@ -47,6 +47,10 @@ def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     else:
         result = store.list(info.kind, namespace, args.selector)
         items, resource_version = result.items, result.resource_version
+    if info.kind == "Node" and items:
+        # readiness is the agents' liveness in the store, read now (lace.store.nodes)
+        from lace.store.nodes import with_ready
+        items = with_ready(items, store.node_liveness())
     if args.output in ("json", "yaml"):
         if len(names) == 1 and items:
             write_document(inv.stdout, items[0], args.output)

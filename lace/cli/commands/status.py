@@ -4,7 +4,9 @@ Runs ``node status -o json`` on each node at once (``lace.cli.fanout``: the lab 
 and host cgroup, or the lace-node pod on a cluster), prints each node's subsystems as ``node
 status`` does (``--verbose``: loops, maps, endpoints) and a cluster summary line (``3/3 nodes
 healthy``). A node whose agent does not answer is named with the reason, and the others are still
-shown. ``--wait`` asks again every half second until every node is healthy or ``--timeout`` runs
+shown. In a lab, each node's liveness record is also read from the store (``Store.node_liveness``,
+what ``lace get nodes`` shows as Ready): a node whose record expired — its agent dead, or cut
+off from the store — is not ready and so not healthy, even when its agent still answers here. ``--wait`` asks again every half second until every node is healthy or ``--timeout`` runs
 out, then prints the last answers.
 
 Exit status: 0 every node answered and is healthy; 1 a node is unhealthy or did not answer;
@@ -50,11 +52,14 @@ def register(subparsers: Any) -> None:
 
 @dataclass
 class NodeStatus(fanout.NodeDoc):
-    """One node's status document, or why it did not give one."""
+    """One node's status document, or why it did not give one; and whether the store holds its
+    liveness record (None: not known — a cluster, or the store could not be read)."""
+
+    live: bool | None = None
 
     @property
     def healthy(self) -> bool:
-        return self.doc is not None and bool(self.doc.get("healthy"))
+        return self.doc is not None and bool(self.doc.get("healthy")) and self.live is not False
 
 
 def parse_result(o: fanout.NodeOutput) -> NodeStatus:
@@ -67,11 +72,13 @@ def summary(results: list[NodeStatus]) -> str:
     ok = [r for r in results if r.healthy]
     parts = [f"{len(ok)}/{len(results)} nodes healthy"]
     for r in results:
+        expired = " (not ready: its liveness record expired)" if r.live is False else ""
         if r.doc is None:
-            parts.append(f"{r.node} did not answer: {r.error}")
+            parts.append(f"{r.node} did not answer: {r.error}{expired}")
         elif not r.healthy:
             failing = [s["name"] for s in r.doc["subsystems"] if not s["ok"]]
-            parts.append(f"{r.node}: {', '.join(failing) or 'unhealthy'} failing")
+            parts.append(f"{r.node}: {', '.join(failing) or 'unhealthy'} failing{expired}"
+                         if failing or not expired else f"{r.node}: not ready: its liveness record expired")
     return "; ".join(parts)
 
 
@@ -86,18 +93,41 @@ def report(results: list[NodeStatus], verbose: bool) -> str:
             out.append(f"{r.node}: did not answer: {r.error}\n" + (f"  hint: {r.hint}\n" if r.hint else ""))
         else:
             out.append(node_status.render(r.doc, verbose))
+        if r.live is False:
+            out.append(f"  NOT READY  the store holds no liveness record of {r.node}: other nodes and "
+                       "`lace get nodes` see it as down\n")
     return "".join(out) + summary(results) + "\n"
 
 
 def document(results: list[NodeStatus]) -> dict[str, Any]:
     return {"nodes": {r.node: r.doc for r in results if r.doc is not None},
             "unanswered": {r.node: {"error": r.error, "hint": r.hint} for r in results if r.doc is None},
-            "healthy": [r.node for r in results if r.healthy], "summary": summary(results)}
+            "healthy": [r.node for r in results if r.healthy],
+            "live": {r.node: r.live for r in results if r.live is not None}, "summary": summary(results)}
 
 
 def gather(args: argparse.Namespace, inv: Invocation, timeout: float) -> list[NodeStatus]:
     outs = fanout.run_nodes(args, inv, ["status", "-o", "json"], what="node status", timeout=timeout)
-    return [parse_result(o) for o in outs]
+    results = [parse_result(o) for o in outs]
+    live = _liveness(args, inv)
+    if live is not None:
+        for r in results:
+            r.live = r.node in live
+    return results
+
+
+def _liveness(args: argparse.Namespace, inv: Invocation) -> set[str] | None:
+    """The lab nodes whose liveness record the store holds; None on a cluster (the kubelet's
+    Lease is the apiserver's business) or when the store cannot be read (each agent's own
+    status then says whether it reaches the store)."""
+    from lace.cli.commands.exec import target
+    from lace.store.errors import StoreError
+    if target(args, inv.env) == "kubernetes":
+        return None
+    try:
+        return set(inv.store(args).node_liveness())
+    except StoreError:
+        return None
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
