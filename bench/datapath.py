@@ -15,6 +15,7 @@ Numbers are medians of interleaved rounds; on a noisy machine read the ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -190,13 +191,29 @@ def load_stage_programs(dp: Testbed) -> dict[int, tuple[object, object]]:
     return progs
 
 
+@functools.cache
+def flow_keys(src: str, dsts: tuple[tuple[str, int], ...], sports: range) -> tuple[bytes, ...]:
+    """The conntrack keys (network 1, TCP) of flows from src:sport to each (address, port)."""
+    n = len(sports) * len(dsts)
+    keys = np.zeros(n, dtype=CT4_KEY.dtype)
+    keys["network"] = 1
+    keys["saddr"] = np.full(n, int.from_bytes(socket.inet_aton(src), "big"), dtype=">u4").view("V4")
+    keys["daddr"] = np.repeat(np.array([int.from_bytes(socket.inet_aton(d), "big") for d, _ in dsts], dtype=">u4"),
+                              len(sports)).view("V4")
+    keys["dport"] = np.repeat(np.array([p for _, p in dsts], dtype=">u2"), len(sports))
+    keys["sport"] = np.tile(np.array(sports, dtype=">u2"), len(dsts))
+    keys["proto"] = 6
+    out = tuple(k.tobytes() for k in keys)
+    assert out[-1] == ct4_key(1, src, dsts[-1][0], sports[-1], dsts[-1][1], 6), "flow_keys disagrees with ct4_key"
+    return out
+
+
 def forget_flows(dp: Testbed, src: str, dsts: list[tuple[str, int]], sports: range) -> None:
     """Delete the conntrack entries flows from src:sport to each (address, port) left, so that the
-    next cut point's run meets them as new flows again."""
+    next run meets them as new flows again."""
     m = dp.m("ct-tcp-v4")
-    for sport in sports:
-        for daddr, dport in dsts:
-            m.delete(ct4_key(1, src, daddr, sport, dport, 6))
+    for key in flow_keys(src, tuple(dsts), sports):
+        m.delete(key)
 
 
 def stage_table(dp: Testbed, nf: NewFlows, base, ctx: bytes, est: bytes, new_pkt: bytes, svc_pkt: bytes,
