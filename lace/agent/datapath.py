@@ -38,6 +38,8 @@ HOST_PROGRAM = "lace_from_host"
 #: mappable u32 arrays (BPF_F_MMAPABLE): tables are read and written through the mapping, a
 #: memory copy each, where a batch syscall would copy a key and a value per entry
 TABLES = {"maglev": MAGLEV_SIZE}
+#: an array map's elements are 8-byte aligned in its memory: a u32 value is the low half of 8 bytes
+ARRAY_ALIGN = 8
 
 
 def pod_link_name(host_ifname: str) -> str:
@@ -65,6 +67,7 @@ class NodeDatapath:
         self._shadow: dict[str, Entries] = {}
         #: table maps' memory, mapped on first use (lace.agent.datapath.TABLES)
         self._mapped: dict[str, mmap.mmap] = {}
+        self._values: dict[str, np.ndarray] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -85,20 +88,26 @@ class NodeDatapath:
         return list(self.loaded.migrations) if self.loaded is not None else []
 
     def _unmap(self) -> None:
+        self._values.clear()
         for mm in self._mapped.values():
             mm.close()
         self._mapped.clear()
 
-    def _memory(self, cli_name: str) -> mmap.mmap:
-        """A table map's values, mapped (shared with the kernel and every program that reads it)."""
-        mm = self._mapped.get(cli_name)
-        if mm is None:
+    def _memory(self, cli_name: str) -> np.ndarray:
+        """A table map's u32 values, one per array element, in the map's own memory (shared with
+        the kernel and every program that reads it): writing them writes the map."""
+        values = self._values.get(cli_name)
+        if values is None:
             m = self.map(cli_name)
-            size = m.max_entries * m.value_size
+            if m.value_size != 4:
+                raise ValueError(f"{cli_name}: a table map holds u32 values, not {m.value_size}-byte ones")
+            size = m.max_entries * ARRAY_ALIGN
             mm = mmap.mmap(m.fd, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE, mmap.MAP_SHARED,
                            mmap.PROT_READ | mmap.PROT_WRITE)
             self._mapped[cli_name] = mm
-        return mm
+            values = np.frombuffer(mm, dtype=np.uint32, count=2 * m.max_entries)[::2]
+            self._values[cli_name] = values
+        return values
 
     def close(self) -> None:
         self._unmap()
@@ -199,7 +208,7 @@ class NodeDatapath:
             return self._objects(cli_name).entries(cli_name)
         # a table map: whole tables that hold anything (an all-zero table is no table; 0 is unused)
         count = self.map(cli_name).max_entries // size
-        tables = np.frombuffer(self._memory(cli_name), dtype=np.uint32, count=count * size).reshape(count, size)
+        tables = self._memory(cli_name)[:count * size].reshape(count, size)
         return {struct.pack("<I", t): tables[t].tobytes() for t in np.flatnonzero(tables[1:].any(axis=1)) + 1}
 
     def apply(self, changes: dict[str, MapChanges], order: Sequence[str]) -> None:
@@ -231,8 +240,8 @@ class NodeDatapath:
             if memory is None:
                 m.update(k, v)
             else:
-                first = struct.unpack("<I", k)[0] * size * 4
-                memory[first:first + len(v)] = v
+                first = struct.unpack("<I", k)[0] * size
+                memory[first:first + size] = np.frombuffer(v, dtype=np.uint32)
             if shadow is not None:
                 shadow[k] = v
 
@@ -245,7 +254,7 @@ class NodeDatapath:
             if memory is None:
                 m.delete(k)
             else:   # array slots cannot be deleted: a table is cleared to zeros
-                first = struct.unpack("<I", k)[0] * size * 4
-                memory[first:first + size * 4] = bytes(size * 4)
+                first = struct.unpack("<I", k)[0] * size
+                memory[first:first + size] = 0
             if shadow is not None:
                 shadow.pop(k, None)

@@ -45,6 +45,14 @@ def programmed(lab, vip: str, active: int, nodes=NODES) -> None:
     wait_until(ready, f"{vip} programmed with {active} active backends on {', '.join(nodes)}", timeout=30)
 
 
+def incremental_passes(lab) -> dict[str, float]:
+    """Per node, how many incremental service passes its agent ran (lace.agent.servicesync)."""
+    _, out, _ = lab.lace("metrics", "-o", "json")
+    family = "lace_agent_service_sync_duration_seconds"
+    return {node: next(s["value"] for s in doc[family]["samples"] if s["name"] == f"{family}_count")
+            for node, doc in json.loads(out)["nodes"].items()}
+
+
 def answers(lab, client: str, vip: str, count: int, sport: int | None = None) -> list[str]:
     argv = [*NETCHECK, "tcp", vip, "80", "--count", str(count)]
     if sport:
@@ -112,6 +120,7 @@ def test_same_vip_in_two_networks_reaches_each_networks_backends(lab, ns):
 def test_no_backend_is_refused_with_a_named_drop(lab, ns):
     lab.apply([pod("lonely", ns, "worker-2")])
     lab.wait(ns, ["lonely"])
+    passes = incremental_passes(lab)
     lab.apply([service("empty", ns, {"app": "nobody"})])
     v4, v6 = vips(lab, ns, "empty")
     for vip in (v4, v6):
@@ -122,6 +131,10 @@ def test_no_backend_is_refused_with_a_named_drop(lab, ns):
         assert time.monotonic() - t0 < 2.5
     flows = node_json(lab, "worker-2", "trace", "flow", "--last", "300", "--verdict", "drop")
     assert any(f["reason"] == "service-no-backend" for f in flows["flows"]), flows
+    # only a Service (and its empty slices) changed: the agents programmed it by an incremental pass
+    # (a full pass that happened to run meanwhile may take some of it, but not on every node)
+    now = incremental_passes(lab)
+    assert any(now[n] > passes[n] for n in now), (passes, now)
 
 
 def test_kept_connection_survives_backend_scale_down_and_maglev_keeps_flows(lab, ns):
