@@ -9,7 +9,16 @@ code:
 - ``etcd://HOST:PORT[,HOST:PORT...][/PREFIX][?netns=NAME]`` — an etcd v3 cluster: its members'
   client endpoints, the key prefix (default ``/lace``), and the network namespace the client's
   sockets are made in (a process outside the lab reaches the lab's etcd without it listening
-  anywhere else).
+  anywhere else);
+- ``k8s://[CONTEXT][?kubeconfig=PATH&namespace=NS&netns=NAME]`` — a Kubernetes cluster
+  (``kubernetes.py``): the kubeconfig context (default: the current one; inside a pod with no
+  context and no kubeconfig, the pod's service account), lace's own namespace for its counters and
+  liveness Leases (default ``lace-system``) and, as for etcd, the network namespace client sockets
+  are made in.
+
+The backend also says who runs which controllers (``StoreConfig.platform``): on Kubernetes the
+apiserver allocates ClusterIPs and NodePorts and the controller manager writes EndpointSlices, so
+lace's own allocators for Services and its EndpointSlice controller run only in the lab.
 
 A lab's state directory says which store the lab has: the spec in its ``store.spec`` file
 (written by ``lace lab up --store etcd``), else its ``store.db`` (``lab_store``).
@@ -31,10 +40,14 @@ from lace.store.errors import StoreError
 if TYPE_CHECKING:
     from lace.store.api import Store
 
-BACKENDS = ("sqlite", "etcd")
+BACKENDS = ("sqlite", "etcd", "k8s")
 #: in a lab's state directory: the spec of its store when it is not the ``store.db`` beside it
 SPEC_FILE = "store.spec"
 DEFAULT_ETCD_PREFIX = "/lace"
+DEFAULT_K8S_NAMESPACE = "lace-system"
+#: ``StoreConfig.platform``: lace is the API (the lab), or Kubernetes is
+PLATFORM_LAB = "lab"
+PLATFORM_KUBERNETES = "kubernetes"
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,16 @@ class StoreConfig:
     endpoints: tuple[str, ...] = ()
     prefix: str = DEFAULT_ETCD_PREFIX
     netns: str | None = None
+    #: k8s: the kubeconfig context ("" = current / in-cluster), kubeconfig file, lace's namespace
+    context: str = ""
+    kubeconfig: str | None = None
+    namespace: str = DEFAULT_K8S_NAMESPACE
+
+    @property
+    def platform(self) -> str:
+        """Who owns Services' addresses and EndpointSlices: ``kubernetes`` (the apiserver and the
+        controller manager) or ``lab`` (lace's allocators and its EndpointSlice controller)."""
+        return PLATFORM_KUBERNETES if self.backend == "k8s" else PLATFORM_LAB
 
     @classmethod
     def parse(cls, spec: str | os.PathLike[str]) -> StoreConfig:
@@ -64,16 +87,35 @@ class StoreConfig:
             prefix = url.path.rstrip("/") or DEFAULT_ETCD_PREFIX
             return cls("etcd", endpoints=endpoints, prefix=prefix,
                        netns=query["netns"][-1] if "netns" in query else None)
+        if text.startswith(("k8s://", "kubernetes://")):
+            url = urllib.parse.urlsplit(text)
+            query = urllib.parse.parse_qs(url.query)
+            unknown = set(query) - {"kubeconfig", "namespace", "netns"}
+            if unknown or url.path.strip("/"):
+                what = f'unknown option(s) {", ".join(sorted(unknown))}' if unknown else f'"{url.path}"'
+                raise StoreError(f'store spec "{text}": {what}',
+                                 hint="write k8s://[CONTEXT][?kubeconfig=PATH&namespace=NS&netns=NAME]")
+            return cls("k8s", context=urllib.parse.unquote(url.netloc),
+                       kubeconfig=query["kubeconfig"][-1] if "kubeconfig" in query else None,
+                       namespace=query["namespace"][-1] if "namespace" in query else DEFAULT_K8S_NAMESPACE,
+                       netns=query["netns"][-1] if "netns" in query else None)
         if text.startswith("sqlite:"):
             text = text[len("sqlite:"):]
         if not text or "://" in text:
             raise StoreError(f'"{text}" is not a store spec',
-                             hint="give a SQLite file path or etcd://HOST:PORT[/PREFIX][?netns=NAME]")
+                             hint="give a SQLite file path, etcd://HOST:PORT[/PREFIX][?netns=NAME] "
+                                  "or k8s://[CONTEXT][?kubeconfig=PATH]")
         return cls("sqlite", path=text)
 
     def __str__(self) -> str:
         if self.backend == "sqlite":
             return self.path
+        if self.backend == "k8s":
+            query = {k: v for k, v in (("kubeconfig", self.kubeconfig), ("namespace", self.namespace),
+                                       ("netns", self.netns))
+                     if v is not None and not (k == "namespace" and v == DEFAULT_K8S_NAMESPACE)}
+            return f"k8s://{urllib.parse.quote(self.context, safe='')}" + (
+                "?" + urllib.parse.urlencode(query, safe="/") if query else "")
         spec = f"etcd://{','.join(self.endpoints)}{self.prefix}"
         return spec + (f"?netns={self.netns}" if self.netns else "")
 
@@ -86,18 +128,26 @@ class StoreConfig:
         """A phrase for messages: where this store is."""
         if self.backend == "sqlite":
             return f"the SQLite store {self.path}"
+        if self.backend == "k8s":
+            return (f"the Kubernetes cluster of context {self.context}" if self.context
+                    else "the Kubernetes cluster of the current context (or in-cluster)")
         where = f"etcd at {', '.join(self.endpoints)} (prefix {self.prefix})"
         return where + (f" from network namespace {self.netns}" if self.netns else "")
 
 
 def open_store(config: StoreConfig | str | os.PathLike[str], *,
                poll_interval: float | None = None) -> Store:
-    """The Store a spec names: SqliteStore for a path, EtcdStore for ``etcd://``.
+    """The Store a spec names: SqliteStore for a path, EtcdStore for ``etcd://``,
+    KubernetesStore for ``k8s://``.
 
     ``poll_interval`` is the SQLite watch's polling period (an etcd watch is pushed to, it has
     none).
     """
     cfg = config if isinstance(config, StoreConfig) else StoreConfig.parse(config)
+    if cfg.backend == "k8s":
+        from lace.store.kubernetes import open_kubernetes
+        return open_kubernetes(kubeconfig=cfg.kubeconfig, context=cfg.context or None,
+                               namespace=cfg.namespace, netns=cfg.netns)
     if cfg.backend == "etcd":
         from lace.store.etcd import EtcdStore
         return EtcdStore(list(cfg.endpoints), prefix=cfg.prefix, netns=cfg.netns)
