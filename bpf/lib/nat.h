@@ -132,9 +132,7 @@ static __always_inline int nat_rewrite_echo_id(struct __sk_buff *skb, __u32 l4_o
 		return 0;
 	if (bpf_l4_csum_replace(skb, l4_off + 2, from, to, sizeof(to)) < 0)
 		return LACE_DROP_NAT_FAILED;
-	if (bpf_skb_store_bytes(skb, l4_off + 4, &to, sizeof(to), 0) < 0)
-		return LACE_DROP_NAT_FAILED;
-	return 0;
+	return pkt_store16(skb, l4_off + 4, to);
 }
 
 /* In an ICMP error (f: the error, its transport header at l4_off), rewrite one side (NAT_SRC or
