@@ -439,3 +439,40 @@ def test_desired_state_is_the_labs_translation(cluster: Cluster, tmp_path) -> No
         assert got == want
     finally:
         lab.close()
+
+
+# ---- the operator ------------------------------------------------------------------------------
+
+
+def test_operator_pass_allocates_what_kubernetes_does_not(cluster: Cluster) -> None:
+    from lace.operator.operator import Options, reconcile
+    del cluster.api.objects[LACE + "networks"][("", "default")]   # a fresh cluster: no default Network
+    cluster.api.put(LACE + "networks", {"apiVersion": K.LACE_API_VERSION, "kind": "Network",
+                                        "metadata": {"name": "red"}, "spec": {"cidrs": ["10.10.0.0/16"]}})
+    store = cluster.store()
+    first = reconcile(store, Options())
+    assert first.networks == ["default", "red"] and first.nodes == ["worker-3"]
+    assert sorted(first.blocks) == sorted(f"worker-{i}:{b}" for i, b in (
+        (1, "10.244.0.0/24"), (1, "fd00:10:244::/112"), (2, "10.244.1.0/24"), (2, "fd00:10:244::1:0/112"),
+        (3, "10.244.2.0/24"), (3, "fd00:10:244::2:0/112")))
+    node = cluster.api.objects[NODES][("", "worker-3")]
+    ann = node["metadata"]["annotations"]
+    assert ann[K.UNDERLAY_ANNOTATION] == "fd5e:ff::3" and ann[K.NODE_ID_ANNOTATION] == "3"   # 1 and 2 are taken
+    assert ann[K.LOCATOR_ANNOTATION] == "fd5e:c000:3::/48"
+    assert store.get("networks", "red")["status"]["id"] == 2
+    # level-triggered: a second pass finds nothing to do
+    again = reconcile(store, Options())
+    assert (again.networks, again.nodes, again.blocks) == ([], [], [])
+
+
+def test_leader_election_has_one_leader(cluster: Cluster) -> None:
+    from lace.operator.leader import LeaderElector
+    store = cluster.store()
+    a = LeaderElector(store.api, "lace-system", "lace-operator", "op-a", lease_duration=2)
+    b = LeaderElector(store.api, "lace-system", "lace-operator", "op-b", lease_duration=2)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    time.sleep(2.1)   # a stops renewing: its lease runs out and b takes over
+    assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
+    b.release()
+    assert a.try_acquire_or_renew()

@@ -1,0 +1,112 @@
+"""The operator's reconcile pass: idempotent, level-triggered, one allocation per object.
+
+Each pass reads Networks, Nodes and the default network's blocks from the store and fixes what is
+missing; running it twice changes nothing the second time, so a new leader just runs it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+from typing import Any
+
+from lace.store import allocate
+from lace.store import kinds as K
+from lace.store.errors import StoreError
+from lace.store.kubernetes import KubernetesStore
+
+log = logging.getLogger("lace.operator")
+NODE_IDS = "next_node_id"
+FIRST_NODE_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The operator's options (the lace-config ConfigMap)."""
+
+    #: the cluster's locator block; node i gets the i-th subnet of ``locator_prefixlen``
+    locator_block: str = "fd5e:c000::/32"
+    locator_prefixlen: int = 48
+
+
+@dataclasses.dataclass
+class PassResult:
+    """What one pass did, for logs and tests."""
+
+    networks: list[str] = dataclasses.field(default_factory=list)
+    nodes: list[str] = dataclasses.field(default_factory=list)
+    blocks: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+def underlay_address(node: dict) -> ipaddress.IPv6Address | None:
+    """The node's IPv6 InternalIP (SRv6 runs over the IPv6 underlay)."""
+    for a in (node.get("status") or {}).get("addresses") or ():
+        if a.get("type") == "InternalIP":
+            try:
+                addr = ipaddress.ip_address(a.get("address", ""))
+            except ValueError:
+                continue
+            if isinstance(addr, ipaddress.IPv6Address):
+                return addr
+    return None
+
+
+def locator(options: Options, node_id: int) -> str:
+    block = ipaddress.IPv6Network(options.locator_block)
+    size = 1 << (options.locator_prefixlen - block.prefixlen)
+    if node_id >= size:
+        raise StoreError(f"node ID {node_id} has no locator left in {block} (/{options.locator_prefixlen} each)",
+                         hint="give the cluster a larger locatorBlock")
+    return str(ipaddress.IPv6Network((int(block.network_address) + (node_id << (128 - options.locator_prefixlen)),
+                                      options.locator_prefixlen)))
+
+
+def reconcile(store: KubernetesStore, options: Options) -> PassResult:
+    """One pass (see the module docstring)."""
+    out = PassResult()
+    out.networks = [o["metadata"]["name"] for o in store.ensure_builtins()]
+    for net in store.list("networks").items:
+        if "id" in (net.get("status") or {}):
+            continue
+        name = net["metadata"]["name"]
+        new_id = store.backend.run(lambda txn: allocate.network_id(txn, name))
+        store.update_status("networks", name, None, {**(net.get("status") or {}), "id": new_id},
+                            resource_version=net["metadata"]["resourceVersion"])
+        out.networks.append(name)
+    default = store.get("networks", K.DEFAULT_NETWORK)
+    cidrs = [ipaddress.ip_network(c) for c in default["spec"]["cidrs"]]
+    held = {(b["spec"]["node"], ipaddress.ip_network(b["spec"]["cidr"]).version)
+            for b in store.list("ipblocks").items if b["spec"]["network"] == K.DEFAULT_NETWORK}
+    nodes = store.list("nodes").items
+    # IDs nodes already carry (given by hand, or by an earlier operator): never handed out again
+    used = {(n["metadata"].get("annotations") or {}).get(K.NODE_ID_ANNOTATION) for n in nodes}
+    for node in nodes:
+        name = node["metadata"]["name"]
+        ann = node["metadata"].get("annotations") or {}
+        if K.NODE_ID_ANNOTATION not in ann or K.LOCATOR_ANNOTATION not in ann:
+            underlay = underlay_address(node)
+            if underlay is None:
+                log.warning('Node "%s" has no IPv6 InternalIP: lace needs an IPv6 underlay; skipped', name)
+                out.skipped.append(name)
+                continue
+            node_id = store.backend.run(lambda txn: txn.next_value(NODE_IDS, FIRST_NODE_ID))
+            while str(node_id) in used:
+                node_id = store.backend.run(lambda txn: txn.next_value(NODE_IDS, FIRST_NODE_ID))
+            used.add(str(node_id))
+            node["metadata"]["annotations"] = {**ann, K.NODE_ID_ANNOTATION: str(node_id),
+                                               K.LOCATOR_ANNOTATION: locator(options, node_id),
+                                               K.UNDERLAY_ANNOTATION: str(underlay)}
+            store.update(node)
+            out.nodes.append(name)
+        for cidr in cidrs:
+            if (name, cidr.version) in held:
+                continue
+            block = store.allocate_block(K.DEFAULT_NETWORK, name, cidr.version, allocate.block_prefixlen(cidr))
+            out.blocks.append(f"{name}:{block}")
+    return out
+
+
+def summary(result: PassResult) -> dict[str, Any]:
+    return dataclasses.asdict(result)
