@@ -18,6 +18,7 @@ every 20 ms and are woken at once by writes of their own process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import copy
 import os
 import sqlite3
@@ -34,10 +35,17 @@ from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import Gone, StoreError, Unavailable
 
+log = logging.getLogger("lace.store")
+
 SCHEMA_VERSION = 1
 DEFAULT_MAX_EVENTS = 10_000
 COMPACT_EVERY = 100
+#: how often a watch asks SQLite for new events when nothing wakes it (no inotify)
 POLL_INTERVAL = 0.02
+#: how long a watch woken by file events sleeps between looks when nothing wakes it
+WAKE_SAFETY = 1.0
+#: a wake-up may arrive a moment before the commit it announces is visible: look again once
+SETTLE = 0.002
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -61,9 +69,11 @@ def _dumps(obj: Any) -> bytes:
 
 
 class _Notifier:
-    """Wakes this process's watches when this process commits a write to the same file."""
+    """Wakes this process's watches on one store file: at once when this process commits a write
+    to it, and through :class:`_FileWakes` when another process does."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str) -> None:
+        self.path = path
         self.cond = threading.Condition()
         self.counter = 0
 
@@ -79,7 +89,96 @@ _NOTIFIERS_LOCK = threading.Lock()
 
 def _notifier(path: str) -> _Notifier:
     with _NOTIFIERS_LOCK:
-        return _NOTIFIERS.setdefault(path, _Notifier())
+        return _NOTIFIERS.setdefault(path, _Notifier(path))
+
+
+class _FileWakes:
+    """Other processes' commits, noticed without polling: a commit appends to the store's
+    write-ahead log (``<file>-wal``), and one inotify instance and one thread per process turn
+    each append into a wake-up of that store's watches. An idle watch then sleeps (WAKE_SAFETY
+    between looks) instead of asking SQLite every POLL_INTERVAL.
+
+    Watched stores are counted per file and directories per watched file, so a directory is
+    watched only while some watch of a store in it is open (the instance and its thread stay)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ino: Any = None
+        self._failed = False
+        self._users: dict[str, int] = {}            # store file -> open watches
+        self._dirs: dict[str, int] = {}             # directory -> watch descriptor
+        self._by_wd: dict[int, str] = {}
+
+    def acquire(self, path: str) -> bool:
+        """Wake ``path``'s watches on other processes' commits; False when inotify cannot (the
+        watch then polls)."""
+        with self._lock:
+            if self._failed:
+                return False
+            try:
+                if self._ino is None:
+                    from inotify_simple import INotify
+                    self._ino = INotify()
+                    threading.Thread(target=self._run, args=(self._ino,), name="store-wakes", daemon=True).start()
+                directory = os.path.dirname(path)
+                if directory not in self._dirs:
+                    from inotify_simple import flags
+                    wd = self._ino.add_watch(directory, flags.MODIFY | flags.CREATE | flags.MOVED_TO)
+                    self._dirs[directory] = wd
+                    self._by_wd[wd] = directory
+            except (OSError, ImportError) as err:   # no inotify (or out of instances): poll
+                log.info("store watches poll every %.0f ms: %s", POLL_INTERVAL * 1000, err)
+                self._failed = True
+                return False
+            self._users[path] = self._users.get(path, 0) + 1
+            return True
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            left = self._users.get(path, 0) - 1
+            if left > 0:
+                self._users[path] = left
+                return
+            self._users.pop(path, None)
+            directory = os.path.dirname(path)
+            if any(os.path.dirname(p) == directory for p in self._users):
+                return
+            wd = self._dirs.pop(directory, None)
+            if wd is not None:
+                self._by_wd.pop(wd, None)
+                with contextlib.suppress(OSError):
+                    self._ino.rm_watch(wd)
+
+    def _run(self, ino: Any) -> None:
+        while True:
+            try:
+                events = ino.read()
+            except OSError as err:
+                log.warning("store watches: inotify failed (%s): polling from now on", err)
+                with self._lock:
+                    self._failed = True
+                for n in list(_NOTIFIERS.values()):
+                    n.notify()
+                return
+            woken = set()
+            with self._lock:
+                for ev in events:
+                    directory = self._by_wd.get(ev.wd)
+                    if directory is None or not ev.name:
+                        continue
+                    name = ev.name[:-4] if ev.name.endswith("-wal") else ev.name
+                    path = os.path.join(directory, name)
+                    if path in self._users:
+                        woken.add(path)
+            for path in woken:
+                _notifier(path).notify()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+
+_FILE_WAKES = _FileWakes()
 
 
 class _Rollback(Exception):
@@ -364,6 +463,7 @@ class SqliteWatch(Watch):
             raise _translate(err, backend.path) from None
         self._last = int(meta["revision"]) if since is None else since
         self._check_compacted(int(meta["compacted"]))
+        self._woken = _FILE_WAKES.acquire(backend.path)
 
     def _check_compacted(self, compacted: int) -> None:
         if self._last < compacted:
@@ -376,6 +476,9 @@ class SqliteWatch(Watch):
         self._backend._notifier.notify()
 
     def _close(self) -> None:
+        if self._woken:
+            self._woken = False
+            _FILE_WAKES.release(self._backend.path)
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
 
@@ -410,6 +513,7 @@ class SqliteWatch(Watch):
 
     def __next__(self) -> WatchEvent:
         notifier = self._backend._notifier
+        settle = False
         while True:
             if self._buffer:
                 return self._buffer.popleft()
@@ -421,7 +525,15 @@ class SqliteWatch(Watch):
             self._fetch()
             if self._buffer:
                 continue
-            wait = self._backend.poll_interval
+            if settle:
+                # woken, and nothing new yet: the commit's last step (the WAL index in shared
+                # memory) raises no file event, so look once more a moment later
+                settle = False
+                wait = SETTLE
+            elif self._woken and not _FILE_WAKES.failed:
+                wait = WAKE_SAFETY
+            else:
+                wait = self._backend.poll_interval
             if self._deadline is not None:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
@@ -431,3 +543,4 @@ class SqliteWatch(Watch):
             with notifier.cond:
                 if notifier.counter == seen:
                     notifier.cond.wait(wait)
+                settle = notifier.counter != seen and wait != SETTLE

@@ -1,0 +1,57 @@
+"""The embedded store's watches sleep while nothing is written and wake on another process's
+commit at once (inotify on the write-ahead log), instead of asking SQLite every few ms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+from lace.store import SqliteStore
+from lace.store import sqlite as sq
+
+WRITER = """
+import sys
+from lace.store import SqliteStore
+s = SqliteStore(sys.argv[1])
+s.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": sys.argv[2]}})
+s.close()
+"""
+
+
+def test_an_idle_watch_sleeps_and_another_process_commit_wakes_it(tmp_path, monkeypatch):
+    # the safety net far away: only a file event can bring the other process's write in time
+    monkeypatch.setattr(sq, "WAKE_SAFETY", 60.0)
+    path = tmp_path / "store.db"
+    store = SqliteStore(path)
+    fetches = []
+    real = sq.SqliteWatch._fetch
+
+    def counted(self):
+        fetches.append(time.monotonic())
+        return real(self)
+    monkeypatch.setattr(sq.SqliteWatch, "_fetch", counted)
+    got: list = []
+    w = store.watch(["namespaces"])
+    reader = threading.Thread(target=lambda: got.extend(ev.object["metadata"]["name"] for ev in w))
+    reader.start()
+    try:
+        time.sleep(1.0)
+        idle = len(fetches)
+        assert idle <= 3, f"an idle watch looked {idle} times in 1 s (polling, not sleeping)"
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", WRITER, str(path), "from-elsewhere"], check=True, timeout=60,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+        deadline = time.monotonic() + 20
+        while "from-elsewhere" not in got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "from-elsewhere" in got, "another process's commit did not wake the watch"
+        assert time.monotonic() - t0 < 20
+    finally:
+        w.stop()
+        reader.join(10)
+        store.close()
+    assert not reader.is_alive()
+    # the store's directory is no longer watched once its last watch closed
+    assert str(tmp_path) not in sq._FILE_WAKES._dirs
