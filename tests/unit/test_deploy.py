@@ -148,3 +148,18 @@ def test_rbac_is_least_privilege() -> None:
     node_writes = {r for rule in roles[("ClusterRole", "lace-node")] if "create" in rule["verbs"]
                    for r in rule["resources"]}
     assert node_writes == {"segments", "ipblocks", "ipleases"}
+
+
+def test_lace_exec_finds_the_pod_the_chart_makes() -> None:
+    """`lace exec --node N --context C` looks for the lace-node pod where deploy/ puts it, and the
+    node command inside finds its pins, node, store and agent socket in the container's env."""
+    from lace.cli.commands import exec as lexec
+
+    docs = render_manifests.render_chart(namespace=lexec.NODE_POD_NAMESPACE)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    key, _, value = lexec.NODE_POD_SELECTOR.partition("=")
+    assert ds["metadata"]["namespace"] == lexec.NODE_POD_NAMESPACE == render_manifests.NAMESPACE
+    assert ds["spec"]["template"]["metadata"]["labels"][key] == value
+    agent = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == lexec.NODE_CONTAINER)
+    env = {e["name"] for e in agent["env"]}
+    assert {"LACE_PIN_ROOT", "LACE_STORE", "LACE_NODE", "LACE_AGENT_SOCKET"} <= env

@@ -82,7 +82,7 @@ class FakeResp:
 def test_pod_selection() -> None:
     core = FakeCore([pod("lace-node-a", "w1"), pod("lace-node-b", "w2"), pod("lace-node-c", "w2", "Pending")])
     assert lexec.find_node_pod(core, "w2") == "lace-node-b"
-    assert core.calls[-1] == ("kube-system", "app=lace-node", "spec.nodeName=w2")
+    assert core.calls[-1] == ("lace-system", "app.kubernetes.io/name=lace-node", "spec.nodeName=w2")
     with pytest.raises(NotFoundError):
         lexec.find_node_pod(core, "w9")
 
@@ -100,6 +100,6 @@ def test_exec_kubernetes_passes_output_and_status() -> None:
     rc = lexec.exec_kubernetes("w1", ["node", "-n", "bpf", "show", "routing"], inv, core=core, stream_fn=stream)
     assert rc == 3
     assert out.getvalue() == "routing table\n" and err.getvalue() == "warn\n"
-    assert seen["name"] == "lace-node-a" and seen["namespace"] == "kube-system"
+    assert seen["name"] == "lace-node-a" and seen["namespace"] == "lace-system"
     assert seen["command"] == ["node", "-n", "bpf", "show", "routing"] and seen["tty"] is False
     assert lexec.exit_code({"status": "Success"}) == 0

@@ -9,8 +9,12 @@ namespace alone.
 
 On a Kubernetes cluster (no lab selected and a kubeconfig context given with ``--context`` or
 KUBECONFIG, or LACE_TARGET=kubernetes): the equivalent of ``kubectl exec`` into the lace-node pod
-on that node (label ``app=lace-node``, ``spec.nodeName``, namespace kube-system), through the
-official Kubernetes client's ``stream`` API; output and exit status are returned.
+on that node (``spec.nodeName``), through the
+official Kubernetes client's ``stream`` API; output and exit status are returned. The pod is the
+one deploy/ installs: label ``app.kubernetes.io/name=lace-node`` in lace's namespace (``lace-system``,
+or ``--namespace`` for a chart installed elsewhere), container ``agent``, whose environment
+(LACE_PIN_ROOT, LACE_STORE, LACE_NODE, LACE_AGENT_SOCKET) points the node command at the node's
+pins, the cluster and the agent's socket.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from lace.cli.invocation import Invocation
 from lace.cli.status import ExitStatus
 from lace.store.config import lab_store
 
-NODE_POD_NAMESPACE = "kube-system"
-NODE_POD_SELECTOR = "app=lace-node"
-NODE_CONTAINER = "lace-node"
+#: where deploy/ (the Helm chart's default namespace, the plain manifests) runs the lace-node pods
+NODE_POD_NAMESPACE = "lace-system"
+NODE_POD_SELECTOR = "app.kubernetes.io/name=lace-node"
+NODE_CONTAINER = "agent"
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--node", required=True, metavar="NODE", help="the node to run in")
     p.add_argument("--context", default=None, metavar="CONTEXT",
                    help="kubeconfig context: run in the cluster's lace-node pod instead of a lab")
+    p.add_argument("--namespace", default=NODE_POD_NAMESPACE, metavar="NS",
+                   help=f"on a cluster: the namespace lace is installed in (default {NODE_POD_NAMESPACE})")
     cli_args.add_lab_option(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- node ...")
     p.set_defaults(handler=run_exec)
@@ -74,7 +81,7 @@ def target(args: argparse.Namespace, env: Mapping[str, str]) -> str:
 def run_exec(args: argparse.Namespace, inv: Invocation) -> int:
     cmd = node_command(args.cmd)
     if target(args, inv.env) == "kubernetes":
-        return exec_kubernetes(args.node, cmd, inv, context=args.context)
+        return exec_kubernetes(args.node, cmd, inv, context=args.context, namespace=args.namespace)
     return exec_lab(args, cmd, inv)
 
 
@@ -133,22 +140,23 @@ def exec_lab(args: argparse.Namespace, cmd: list[str], inv: Invocation) -> int:
 
 # ---- Kubernetes ------------------------------------------------------------------------------------
 
-def find_node_pod(core: Any, node: str) -> str:
+def find_node_pod(core: Any, node: str, namespace: str = NODE_POD_NAMESPACE) -> str:
     """The name of the running lace-node pod on ``node`` (CoreV1Api-like ``core``)."""
-    pods = core.list_namespaced_pod(NODE_POD_NAMESPACE, label_selector=NODE_POD_SELECTOR,
+    pods = core.list_namespaced_pod(namespace, label_selector=NODE_POD_SELECTOR,
                                     field_selector=f"spec.nodeName={node}")
     items = [p for p in pods.items if getattr(p.spec, "node_name", None) == node]
     running = [p for p in items if getattr(p.status, "phase", None) == "Running"]
     if not running:
         raise NotFoundError(f"no running lace-node pod on node {node} "
-                            f"(namespace {NODE_POD_NAMESPACE}, label {NODE_POD_SELECTOR})",
-                            hint=f"kubectl -n {NODE_POD_NAMESPACE} get pods -l {NODE_POD_SELECTOR} -o wide")
+                            f"(namespace {namespace}, label {NODE_POD_SELECTOR})",
+                            hint=f"kubectl -n {namespace} get pods -l {NODE_POD_SELECTOR} -o wide; "
+                                 "installed elsewhere? pass --namespace")
     return str(sorted(p.metadata.name for p in running)[0])
 
 
-def exec_request(pod: str, cmd: list[str]) -> dict[str, Any]:
+def exec_request(pod: str, cmd: list[str], namespace: str = NODE_POD_NAMESPACE) -> dict[str, Any]:
     """The keyword arguments of the ``connect_get_namespaced_pod_exec`` stream call."""
-    return {"name": pod, "namespace": NODE_POD_NAMESPACE, "container": NODE_CONTAINER, "command": cmd,
+    return {"name": pod, "namespace": namespace, "container": NODE_CONTAINER, "command": cmd,
             "stderr": True, "stdin": False, "stdout": True, "tty": False, "_preload_content": False}
 
 
@@ -168,7 +176,7 @@ def exit_code(status: Any) -> int:
 
 
 def exec_kubernetes(node: str, cmd: list[str], inv: Invocation, *, context: str | None = None,
-                    core: Any = None, stream_fn: Any = None) -> int:
+                    namespace: str = NODE_POD_NAMESPACE, core: Any = None, stream_fn: Any = None) -> int:
     try:
         from kubernetes import client, config
         from kubernetes.stream import stream
@@ -183,8 +191,8 @@ def exec_kubernetes(node: str, cmd: list[str], inv: Invocation, *, context: str 
         core = client.CoreV1Api()
     stream_fn = stream_fn or stream
     try:
-        pod = find_node_pod(core, node)
-        resp = stream_fn(core.connect_get_namespaced_pod_exec, **exec_request(pod, cmd))
+        pod = find_node_pod(core, node, namespace)
+        resp = stream_fn(core.connect_get_namespaced_pod_exec, **exec_request(pod, cmd, namespace))
         while resp.is_open():
             resp.update(timeout=1)
             if resp.peek_stdout():
