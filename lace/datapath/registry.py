@@ -18,6 +18,8 @@ from lace.datapath.common import Family, Proto
 
 #: BPF_F_NO_PREALLOC (uapi): LPM tries require it
 BPF_F_NO_PREALLOC = 1
+#: BPF_F_MMAPABLE (uapi): an array the agent reads and writes through memory (the maglev tables)
+BPF_F_MMAPABLE = 1 << 10
 
 KeyDecoder = Callable[[bytes], dict[str, Any]]
 #: value decoders also get the raw key: some values need its family to render addresses
@@ -103,7 +105,7 @@ _MAPS: tuple[MapDef, ...] = (
            "backend ID -> backend address, port and network",
            decode_key=services.decode_backend_key, decode_value=_value(services.decode_backend)),
     MapDef("maglev", "lace_maglev", "array", services.MAGLEV_KEY, services.MAGLEV_VALUE, services.MAGLEV_MAX,
-           "each multi-backend service's Maglev table: index -> backend ID"),
+           "each multi-backend service's Maglev table: index -> backend ID", map_flags=BPF_F_MMAPABLE),
     MapDef("affinity", "lace_affinity", "lru_hash", services.AFFINITY_KEY, services.AFFINITY,
            services.AFFINITY_MAX, "(service, client network and address) -> backend (sessionAffinity ClientIP)",
            decode_key=services.decode_affinity_key, decode_value=_value(services.decode_affinity)),
