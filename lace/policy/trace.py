@@ -90,6 +90,55 @@ def _pick_ip(pod: PodInfo, family: int | None) -> Any:
     raise TraceError(f"pod {pod.key} has no IPv{family} address", "drop --family or pick the other one")
 
 
+def walk_maps(src_maps: PolicyMaps, dst_maps: Callable[[], PolicyMaps] | None, src_network: int,
+              src_segment: int, src_ip: Any, dst_ip: Any, proto: int,
+              port: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The datapath's walk for a new connection over programmed maps, as pod_veth.c takes it:
+    routing in the source network, the destination's segment, the source segment's egress check
+    on the source node (``src_maps``); then, when ``dst_maps`` gives the destination pod's node and
+    the destination is not routed outside, the ingress check there (:func:`ingress_step`).
+
+    Returns (egress, ingress or None); an unrouted destination is an egress of verdict "no-route".
+    Shared by ``lace policy trace`` and the datapath fuzzer (lace.datapath.fuzz), which holds the
+    C programs to it."""
+    dst_net = src_maps.route(src_network, dst_ip)
+    if dst_net is None:
+        return {"node": src_maps.node, "verdict": "no-route", "reason": "NO_ROUTE"}, None
+    dseg, how = src_maps.segment_of(dst_net, dst_ip)
+    eg = src_maps.check(src_segment, dseg, Direction.EGRESS, proto, port)
+    eg.update(peer_how=how, dst_network=dst_net)
+    ing = None
+    if dst_maps is not None and dst_net != NETWORK_OUTSIDE:
+        ing = ingress_step(dst_maps(), src_network, src_ip, dst_net, dst_ip, proto, port)
+    return eg, ing
+
+
+def ingress_step(dst_maps: PolicyMaps, src_network: int, src_ip: Any, dst_network: int, dst_ip: Any,
+                 proto: int, port: int) -> dict[str, Any]:
+    """The destination node's ingress check (uplink.c after decapsulation, pod_veth.c for a local
+    destination): both ends' segments resolved in their networks there, then the destination
+    segment's ingress policy against the source's."""
+    sseg, show = dst_maps.segment_of(src_network, src_ip)
+    dseg, _ = dst_maps.segment_of(dst_network, dst_ip)
+    ing = dst_maps.check(dseg, sseg, Direction.INGRESS, proto, port)
+    ing.update(peer_how=show)
+    return ing
+
+
+def verdict_of(eg: dict[str, Any], ing: dict[str, Any] | None) -> tuple[str, str | None]:
+    """(verdict, drop reason name or None) of a walk: deny NO_ROUTE, else the policy checks'
+    overall verdict with the reason the datapath reports: the denying direction's when one denies
+    (an audited egress does not stop the ingress check, whose deny drops the packet as
+    POLICY_INGRESS), else the first audited direction's (the audit event's reason)."""
+    if eg.get("verdict") == "no-route":
+        return "deny", "NO_ROUTE"
+    verdicts = [("egress", eg["verdict"])] + ([("ingress", ing["verdict"])] if ing else [])
+    verdict = overall(eg["verdict"], ing["verdict"] if ing else "allow")
+    reason = next((REASONS[d] for d, v in verdicts if v == "deny"),
+                  next((REASONS[d] for d, v in verdicts if v == "audit"), None))
+    return verdict, reason
+
+
 def trace(inputs: PolicyInputs, maps: dict[str, PolicyMaps], src_ref: str, dst_ref: str, port_text: str,
           family: int | None = None, res: Resolution | None = None,
           policy_names: dict[int, str] | None = None) -> dict[str, Any]:
@@ -131,21 +180,9 @@ def trace(inputs: PolicyInputs, maps: dict[str, PolicyMaps], src_ref: str, dst_r
 
     # what the programmed maps decide (and what the store-implied maps would decide)
     def walk(node_maps: Callable[[str], PolicyMaps]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        sm = node_maps(src_pod.node)
-        dst_net = sm.route(src_pod.network_id, dst_ip)
-        if dst_net is None:
-            return {"node": src_pod.node, "verdict": "no-route", "reason": "NO_ROUTE"}, None
-        dseg, how = sm.segment_of(dst_net, dst_ip)
-        eg = sm.check(src_pod.segment, dseg, Direction.EGRESS, proto, port)
-        eg.update(peer_how=how, dst_network=dst_net)
-        ing = None
-        if dst_pod is not None and dst_net != NETWORK_OUTSIDE:
-            dm = node_maps(dst_pod.node)
-            sseg, show = dm.segment_of(src_pod.network_id, src_ip)
-            dseg2, _ = dm.segment_of(dst_net, dst_ip)
-            ing = dm.check(dseg2, sseg, Direction.INGRESS, proto, port)
-            ing.update(peer_how=show)
-        return eg, ing
+        return walk_maps(node_maps(src_pod.node),
+                         (lambda: node_maps(dst_pod.node)) if dst_pod is not None else None,
+                         src_pod.network_id, src_pod.segment, src_ip, dst_ip, proto, port)
 
     eg, ing = walk(lambda n: maps[n])
     desired_cache: dict[str, PolicyMaps] = {}
@@ -171,13 +208,7 @@ def trace(inputs: PolicyInputs, maps: dict[str, PolicyMaps], src_ref: str, dst_r
             d["hits"] = d["entry"]["hits"]
     doc["egress"] = {**eg, "store": eg_s.as_dict()}
     doc["ingress"] = {**ing, "store": ing_s.as_dict()} if ing is not None else None
-    verdicts = [eg.get("verdict", "deny")] + ([ing["verdict"]] if ing else [])
-    if "no-route" in verdicts:
-        doc["verdict"], doc["reason"] = "deny", "NO_ROUTE"
-    else:
-        doc["verdict"] = overall(eg["verdict"], ing["verdict"] if ing else "allow")
-        doc["reason"] = (REASONS["egress"] if eg["verdict"] != "allow" else
-                         REASONS["ingress"] if ing and ing["verdict"] != "allow" else None)
+    doc["verdict"], doc["reason"] = verdict_of(eg, ing)
     doc["store_verdict"] = overall(eg_s.verdict, ing_s.verdict if ing is not None else "allow")
 
     # disagreements, each with the why
