@@ -1,0 +1,90 @@
+"""Hostile frames through the from-pod and from-uplink programs (BPF_PROG_TEST_RUN on the datapath
+test bed): a bounded hypothesis budget per program, and the corpus of every input that once
+crashed or disagreed, replayed.
+
+What each example checks, and which frames the ``lace policy trace`` emulation covers, is
+lace.datapath.fuzz's docstring: every verdict named, no crash, no conntrack entry for a dropped
+packet, and, for well-formed new flows (from-pod: routing, segments, egress and local ingress
+policy; from-uplink: ingress policy after decapsulation), the program's verdict and destination
+segment equal to the emulation's. bench/fuzz.py runs the same harness for minutes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from lace.datapath import fuzz
+from lace.datapath.testbed import Testbed
+
+pytestmark = pytest.mark.privileged
+
+#: examples per program in CI: a few hundred, about 10 s each on a 2-core machine
+EXAMPLES = 300
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    dp = Testbed()
+    try:
+        yield dp
+    finally:
+        dp.close()
+
+
+@pytest.fixture(scope="module")
+def harness(testbed):
+    return fuzz.Harness(testbed)
+
+
+def unexplained(out: fuzz.Outcome) -> list[str]:
+    """The problems of an outcome that are not a recorded bug (fuzz.KNOWN_ISSUES)."""
+    return [p for p in out.problems if fuzz.known_issue(p) is None]
+
+
+@pytest.mark.parametrize("program", fuzz.PROGRAMS)
+def test_hostile_frames(testbed, harness, program):
+    """Random, structured and mutated frames under random policy: nothing unnamed, no crash, no
+    state for a drop, no disagreement with the emulation. Derandomized: CI runs the same budget
+    every time (bench/fuzz.py explores new seeds)."""
+    seen: dict[str, int] = {}
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate, Phase.shrink],
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])
+    @given(frame=fuzz.frames(testbed, program), world=fuzz.worlds())
+    def prop(frame: fuzz.Frame, world: fuzz.World) -> None:
+        out = harness.run(frame, world)
+        seen[out.verdict] = seen.get(out.verdict, 0) + 1
+        assert not unexplained(out), (
+            f"{frame.kind} {list(frame.mutated)}: {out.problems}\n"
+            f"save it: fuzz.save_case(frame, world, out) -> tests/fuzz/corpus/datapath")
+
+    prop()
+    # the budget reached the programs' decisions, not only their parsers
+    drops = {v for v in seen if v.startswith("drop:")}
+    assert len(drops) >= 5, seen
+    assert any(v in seen for v in ("redirect", "forward")), seen
+
+
+def _cases():
+    params = []
+    for name, frame, world, doc in fuzz.load_cases():
+        marks = [pytest.mark.xfail(strict=True, reason=doc["xfail"])] if doc.get("xfail") else []
+        params.append(pytest.param(frame, world, doc, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("frame,world,doc", _cases())
+def test_corpus_replays_clean(harness, frame, world, doc):
+    """Every input the fuzzer ever kept (tests/fuzz/corpus/datapath) now passes every check; a
+    case of a recorded bug is a strict expected failure, so fixing the bug fails it until its
+    KNOWN_ISSUES entry and xfail go."""
+    out = harness.run(frame, world)
+    assert not out.problems, f"{doc['found']} -> now {out.verdict}: {out.problems}"
+
+
+def test_corpus_is_not_empty():
+    """The replay above must have something to replay (a lost corpus is a failure, not a pass)."""
+    assert fuzz.load_cases(), f"no cases in {fuzz.corpus_dir()}"
