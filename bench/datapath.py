@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Datapath cost per packet, from BPF_PROG_TEST_RUN, net of a trivial pass program measured in
 the same run, for each path (established, new flow allowed, new flow to a service VIP, policy
-drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries.
+drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries. New flows
+run cold (once per call) and warm (tests/bpf/bench_new_flows.c: a fresh flow every repetition).
 
-Then a stage table at the largest conntrack size: where each path's nanoseconds go, from
+Then, at the largest conntrack size, a stage table: where each path's nanoseconds go, from
 pod_veth.c built to return at each of its LACE_BENCH_STAGE cut points (the Makefile's
-pod_veth_stop<n>.o): a stage costs the difference between its cut point and the one before.
+pod_veth_stop<n>.o): a stage costs the difference between its cut point and the one before. And
+the floor under a new flow: the kernel's LRU hash alone (tests/bpf/bench_ct_floor.c).
 
 Run as root after `make install`:  .venv/bin/python bench/datapath.py [--quick]
 Targets (DESIGN): established <= 60 ns, new flow <= 500 ns, <= 10% growth from 1k to 1M.
