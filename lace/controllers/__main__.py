@@ -17,11 +17,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resync", type=float, default=30.0, help="seconds between full resyncs (default 30)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from lace.store.config import open_store
+    from lace.store.config import PLATFORM_KUBERNETES, StoreConfig, open_store
 
     from .controller import EndpointSliceController
     try:
-        store = open_store(args.store)
+        config = StoreConfig.parse(args.store)
+        if config.platform == PLATFORM_KUBERNETES:
+            # on a cluster the controller manager writes EndpointSlices; a second writer would fight it
+            raise StoreError(f"lace's EndpointSlice controller runs only in the lab, not on {config.describe()}",
+                             hint="Kubernetes' controller manager maintains EndpointSlices there")
+        store = open_store(config)
     except StoreError as err:
         print(f"error: {err}" + (f"\nhint: {err.hint}" if err.hint else ""), file=sys.stderr)
         return 1
