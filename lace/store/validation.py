@@ -13,6 +13,7 @@ allocate.py's, which runs later in the same write.
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import ipaddress
 import re
@@ -811,6 +812,43 @@ def check_name(obj: Mapping[str, Any], ref: str) -> None:
                               "starting and ending with a letter or digit")
 
 
+#: the integers a JSON document may carry here, as the Kubernetes API takes them (int64)
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _json_problem(value: Any, path: tuple[Any, ...] = ()) -> tuple[str, str] | None:
+    """(field, problem) of the first value that is no JSON value the store can keep, else None.
+
+    The schemas leave unknown fields open, and YAML makes more than JSON has: an integer past
+    64 bits (which the store's encoder refuses mid-write), NaN and infinities, keys that are not
+    strings, sets, binary. Such an object is rejected whole here, with the field named."""
+    if value is None or isinstance(value, (str, bool, datetime.date)):   # a date is stored as its ISO text
+        return None
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            return _json_path(path), f"{value} does not fit in a 64-bit integer"
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return _json_path(path), f"{value} is not a JSON number"
+        return None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return _json_path(path) or "(top level)", f"key {k!r} is not a string (quote it)"
+            found = _json_problem(v, (*path, k))
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _json_problem(v, (*path, i))
+            if found:
+                return found
+        return None
+    return _json_path(path), f"a {type(value).__name__} is not a JSON value (quote it as a string)"
+
+
 def normalize(obj: Any) -> dict:
     """Check kind/apiVersion/name and default metadata.namespace; returns a deep copy."""
     if not isinstance(obj, Mapping):
@@ -818,6 +856,9 @@ def normalize(obj: Any) -> dict:
                               "each document must be a mapping with apiVersion, kind and metadata")
     obj = copy.deepcopy(dict(obj))
     ref = object_ref(obj)
+    problem = _json_problem(obj)
+    if problem:
+        raise ValidationError(ref, problem[0] or None, problem[1])
     kind = obj.get("kind")
     if not kind:
         raise ValidationError(ref, "kind", "kind is missing", "add kind: Pod (or Network, Service, ...)")
