@@ -116,6 +116,38 @@ def start_lab_cluster(lab: Any, state_dir: str) -> StoreConfig:
     return config
 
 
+def start_member(lab: Any, state_dir: str, node: str) -> int:
+    """Start ``node``'s member again after it stopped (a fault test, an operator): the same command
+    line, on its data directory, which etcd rejoins the cluster from (the ``--initial-*`` flags
+    only matter to an empty one). Returns its pid."""
+    from . import procs
+    placed = lab_members(lab, state_dir)
+    members = [m for m, _ in placed]
+    for member, n in placed:
+        if n.name == node:
+            return procs.spawn(member_argv(member, members, token=f"lace-{lab.name}"), netns=n.netns,
+                               name=member.name, state_dir=state_dir,
+                               log_path=os.path.join(state_dir, "logs", f"{member.name}.log"))
+    raise ValueError(f'node "{node}" runs no etcd member of lab "{lab.name}" '
+                     f'(members run on {", ".join(n.name for _, n in placed)})')
+
+
+def leader(config: StoreConfig) -> str | None:
+    """The client endpoint (``HOST:PORT``) of the member that leads ``config``'s etcd now, from
+    each member's status (``/v3/maintenance/status``: its own ID and its leader's); None when no
+    member that answers knows a leader."""
+    from lace.store.errors import StoreError
+    from lace.store.etcd import member_status
+    for endpoint in config.endpoints:
+        try:
+            status = member_status(endpoint, netns=config.netns)
+        except StoreError:
+            continue
+        if status.get("leader") and status["leader"] == status["header"]["member_id"]:
+            return endpoint
+    return None
+
+
 def _tail(path: str, size: int = 800) -> str:
     try:
         with open(path, errors="replace") as f:
