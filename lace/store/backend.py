@@ -55,6 +55,10 @@ class Transaction(abc.ABC):
     def revision(self) -> int:
         """The cluster revision as this transaction sees it."""
 
+    def prefetch(self, keys: list[tuple[str, str, str]]) -> None:
+        """A hint: these objects (kind, namespace, name) are about to be read. A backend whose
+        every read is a round trip (etcd) reads them all in one; this default does nothing."""
+
     @abc.abstractmethod
     def next_value(self, counter: str, first: int) -> int:
         """The named counter's next value (``first`` the first time), advancing it by one; the

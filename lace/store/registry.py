@@ -270,8 +270,11 @@ class RegistryStore(Store):
             normalized.append(norm)
         order = sorted(range(len(normalized)), key=lambda i: K.APPLY_ORDER[normalized[i]["kind"]])
 
+        keys = [(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in normalized]
+
         def body(txn: Transaction) -> list[ApplyResult]:
             results: list[ApplyResult | None] = [None] * len(normalized)
+            txn.prefetch(keys)     # every object's stored self, in one read where that is a round trip
             w = Writer(txn)
             for i in order:
                 try:
