@@ -159,3 +159,26 @@ def test_liveness_is_a_leased_key_outside_the_registry_and_the_guard(etcd_store)
         txn.create(pod("after"))
     beat.release()
     assert etcd_store.node_liveness() == {}
+
+
+@privileged
+def test_prefetch_reads_a_batch_at_the_snapshot_in_one_request(etcd_config):
+    one, two = open_store(etcd_config), open_store(etcd_config)
+    try:
+        one.create(pod("old"))
+        calls = []
+        gateway = one.backend.gateway
+        real = gateway.call
+        gateway.call = lambda path, body, **kw: (calls.append(path), real(path, body, **kw))[1]
+        with one.backend.transaction(write=False) as txn:
+            txn.revision()                                   # the snapshot starts here
+            two.create(pod("new"))                           # after it: not to be seen
+            calls.clear()
+            txn.prefetch([("Pod", "default", n) for n in ("old", "new", "none")])
+            assert calls == ["kv/txn"]
+            assert txn.get("Pod", "default", "old")["metadata"]["name"] == "old"
+            assert txn.get("Pod", "default", "new") is None and txn.get("Pod", "default", "none") is None
+            assert calls == ["kv/txn"]                       # served from what was prefetched
+    finally:
+        one.close()
+        two.close()
