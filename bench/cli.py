@@ -3,8 +3,12 @@
 ``bpftool map dump pinned <map> -j`` of the same maps in the same run.
 
 Run as root after `make install`:  .venv/bin/python bench/cli.py [--entries N]
-Targets: ct list (end to end, a subprocess writing to /dev/null) under 1.5 s and at least 9x
+Targets: ct list (end to end, a subprocess writing to /dev/null) under 1.5 s and at least 12x
 faster than bpftool over the same maps; gc of 1M entries with half expired under 1 s.
+
+The commands run as an installed lace runs: with lace's bytecode compiled beforehand (an editable
+install compiles nothing, and with PYTHONDONTWRITEBYTECODE set every run would compile every module
+again, ~0.4 s here).
 
 The tables live in a private pin root (/sys/fs/bpf/lace-bench-<pid>) with capacities raised so
 1M entries fit; it is removed afterwards.
@@ -13,6 +17,7 @@ The tables live in a private pin root (/sys/fs/bpf/lace-bench-<pid>) with capaci
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import subprocess
@@ -140,6 +145,8 @@ def main() -> None:
     store = os.path.join(tmp, STORE_FILE)
     make_store(store)
     env = dict(os.environ, LACE_PIN_ROOT=pin_root, LACE_STORE=store, LACE_NODE="bench")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    compileall.compile_dir(str(ROOT / "lace"), quiet=1)
     try:
         t = time.perf_counter()
         counts = load(pin_root, a.entries, expired_half=False)
@@ -159,7 +166,7 @@ def main() -> None:
         print(f"node -n ct list all -o json   {best_n:6.2f} s")
         print(f"bpftool map dump -j (6 maps)  {tool:6.2f} s")
         ratio = tool / best
-        print(f"ratio bpftool / node          {ratio:6.1f} x  (target >= 9x)  {'OK' if ratio >= 9 else 'MISS'}")
+        print(f"ratio bpftool / node          {ratio:6.1f} x  (target >= 12x)  {'OK' if ratio >= 12 else 'MISS'}")
         # gc: refill with half expired
         shutil.rmtree(pin_root)
         os.makedirs(pin_root)
