@@ -14,8 +14,8 @@ import sys
 from typing import Any, Mapping, TextIO
 
 from lace.cni.client import AgentUnavailable, call
-from lace.cni.spec import (CNI_VERSION, E_DECODE, E_INCOMPATIBLE, E_INVALID_ENV, E_IO, E_NOT_READY, E_TRY_AGAIN,
-                           SUPPORTED_VERSIONS, error_result)
+from lace.cni.spec import (CNI_VERSION, E_DECODE, E_INCOMPATIBLE, E_INVALID_CONFIG, E_INVALID_ENV, E_IO, E_NOT_READY,
+                           E_TRY_AGAIN, SUPPORTED_VERSIONS, error_result)
 
 DEFAULT_SOCKET = "/run/lace/agent.sock"
 
@@ -35,13 +35,19 @@ def run(env: Mapping[str, str], stdin: TextIO) -> tuple[int, dict[str, Any] | No
         return 0, {"cniVersion": CNI_VERSION, "supportedVersions": list(SUPPORTED_VERSIONS)}
     try:
         conf = json.loads(stdin.read() or "{}")
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError too: stdin that is not UTF-8
         return 1, error_result(E_DECODE, f"network configuration on stdin is not JSON: {e}")
+    if not isinstance(conf, dict):
+        return 1, error_result(E_DECODE, f"network configuration on stdin is a JSON {type(conf).__name__}, "
+                                         "not an object")
     version = conf.get("cniVersion", CNI_VERSION)
-    if version not in SUPPORTED_VERSIONS:
-        return 1, error_result(E_INCOMPATIBLE, f"cniVersion {version} is not supported",
+    if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
+        return 1, error_result(E_INCOMPATIBLE, f"cniVersion {version!r} is not supported",
                          f"supported: {', '.join(SUPPORTED_VERSIONS)}")
     socket_path = conf.get("agentSocket") or env.get("LACE_AGENT_SOCKET") or DEFAULT_SOCKET
+    if not isinstance(socket_path, str) or "\0" in socket_path:
+        return 1, error_result(E_INVALID_CONFIG, f"agentSocket {socket_path!r} is not a socket path",
+                               version=version)
     if command == "STATUS":
         try:
             status, body = call(socket_path, "GET", "/healthz", timeout=5)
