@@ -68,17 +68,29 @@ class ApiServer:
             def _handle(self, method: str) -> None:
                 path, _, query = self.path.partition("?")
                 fn = api.routes.get((method, path))
-                body: dict[str, Any] = {}
-                n = int(self.headers.get("Content-Length") or 0)
+                body: Any = {}
+                length = (self.headers.get("Content-Length") or "0").strip()
+                if not length.isdigit():   # a negative or non-numeric length: nothing to read by
+                    self.close_connection = True
+                    self._send(400, {"error": f"Content-Length {length!r} is not a byte count"})
+                    return
+                n = int(length)
                 if n:
                     try:
                         body = json.loads(self.rfile.read(n))
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         self._send(400, {"error": "request body is not JSON"})
                         return
+                if not isinstance(body, dict):
+                    self._send(400, {"error": f"request body is a JSON {type(body).__name__}, not an object"})
+                    return
                 body["_query"] = dict(p.partition("=")[::2] for p in query.split("&") if p)
                 if fn is None:
-                    self._send(404, {"error": f"no route {method} {path}"})
+                    allowed = sorted(m for m, p in api.routes if p == path)
+                    if allowed:
+                        self._send(405, {"error": f"{path} takes {', '.join(allowed)}, not {method}"})
+                    else:
+                        self._send(404, {"error": f"no route {method} {path}"})
                     return
                 try:
                     status, out = fn(body)
@@ -128,6 +140,21 @@ class ApiServer:
 
             def do_POST(self) -> None:
                 self._handle("POST")
+
+            def do_PUT(self) -> None:      # no route takes them: 405 (or 404), as JSON
+                self._handle("PUT")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """The server's own refusals (a malformed request line, an unknown method) as a
+                JSON error document like every other answer, not http.server's HTML page."""
+                self.close_connection = True
+                try:
+                    self._send(code, {"error": message or explain or self.responses.get(code, ("error",))[0]})
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
         self._server = _Server(self.path, H)
         os.chmod(self.path, 0o660)
