@@ -1,7 +1,10 @@
 """The operator's reconcile pass: idempotent, level-triggered, one allocation per object.
 
-Each pass reads Networks, Nodes and the default network's blocks from the store and fixes what is
-missing; running it twice changes nothing the second time, so a new leader just runs it again.
+Each pass reads Networks, Nodes, the default network's blocks and Services from the store and fixes
+what is missing; running it twice changes nothing the second time, so a new leader just runs it
+again. In Kubernetes the apiserver gives a Service its ClusterIPs, but not the cluster-wide ID
+lace's datapath keys reverse translation and affinity by: the operator writes it into the
+``lace.dev/service-id`` annotation, which the agents read (the lab's store sets ``status.id``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from lace.store.kubernetes import KubernetesStore
 log = logging.getLogger("lace.operator")
 NODE_IDS = "next_node_id"
 FIRST_NODE_ID = 1
+SERVICE_IDS = "next_service_id"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,7 @@ class PassResult:
     networks: list[str] = dataclasses.field(default_factory=list)
     nodes: list[str] = dataclasses.field(default_factory=list)
     blocks: list[str] = dataclasses.field(default_factory=list)
+    services: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -105,7 +110,31 @@ def reconcile(store: KubernetesStore, options: Options) -> PassResult:
                 continue
             block = store.allocate_block(K.DEFAULT_NETWORK, name, cidr.version, allocate.block_prefixlen(cidr))
             out.blocks.append(f"{name}:{block}")
+    _service_ids(store, out)
     return out
+
+
+def _service_ids(store: KubernetesStore, out: PassResult) -> None:
+    """A lace service ID for every Service without one (the annotation; never reused: IDs other
+    Services carry, given by hand or by an earlier operator, are skipped)."""
+    services = store.list("services").items
+    used = {(s["metadata"].get("annotations") or {}).get(K.SERVICE_ID_ANNOTATION) for s in services}
+    for svc in services:
+        meta = svc["metadata"]
+        if K.SERVICE_ID_ANNOTATION in (meta.get("annotations") or {}):
+            continue
+        while True:
+            sid = store.backend.run(lambda txn: txn.next_value(SERVICE_IDS, K.FIRST_SERVICE_ID))
+            if sid > K.MAX_SERVICE_ID:
+                raise StoreError(f"no service ID left for Service {meta['namespace']}/{meta['name']}",
+                                 hint="the cluster has handed out every ID; reset the lace-counters ConfigMap's "
+                                      f"{SERVICE_IDS} only after checking no Service uses the low IDs")
+            if str(sid) not in used:
+                break
+        used.add(str(sid))
+        meta["annotations"] = {**(meta.get("annotations") or {}), K.SERVICE_ID_ANNOTATION: str(sid)}
+        store.update(svc)
+        out.services.append(f"{meta['namespace']}/{meta['name']}")
 
 
 def summary(result: PassResult) -> dict[str, Any]:

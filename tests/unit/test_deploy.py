@@ -142,9 +142,13 @@ def test_rbac_is_least_privilege() -> None:
     for (kind, name), rules in roles.items():
         for rule in rules:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], (kind, name, rule)
-            # nothing of lace writes Pods, Services or EndpointSlices: Kubernetes owns them
-            if set(rule["resources"]) & {"pods", "services", "endpointslices", "networkpolicies"}:
+            # nothing of lace writes Pods or EndpointSlices: Kubernetes owns them; only the
+            # operator updates Services (their lace.dev/service-id annotation), and it creates none
+            if set(rule["resources"]) & {"pods", "endpointslices", "networkpolicies"}:
                 assert set(rule["verbs"]) <= {"get", "list", "watch"}, (kind, name, rule)
+            if "services" in rule["resources"]:
+                allowed = {"get", "list", "watch"} | ({"update"} if name == "lace-operator" else set())
+                assert set(rule["verbs"]) <= allowed, (kind, name, rule)
     node_writes = {r for rule in roles[("ClusterRole", "lace-node")] if "create" in rule["verbs"]
                    for r in rule["resources"]}
     assert node_writes == {"segments", "ipblocks", "ipleases"}

@@ -449,9 +449,20 @@ def test_operator_pass_allocates_what_kubernetes_does_not(cluster: Cluster) -> N
     del cluster.api.objects[LACE + "networks"][("", "default")]   # a fresh cluster: no default Network
     cluster.api.put(LACE + "networks", {"apiVersion": K.LACE_API_VERSION, "kind": "Network",
                                         "metadata": {"name": "red"}, "spec": {"cidrs": ["10.10.0.0/16"]}})
+    cluster.api.put(SERVICES, {"apiVersion": "v1", "kind": "Service",
+                               "metadata": {"name": "fresh", "namespace": "shop"},
+                               "spec": {"clusterIP": "10.96.0.99", "clusterIPs": ["10.96.0.99"],
+                                        "ports": [{"port": 80, "protocol": "TCP"}]}})
     store = cluster.store()
+    taken = {s["metadata"]["annotations"][K.SERVICE_ID_ANNOTATION] for s in store.list("services").items
+             if K.SERVICE_ID_ANNOTATION in (s["metadata"].get("annotations") or {})}
     first = reconcile(store, Options())
     assert first.networks == ["default", "red"] and first.nodes == ["worker-3"]
+    # the apiserver gave the Service its ClusterIP; the operator gives it a lace ID no one else has
+    assert first.services == ["shop/fresh"]
+    fresh = cluster.api.objects[SERVICES][("shop", "fresh")]
+    sid = fresh["metadata"]["annotations"][K.SERVICE_ID_ANNOTATION]
+    assert int(sid) >= K.FIRST_SERVICE_ID and sid not in taken
     assert sorted(first.blocks) == sorted(f"worker-{i}:{b}" for i, b in (
         (1, "10.244.0.0/24"), (1, "fd00:10:244::/112"), (2, "10.244.1.0/24"), (2, "fd00:10:244::1:0/112"),
         (3, "10.244.2.0/24"), (3, "fd00:10:244::2:0/112")))
@@ -462,7 +473,7 @@ def test_operator_pass_allocates_what_kubernetes_does_not(cluster: Cluster) -> N
     assert store.get("networks", "red")["status"]["id"] == 2
     # level-triggered: a second pass finds nothing to do
     again = reconcile(store, Options())
-    assert (again.networks, again.nodes, again.blocks) == ([], [], [])
+    assert (again.networks, again.nodes, again.blocks, again.services) == ([], [], [], [])
 
 
 def test_leader_election_has_one_leader(cluster: Cluster) -> None:
