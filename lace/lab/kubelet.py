@@ -666,9 +666,11 @@ class Kubelet:
         self.prober.start()
         self.stats.start()
         while not self.stopping.is_set():
-            lst = self.store.list("pods")
-            self.sync(lst.items)
             try:
+                # the relist inside the try: a store that is unavailable for a while (etcd being
+                # restarted) is waited out, not the end of the kubelet
+                lst = self.store.list("pods")
+                self.sync(lst.items)
                 # short watches: a relist every few seconds retries pods that failed
                 with self.store.watch(["pods"], since=lst.resource_version, timeout=2) as w:
                     for ev in w:
