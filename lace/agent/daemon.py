@@ -377,7 +377,10 @@ class Agent:
                 return 200, self.endpoints.check(req)
             if req.command == "GC":
                 conf = body.get("config") or {}
-                return 200, self.endpoints.gc(conf.get("cni.dev/valid-attachments") or [])
+                valid = conf.get("cni.dev/valid-attachments") or [] if isinstance(conf, dict) else None
+                if not isinstance(valid, list) or not all(isinstance(a, dict) for a in valid):
+                    raise CniError(7, "cni.dev/valid-attachments must be a list of attachment objects")
+                return 200, self.endpoints.gc(valid)
             raise CniError(4, f"unsupported CNI command {req.command!r}")
         except CniError as e:
             return 400, e.result()

@@ -84,13 +84,24 @@ class CniRequest:
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> CniRequest:
+        """The request the plugin sent; a missing field, or one of the wrong type (the socket is
+        reachable by anything root runs on the node), is a CNI error naming it."""
+        def text(where: dict[str, Any], key: str, default: str | None = None, name: str | None = None) -> str:
+            value = where.get(key)
+            value = default if value is None else value
+            if value is None:
+                raise CniError(E_INVALID_ENV, f"missing {name or key}")
+            if not isinstance(value, str) or "\0" in value:
+                raise CniError(E_INVALID_ENV, f"{name or key} must be a string, not {value!r}")
+            return value
+
         args = body.get("args") or {}
-        try:
-            return cls(body["command"], body["containerID"], body.get("netns") or "",
-                       body.get("ifname") or "eth0", args.get("K8S_POD_NAMESPACE", "default"),
-                       args.get("K8S_POD_NAME", ""))
-        except KeyError as e:
-            raise CniError(E_INVALID_ENV, f"missing {e.args[0]}") from None
+        if not isinstance(args, dict):
+            raise CniError(E_INVALID_ENV, f"args must be an object (CNI_ARGS as key=value pairs), not {args!r}")
+        return cls(text(body, "command"), text(body, "containerID"), text(body, "netns", "") or "",
+                   text(body, "ifname", "eth0") or "eth0",
+                   text(args, "K8S_POD_NAMESPACE", "default", "args.K8S_POD_NAMESPACE"),
+                   text(args, "K8S_POD_NAME", "", "args.K8S_POD_NAME"))
 
 
 class Endpoints:
