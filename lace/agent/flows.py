@@ -209,6 +209,7 @@ class FlowCollector:
     def _run(self) -> None:
         assert self._source is not None
         last_cal = last_lost = time.monotonic()
+        read = True   # records arrived since the loss counter was last read
         while not self._stop.is_set():
             try:
                 data, others = self._source(POLL_MS)
@@ -218,15 +219,18 @@ class FlowCollector:
                 self._stop.wait(0.5)
             else:
                 if data or others:
+                    read = True
                     with self._lock:
                         self.add_records(data, others)
                     self._stop.wait(READ_PAUSE_S)
             # under load a read returns at once: read the loss counter (a per-CPU map lookup) once
-            # a poll interval, not after every read
+            # a poll interval, not after every read; and not at all while nothing arrives (a ring
+            # loses records only when they come faster than they are read)
             now = time.monotonic()
-            if now - last_lost >= POLL_MS / 1000:
+            if read and now - last_lost >= POLL_MS / 1000:
                 self.check_ring_lost()
                 last_lost = now
+                read = False
             if now - last_cal > 60:  # follow wall-clock steps (NTP)
                 self._calibrate()
                 last_cal = now
