@@ -261,14 +261,14 @@ class Bench:
 def report(args: argparse.Namespace, sq: dict[str, float], et: dict[str, float]) -> None:
     print(f"store bench: {args.pods:,} pods + {args.pods:,} leases, 3 nodes; watch: 3 watchers, "
           f"{args.rate:,} writes/s for {args.seconds:g} s; allocation: 3 processes x {args.alloc} pods")
-    print(f"  {'':<36}{'sqlite':>10}{'etcd x3':>10}{'etcd/sqlite':>13}   goal")
+    print(f"  {'':<42}{'sqlite':>10}{'etcd x3':>10}{'etcd/sqlite':>13}   goal")
     goals = {"watch fan-out p99 (ms)": "< 50 ms on etcd", "conflicts seen by callers": "0",
              "addresses leased twice": "0"}
     for key in sq:
         a, b = sq[key], et[key]
         ratio = f"{b / a:.2f}x" if a else "-"
         fmt = "{:>10.0f}" if abs(a) >= 100 or abs(b) >= 100 or float(a).is_integer() else "{:>10.1f}"
-        print(f"  {key:<36}{fmt.format(a)}{fmt.format(b)}{ratio:>13}   {goals.get(key, '')}")
+        print(f"  {key:<42}{fmt.format(a)}{fmt.format(b)}{ratio:>13}   {goals.get(key, '')}")
     ok = et["watch fan-out p99 (ms)"] < 50 and et["conflicts seen by callers"] == 0 and \
         sq["conflicts seen by callers"] == 0 and et["addresses leased twice"] == sq["addresses leased twice"] == 0
     print(f"  goals {'met' if ok else 'NOT met'}")
