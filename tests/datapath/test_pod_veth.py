@@ -92,6 +92,24 @@ def test_ttl_decrement_checksum_across_carries(dp):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_new_flow_that_dies_at_this_hop_leaves_no_conntrack_entry(dp, family, where):
+    """TTL / hop limit 1 (every traceroute's first probe): dropped as TTL_EXCEEDED, as the forward
+    would, but before the flow's entry is written — a flow whose packet never left has none."""
+    a = dp.pods["a"]
+    dst = dp.pods["b"].ip(family) if where == "local" else REMOTE["ipv4" if family == 4 else "ipv6"]
+    hop = {"ttl": 1} if family == 4 else {"hlim": 1}
+    res = dp.from_pod(a, dp.l3(a, dst, family, **hop) / UDP(sport=33434, dport=33435))
+    assert_dropped(res, DropReason.TTL_EXCEEDED)
+    assert ct_entry(dp, NET1, a.ip(family), dst, 33434, 33435, 17) is None
+    # the next probe, one hop further, is a new flow like any other
+    hop = {"ttl": 2} if family == 4 else {"hlim": 2}
+    res = dp.from_pod(a, dp.l3(a, dst, family, **hop) / UDP(sport=33434, dport=33435))
+    assert res.retval != TC_ACT_SHOT, res.events
+    assert ct_entry(dp, NET1, a.ip(family), dst, 33434, 33435, 17) is not None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_udp_same_node_allowed(dp, family):
     a, b = dp.pods["a"], dp.pods["b"]
     res = dp.from_pod(a, dp.l3(a, b.ip(family), family) / UDP(sport=5000, dport=53) / Raw(b"q"))
