@@ -130,6 +130,12 @@ def test_dns_pod_answers_from_the_store_at_its_pod_ip(lab, ns):
     assert [r["rcode"] for r in got] == ["NXDOMAIN", "NXDOMAIN"], got
 
 
+def getent(lab, pod: str, database: str, name: str) -> str | None:
+    """What ``getent DATABASE NAME`` prints in the pod, or None when it finds nothing (yet)."""
+    rc, out = lab.exec(pod, "getent", database, name)
+    return out if rc == 0 else None
+
+
 def test_default_network_pods_resolve_through_the_kube_dns_vip(lab, ns):
     """Through 10.96.0.10 and fd00:10:96::a: needs the datapath's ClusterIP translation."""
     dns_pod(lab)
@@ -146,8 +152,9 @@ def test_default_network_pods_resolve_through_the_kube_dns_vip(lab, ns):
                                      "nameserver 10.96.0.10", "nameserver fd00:10:96::a", "options ndots:5"]
     fqdn = f"web.{ns}.svc.cluster.local"
     for tool, family, want in (("ahostsv4", 4, web4), ("ahostsv6", 6, web6)):
-        rc, out = lab.exec(cli, "getent", tool, fqdn)
-        assert rc == 0 and {line.split()[0] for line in out.splitlines()} == {want}, f"getent {tool}: {out}"
+        # the DNS server learns the new service from the store a moment after the apply
+        out = wait_until(lambda: getent(lab, cli, tool, fqdn), f"{fqdn} in the cluster DNS (getent {tool})")
+        assert {line.split()[0] for line in out.splitlines()} == {want}, f"getent {tool}: {out}"
     wait_until(lambda: lookup(lab, cli, [(f"hl.{ns}", 4)]) == [pods4], "hl to list both pods")
     got = lookup(lab, cli, [(fqdn, 4), (fqdn, 6),
                             ("web", 4), ("web", 6),                # the search path: <ns>.svc.cluster.local
