@@ -70,7 +70,8 @@ class ApiServer:
                 fn = api.routes.get((method, path))
                 body: Any = {}
                 length = (self.headers.get("Content-Length") or "0").strip()
-                if not length.isdigit():   # a negative or non-numeric length: nothing to read by
+                # a negative or non-numeric length (ASCII digits only: int() refuses '²'): nothing to read by
+                if not (length.isascii() and length.isdigit()):
                     self.close_connection = True
                     self._send(400, {"error": f"Content-Length {length!r} is not a byte count"})
                     return

@@ -252,12 +252,13 @@ class Agent:
 
     def audit(self, names: list[str]) -> tuple[dict[str, Entries], dict[str, Entries]]:
         """What a reconcile pass would want in the maps ``names`` and what the kernel holds there,
-        applying nothing (lace.agent.verify): the service programmer is a scratch copy, so an audit
-        hands out no backend ID or table number, and the kernel is read without refreshing the
-        writer's record of its own writes."""
+        applying nothing (lace.agent.verify): the store listed afresh, the service programmer a
+        scratch copy (an audit hands out no backend ID or table number), and the kernel read
+        without refreshing the writer's record of its own writes."""
         with self._reconcile_lock, netlink.reuse():
-            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
-                                  self.service_sync.cache)
+            # Services and EndpointSlices listed afresh, not the watch's cache: an audit also
+            # catches what a missed event would have left behind
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
             want = desired_maps(snap, self.policy, self.services.scratch())
             have = {n: self.datapath.read_kernel(n) for n in names}
         return {n: want[n] for n in names}, have
@@ -331,25 +332,35 @@ class Agent:
                 self.dirty.set()
 
     def _watch_loop(self) -> None:
-        since = self._watch_since if self._watch_since is not None else self.service_sync.list(self.store)
+        since = self._watch_since
+        relist = since is None
         while not self.stopping.is_set():
             try:
+                if relist:   # first, or fell behind compaction: list again, and a full pass
+                    since = self.service_sync.list(self.store)
+                    relist = False
+                    self.dirty.set()
                 self._watch = self.store.watch(WATCH_KINDS, since=since)
                 self.watch_state.connected, self.watch_state.error = True, None
                 self.loops["watch"].ok()
                 for ev in self._watch:
-                    since = int(ev.resource_version)
-                    self.watch_state.event(since)
+                    rv = int(ev.resource_version)
+                    # a watch ended mid-revision (a store may write a transaction's objects at one
+                    # revision) resumes before it: replaying an event changes nothing
+                    since = rv - 1
+                    self.watch_state.event(rv)
                     self.service_sync.event(ev)
                     self.dirty.set()
-            except Gone:   # fell behind compaction: list again, and a full pass
-                since = self.service_sync.list(self.store)
-                self.dirty.set()
-            except StoreError as e:
+            except Gone:
+                relist = True
+            except Exception as e:   # StoreError, or anything unforeseen: report, back off, watch again
                 self.watch_state.connected, self.watch_state.error = False, str(e)
                 self.loops["watch"].failed(e)
-                log.warning("watch: %s", e)
-                time.sleep(0.5)
+                if isinstance(e, StoreError):
+                    log.warning("watch: %s", e)
+                else:
+                    log.exception("watch failed")
+                self.stopping.wait(0.5)
 
     def _restart_watch(self) -> None:
         """End the current watch; the watch loop opens a new one from the last revision it saw

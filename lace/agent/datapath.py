@@ -77,8 +77,9 @@ class NodeDatapath:
         for m in loaded.migrations:
             log.warning("map %s migrated (%s): %d entries copied, %d dropped",
                         m.map, m.reason, m.copied, m.dropped)
-        old, self.loaded = self.loaded, loaded
-        self._unmap()
+        with self._lock:
+            old, self.loaded = self.loaded, loaded
+            self._unmap()
         if old is not None:
             old.close()
 
@@ -110,10 +111,11 @@ class NodeDatapath:
         return values
 
     def close(self) -> None:
-        self._unmap()
-        if self.loaded is not None:
-            self.loaded.close()
-            self.loaded = None
+        with self._lock:   # not under a write in progress (a table's mapping still in use)
+            self._unmap()
+            if self.loaded is not None:
+                self.loaded.close()
+                self.loaded = None
 
     def _objects(self, what: str) -> LoadedDatapath:
         if self.loaded is None:   # a KeyError, as for a map or program the objects lack

@@ -34,7 +34,7 @@ from lace.datapath.services import MAGLEV_SIZE
 __all__ = ["table", "table_bytes", "flow_hash", "pick", "mix64", "FLOW_HASH_SEED"]
 
 _M64 = (1 << 64) - 1
-_U32 = struct.Struct("<I")
+_U32 = struct.Struct("=I")   # the machine's byte order, as the map (and array("I")) holds it
 
 
 def _is_prime(n: int) -> bool:
@@ -68,7 +68,7 @@ def table(backends: Sequence[tuple[str, int]], size: int = MAGLEV_SIZE) -> list[
 
 
 def table_bytes(backends: Sequence[tuple[str, int]], size: int = MAGLEV_SIZE) -> bytes:
-    """:func:`table` as the map holds it: ``size`` little-endian u32 backend IDs."""
+    """:func:`table` as the map holds it: ``size`` u32 backend IDs in the machine's byte order."""
     if not _is_prime(size):
         raise ValueError(f"Maglev table size {size} is not a prime")
     pairs = sorted(backends)

@@ -124,9 +124,10 @@ class ServiceProgrammer:
         self._groups: dict[str, tuple[Frontend, ...]] = {}
         #: the maps' desired contents: services, backends, maglev (whole tables)
         self._out: tuple[Entries, Entries, Entries] = ({}, {}, {})
-        #: services key -> the frontend whose entry it is (a changed frontend's new version writes the
-        #: same keys before the old version is removed)
-        self._owner: dict[bytes, Frontend] = {}
+        #: services key -> the frontends that write it, the one whose value is in the map last (a
+        #: changed frontend's new version writes the same keys before the old version is removed;
+        #: two services may claim one VIP and port in a network)
+        self._owners: dict[bytes, list[Frontend]] = {}
         #: how many programmed frontends use each backend identity, backend entry value, table
         self._id_users: dict[str, int] = {}
         self._backend_users: dict[bytes, dict[bytes, int]] = {}
@@ -147,6 +148,7 @@ class ServiceProgrammer:
             c._out = tuple(dict(x) for x in self._out)
             c.pressure = copy.copy(self.pressure)   # a pass updates its counts in place
             c._backend_users = {k: dict(v) for k, v in self._backend_users.items()}
+            c._owners = {k: list(v) for k, v in self._owners.items()}
         c._lock = threading.Lock()
         return c
 
@@ -253,7 +255,7 @@ class ServiceProgrammer:
         services, backends, tables = self._out
         services.update(built.services)
         for k in built.services:
-            self._owner[k] = f
+            self._owners.setdefault(k, []).append(f)
         for k, v in built.backends.items():
             users = self._backend_users.setdefault(k, {})
             users[v] = users.get(v, 0) + 1
@@ -273,9 +275,15 @@ class ServiceProgrammer:
         built = self._memo.pop(f)
         services, backends, tables = self._out
         for k in built.services:
-            if self._owner.get(k) == f:
-                del self._owner[k]
+            owners = self._owners.get(k, [])
+            last = bool(owners) and owners[-1] == f
+            if f in owners:
+                owners.remove(f)
+            if not owners:
+                self._owners.pop(k, None)
                 services.pop(k, None)
+            elif last:   # the entry was this frontend's: the one still claiming the key takes it over
+                services[k] = self._memo[owners[-1]].services[k]
         for k, v in built.backends.items():
             users = self._backend_users[k]
             users[v] -= 1
@@ -301,6 +309,18 @@ class ServiceProgrammer:
                 tables.pop(table_key(t), None)
         elif built.members:
             self._without_table -= 1
+
+    def _give_table(self, f: Frontend) -> None:
+        """A programmed frontend that got no Maglev table takes one if one is free now: the same
+        entries, its frontend naming the table; its backend IDs stay (they are still held)."""
+        new = self._build(f)
+        if not new.table:
+            return
+        self._memo[f] = new
+        self._out[0].update(new.services)
+        self._table_users[new.members] = self._table_users.get(new.members, 0) + 1
+        self._out[2][table_key(new.table)] = self._blobs[new.table]
+        self._without_table -= 1
 
     def _replace(self, adds: list[Frontend], removes: list[Frontend]) -> None:
         """Add first, remove afterwards: a changed backend set gets a new table number while the
@@ -357,9 +377,8 @@ class ServiceProgrammer:
             t = self._tables.pop(members)
             self._blobs.pop(t, None)
             self._free_tables.append(t)
-        for f in retry:   # now that this pass freed what it frees (it has no table to keep meanwhile)
-            self._remove(f)
-            self._add(f, self._build(f))
+        for f in retry:   # now that this pass freed what it frees
+            self._give_table(f)
         groups: dict[str, list[Frontend]] = {}
         for f in kept:
             groups.setdefault(f.service, []).append(f)
@@ -388,6 +407,11 @@ class ServiceProgrammer:
             sum(self._need(f) for fs in old.values() for f in fs)
         if len(self._out[0]) + grow > self.capacity:
             return None
+        wanted = {tuple(sorted(b.identity for b in f.active)) for fs in changed.values() for f in fs
+                  if len(f.active) >= 2}
+        free = len(self._free_tables) + max(self.tables_capacity - self._next_table + 1, 0)
+        if len(wanted - self._tables.keys()) > free:
+            return None   # no table for some: the full pass decides which frontends go without
         adds, removes = [], []
         for key, fronts in changed.items():
             now, was = set(fronts), set(old[key])

@@ -165,3 +165,49 @@ def test_a_scratch_copy_changes_nothing_of_the_programmer_it_copies():
     audit.entries(cache.frontends())                        # what an audit computes
     assert p._out == out and p.pressure.as_dict() == pressure
     assert len(audit._memo) == 3 and len(p._memo) == 3
+
+
+def _backend_ids(p):
+    return sorted(struct.unpack("<I", k)[0] for k in p._out[1])
+
+
+def test_a_frontend_waiting_for_a_table_keeps_its_backend_ids_pass_after_pass():
+    cache = ServiceCache("w1")
+    objs = [_service(i, 1, 2) for i in range(3)]
+    cache.load([s for s, _ in objs], [sl for _, sl in objs])
+    cache.set_context(NET, {}, ADDR4, None)
+    p = ServiceProgrammer(maglev_entries=MAGLEV_SIZE * 2)   # one usable table for three services
+    p.entries(cache.frontends())
+    ids = _backend_ids(p)
+    for _ in range(3):   # full passes with nothing changed: nothing renumbered, nothing rewritten
+        assert p.entries(cache.frontends()) == tuple(p._out) and _backend_ids(p) == ids
+    assert p.pressure.without_table == 2
+
+
+def test_an_incremental_pass_declines_when_the_tables_it_needs_are_not_free():
+    cache = ServiceCache("w1")
+    s0, sl0 = _service(0, 1, 2)
+    cache.load([s0], [sl0])
+    cache.set_context(NET, {}, ADDR4, None)
+    p = ServiceProgrammer(maglev_entries=MAGLEV_SIZE * 2)   # one usable table, taken by s0
+    p.entries(cache.frontends())
+    s1, sl1 = _service(1, 2, 2)
+    keys = cache.apply("ADDED", s1) | cache.apply("ADDED", sl1)
+    before = tuple(dict(x) for x in p._out)
+    assert p.update(cache.frontends_of(keys)) is None and p._out == before
+
+
+def test_two_frontends_claiming_one_key_leave_it_to_the_other_when_one_goes():
+    import dataclasses
+
+    cache = ServiceCache("w1")
+    s0, sl0 = _service(0, 1, 1)
+    cache.load([s0], [sl0])
+    cache.set_context(NET, {}, ADDR4, None)
+    (a,) = cache.frontends()
+    b = dataclasses.replace(a, service="other/dup", service_id=99)   # the same VIP, port and network
+    p = ServiceProgrammer()
+    p.entries([a, b])
+    p.entries([a])
+    head = [SERVICE.unpack(v) for k, v in p._out[0].items() if SERVICE_KEY.unpack(k)["slot"] == 0]
+    assert [h["service_id"] for h in head] == [a.service_id]
