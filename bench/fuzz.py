@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The datapath fuzzer's long budget: hostile frames (lace.datapath.fuzz) through the from-pod and
+"""The datapath fuzzer's long budget: hostile frames (tests/fuzz/harness.py) through the from-pod and
 from-uplink programs for N minutes, each under a drawn policy world, every verdict checked (named,
 no crash, no conntrack entry for a drop, the ``lace policy trace`` emulation agreeing where it
 covers the frame).
@@ -7,7 +7,7 @@ covers the frame).
 Prints the examples run per program, the verdicts per drop reason, how the emulation compared,
 disagreements, crashes and problems (recorded bugs by name, anything new in full). Every input
 with a problem of a kind not seen before in this run is saved to tests/fuzz/corpus/datapath (the CI
-replays that directory; recorded bugs, lace.datapath.fuzz.KNOWN_ISSUES, have theirs already);
+replays that directory; recorded bugs, tests.fuzz.harness.KNOWN_ISSUES, have theirs already);
 --no-save keeps the corpus as it is. Exits 1 when a problem that is no recorded bug, or a crash,
 turned up.
 
@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-from lace.datapath import fuzz  # noqa: E402
 from lace.datapath.testbed import Testbed  # noqa: E402
+from tests.fuzz import harness as fuzz  # noqa: E402  (test code: the repo root is on the path above)
 
 #: examples per hypothesis run; each run starts from a fresh seed until the time is up
 CHUNK = 250
@@ -117,7 +117,7 @@ def render(doc: dict) -> None:
           + f"; not covered {emu.get('not covered', 0)}")
     print(f"disagreements {doc['disagreements']}, crashes {doc['crashes']}")
     if doc["problems"]:
-        print("\nproblems (known issues by name, see lace.datapath.fuzz.KNOWN_ISSUES)")
+        print("\nproblems (known issues by name, see tests.fuzz.harness.KNOWN_ISSUES)")
         for kind, n in doc["problems"].items():
             print(f"  {n:7}  {kind}")
     for path in doc["saved"]:

@@ -3,7 +3,7 @@ test bed): a bounded hypothesis budget per program, and the corpus of every inpu
 crashed or disagreed, replayed.
 
 What each example checks, and which frames the ``lace policy trace`` emulation covers, is
-lace.datapath.fuzz's docstring: every verdict named, no crash, no conntrack entry for a dropped
+tests/fuzz/harness.py's docstring: every verdict named, no crash, no conntrack entry for a dropped
 packet, and, for well-formed new flows (from-pod: routing, segments, egress and local ingress
 policy; from-uplink: ingress policy after decapsulation), the program's verdict and destination
 segment equal to the emulation's. bench/fuzz.py runs the same harness for minutes.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from lace.datapath import fuzz
 from lace.datapath.testbed import Testbed
+from tests.fuzz import harness as fuzz
 
 pytestmark = pytest.mark.privileged
 

@@ -27,8 +27,10 @@ allowed flow later; such drops are counted as "beyond the emulation", not as dis
 Every example starts from the test bed's base topology plus a drawn *world* (policy markers and
 allow rules, prefix segments, a route to the outside), so the same frame meets different policy.
 
-Needs the ``test`` extra (hypothesis, scapy), imported here; the test bed needs root and bpffs.
-tests/fuzz/test_datapath_fuzz.py runs a bounded budget; bench/fuzz.py a long one.
+Test code, kept out of the product package: it needs the ``test`` extra (hypothesis, scapy) and
+reads ``lace policy trace``'s engine (lace.policy), which the datapath layer sits below; the test
+bed needs root and bpffs. tests/fuzz/test_datapath_fuzz.py runs a bounded budget; bench/fuzz.py a
+long one (it imports this module as tests.fuzz.harness).
 """
 
 from __future__ import annotations
@@ -715,8 +717,7 @@ class Stats:
 
 def corpus_dir() -> str:
     """tests/fuzz/corpus/datapath in the repo: every crashing or disagreeing input, replayed by CI."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(os.path.dirname(here)), "tests", "fuzz", "corpus", "datapath")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "datapath")
 
 
 def save_case(frame: Frame, world: World, out: Outcome, directory: str | None = None) -> str:
