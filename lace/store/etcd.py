@@ -570,9 +570,17 @@ class EtcdHeartbeat(Heartbeat):
         if granted.get("error") or not granted.get("ID"):
             raise Unavailable(f'etcd at {self._gateway.where()} granted no lease for the liveness of '
                               f'"{self.name}": {granted.get("error") or granted}')
-        self._lease = str(granted["ID"])
+        lease = str(granted["ID"])
         value = orjson.dumps({"holder": self.holder, "ttl": self.ttl, "pid": os.getpid()})
-        self._call("kv/put", {"key": _b64(self._key), "value": _b64(value), "lease": self._lease})
+        try:
+            self._call("kv/put", {"key": _b64(self._key), "value": _b64(value), "lease": lease})
+        except BaseException:
+            # the key was not written: keeping this lease would let renew() keep alive a lease
+            # that holds nothing and report the node alive while it reads as gone
+            with contextlib.suppress(StoreError):
+                self._call("kv/lease/revoke", {"ID": lease})
+            raise
+        self._lease = lease     # only once the key is on it
 
     def renew(self) -> bool:
         if self._lease is None:

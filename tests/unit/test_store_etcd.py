@@ -162,6 +162,30 @@ def test_liveness_is_a_leased_key_outside_the_registry_and_the_guard(etcd_store)
 
 
 @privileged
+def test_a_liveness_key_whose_put_failed_is_taken_again_not_reported_alive(etcd_store):
+    from lace.store.etcd import _EtcdError
+
+    beat = etcd_store.keep_alive("node-1", 10, "agent pid 1")
+    real, failures = beat._gateway.call, [1]
+
+    def call(path, body, **kw):
+        if path == "kv/put" and failures:
+            failures.pop()
+            raise _EtcdError("injected: the put did not happen")
+        return real(path, body, **kw)
+
+    beat._gateway.call = call
+    etcd_store.backend.gateway.call("kv/lease/revoke", {"ID": beat._lease})   # as if it expired
+    with pytest.raises(Unavailable, match="injected"):
+        beat.renew()                       # takes a new lease, but its key is not written
+    assert etcd_store.node_liveness() == {}
+    assert beat.renew() is False           # not "renewed": it takes the key again
+    assert set(etcd_store.node_liveness()) == {"node-1"}
+    assert beat.renew() is True
+    beat.release()
+
+
+@privileged
 def test_prefetch_reads_a_batch_at_the_snapshot_in_one_request(etcd_config):
     one, two = open_store(etcd_config), open_store(etcd_config)
     try:
