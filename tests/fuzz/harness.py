@@ -6,8 +6,9 @@ checks what every verdict must satisfy, whatever the frame:
   carries the program's trace point, a known verdict and a drop reason of ``DropReason`` that is
   not reserved; a SHOT ends with a drop event (a drop is never silent);
 * **no crash** — the test run itself succeeds and its events decode;
-* **no conntrack entry for a dropped packet** — the conntrack tables hold after a drop exactly
-  what they held before it;
+* **no state for a dropped packet** — after a drop or a reject the conntrack and affinity tables
+  hold the entries they held before it, with the same values but for what conntrack legitimately
+  updates for any packet it sees (``VOLATILE_FIELDS``);
 * **the emulation agrees** — where ``lace policy trace``'s engine covers the frame
   (:func:`lace.policy.trace.walk_maps`, :func:`~lace.policy.trace.ingress_step` over the test bed's
   own maps), the program's decision is the one it predicts.
@@ -49,11 +50,13 @@ from lace.bpf import BPFError
 from lace.datapath import config as cfgmod
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_HOST, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction, Verdict)
+from lace.datapath.conntrack import CT_ENTRY, CtFlag
 from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.registry import CT_TABLES
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_value
+from lace.datapath.services import AFFINITY
 from lace.datapath.testbed import (LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NET2, OUTSIDE_ROUTER_MAC, REMOTE,
                                    TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY2, UPLINK_MAC, Testbed)
 from lace.policy.emulate import PolicyMaps
@@ -62,8 +65,18 @@ from lace.policy.trace import ingress_step, verdict_of, walk_maps
 PROGRAMS = ("pod", "uplink")
 POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK}
 PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink"}
-#: the maps a dropped packet must leave as they were
+#: the maps a dropped (or rejected) packet must leave as they were
 STATE_TABLES = (*CT_TABLES, "affinity")
+#: what a packet may change in an entry it does not create, even when it is dropped later in its
+#: walk: conntrack sees the packet before its delivery (ct_advance: counters, state, TCP flags,
+#: last seen, expiry, the SEEN_REPLY flag; ct_related and reply aliases: last seen, expiry), as the
+#: kernel's conntrack counts a packet its forward path then drops; an affinity entry's last use.
+#: Everything else in a value (where the flow goes, its translation, segments, creation) must stay.
+VOLATILE_FIELDS = {
+    "ct": ("last_seen_ns", "expires_ns", "packets_fwd", "bytes_fwd", "packets_rev", "bytes_rev", "state",
+           "tcp_flags_fwd", "tcp_flags_rev"),
+    "affinity": ("last_used_ns",),
+}
 #: ETH_HLEN: BPF_PROG_TEST_RUN refuses a tc frame shorter than its Ethernet header (EINVAL)
 MIN_FRAME = 14
 MAX_FRAME = 1500
@@ -535,8 +548,33 @@ class Harness:
             for k in policy_keys(r.segment, r.peer, r.direction, r.proto, r.port, r.end_port):
                 dp.m("policy").update(k, policy_entry(91, n))
 
-    def state(self) -> set[tuple[str, bytes]]:
-        return {(name, k) for name in STATE_TABLES for k in self.dp.m(name).keys()}
+    def state(self) -> dict[tuple[str, bytes], tuple[Any, ...]]:
+        """Every entry of the state tables, its value without the fields a packet may change on
+        its way to a drop (VOLATILE_FIELDS)."""
+        out = {}
+        for name in STATE_TABLES:
+            layout, volatile = (AFFINITY, VOLATILE_FIELDS["affinity"]) if name == "affinity" else \
+                (CT_ENTRY, VOLATILE_FIELDS["ct"])
+            for k, v in self.dp.m(name).entries():
+                fields = layout.unpack(v)
+                if layout is CT_ENTRY:
+                    fields["flags"] &= ~int(CtFlag.SEEN_REPLY)
+                out[(name, k)] = tuple(sorted((f, x) for f, x in fields.items() if f not in volatile))
+        return out
+
+    @staticmethod
+    def state_changes(before: dict[tuple[str, bytes], tuple[Any, ...]],
+                      after: dict[tuple[str, bytes], tuple[Any, ...]]) -> list[str]:
+        """What a packet that went no further changed in the state tables: entries it left, entries
+        it removed, entries whose (non-volatile) value it rewrote, per table."""
+        out = []
+        for what, keys in (("left entries in", after.keys() - before.keys()),
+                           ("removed entries from", before.keys() - after.keys()),
+                           ("modified entries in", {k for k in after.keys() & before.keys() if after[k] != before[k]})):
+            tables = sorted({name for name, _ in keys})
+            if tables:
+                out.append(f"{what} {', '.join(tables)}")
+        return out
 
     def emulation(self) -> PolicyMaps:
         """The test bed's maps as ``lace policy trace`` reads a node's pins."""
@@ -573,10 +611,10 @@ class Harness:
         except Exception as exc:   # an event that does not decode is a crash of the harness's reading
             return Outcome("crash", [f"{type(exc).__name__}: {exc}"], crash=True)
         out = self.check(frame.program, res.retval, res.events)
-        if out.verdict.startswith("drop:"):
-            created = sorted({name for name, _ in self.state() - before})
-            if created:
-                out.problems.append(f"dropped ({out.verdict}) but left entries in {', '.join(created)}")
+        if out.verdict.startswith(("drop:", "reject:")):   # a reject answers a flow that never was
+            changes = self.state_changes(before, self.state())
+            if changes:
+                out.problems.append(f"dropped ({out.verdict}) but {'; '.join(changes)}")
         if frame.covered is not None and pm is not None and not out.problems:
             self.compare(frame.covered, pm, res.retval, res.events, out)
         return out

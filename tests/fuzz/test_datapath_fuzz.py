@@ -68,6 +68,27 @@ def test_hostile_frames(testbed, harness, program):
     assert any(v in seen for v in ("redirect", "forward")), seen
 
 
+def test_state_check_sees_values_and_removals(harness):
+    """What the harness holds a drop (or reject) to: an entry it only advanced (counters, state,
+    expiry: masked) is unchanged; one it created, removed or otherwise rewrote is a problem."""
+    from lace.datapath.conntrack import CT_ENTRY, ct4_key
+
+    harness.program_world(fuzz.World())
+    ct = harness.dp.m("ct-tcp-v4")
+    key = ct4_key(fuzz.NET1, "10.1.1.10", "10.1.1.11", 1000, 80, 6)
+    entry = {"created_ns": 1, "expires_ns": 10, "dst_network": fuzz.NET1, "packets_fwd": 1, "state": 1}
+    ct.update(key, CT_ENTRY.pack(entry))
+    before = harness.state()
+    ct.update(key, CT_ENTRY.pack({**entry, "expires_ns": 20, "packets_fwd": 2, "state": 2, "flags": 1}))
+    assert harness.state_changes(before, harness.state()) == []
+    ct.update(key, CT_ENTRY.pack({**entry, "dst_network": fuzz.NET2}))
+    assert harness.state_changes(before, harness.state()) == ["modified entries in ct-tcp-v4"]
+    ct.delete(key)
+    assert harness.state_changes(before, harness.state()) == ["removed entries from ct-tcp-v4"]
+    assert harness.state_changes({}, before) == ["left entries in ct-tcp-v4"]
+    ct.clear()
+
+
 def _cases():
     params = []
     for name, frame, world, doc in fuzz.load_cases():
