@@ -101,9 +101,13 @@ def _cases():
 def test_corpus_replays_clean(harness, frame, world, doc):
     """Every input the fuzzer ever kept (tests/fuzz/corpus/datapath) now passes every check; a
     case of a recorded bug is a strict expected failure, so fixing the bug fails it until its
-    KNOWN_ISSUES entry and xfail go."""
+    KNOWN_ISSUES entry and xfail go. A case whose bug was fixed (its "fixed" key) also keeps the
+    verdict it was found with: the fix changed what the packet leaves behind, not why it drops, so
+    a later change that drops it earlier for another reason (and so hides the bug) fails here."""
     out = harness.run(frame, world)
     assert not out.problems, f"{doc['found']} -> now {out.verdict}: {out.problems}"
+    if "fixed" in doc:
+        assert out.verdict == doc["found"]["verdict"], f"{doc['found']} -> now {out.verdict} ({doc['fixed']})"
 
 
 def test_corpus_is_not_empty():
