@@ -120,6 +120,18 @@ class KubernetesTransaction(Transaction):
         self.overlay: dict[tuple[str, str, str], dict | None] = {}
         #: what was written, to undo: (created object | None, object before the write)
         self.undo: list[tuple[str, dict | None, dict | None]] = []
+        #: the cache's revision before this transaction's first read (see ``revision``)
+        self._revision: int | None = None
+
+    def _snapshot(self) -> None:
+        """Take the cache's revision now, once, before the first read: the reflectors keep
+        applying events while the transaction reads, so a revision taken after a read could
+        cover an event that read missed, and a watch from it would skip that event; one taken
+        before may only replay what was read (harmless: watchers apply events idempotently)."""
+        if self._revision is None:
+            cache = self.backend.cache
+            with cache.cond:
+                self._revision = cache.revision
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         key = (kind, namespace, name)
@@ -127,10 +139,12 @@ class KubernetesTransaction(Transaction):
             obj = self.overlay[key]
             return copy.deepcopy(obj) if obj is not None else None
         self.backend.ensure_synced(kind)
+        self._snapshot()
         return self.backend.cache.get(kind, namespace, name)
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         self.backend.ensure_synced(kind)
+        self._snapshot()
         objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
                 for o in self.backend.cache.list(kind, namespace)}
         for (k, ns, name), obj in self.overlay.items():
@@ -168,7 +182,11 @@ class KubernetesTransaction(Transaction):
         return copy.deepcopy(obj)
 
     def revision(self) -> int:
-        return self.backend.cache.revision
+        """The cache's revision before this transaction's first read: every change up to it is
+        in what the transaction read, so a watch from it misses nothing."""
+        self._snapshot()
+        assert self._revision is not None
+        return self._revision
 
     def next_value(self, counter: str, first: int) -> int:
         return self.backend.next_counter(counter, first, dry_run=self.dry_run)
