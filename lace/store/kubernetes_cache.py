@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import logging
 import random
 import threading
@@ -310,9 +311,11 @@ class CacheWatch(Watch):
                 if self.position < self.cache.compacted:
                     raise Gone(f"revision {self.position} of the Kubernetes store's cache was compacted",
                                hint="list again and watch from the list's resource_version")
-                for rev, type_, obj in self.cache.log:
-                    if rev <= self.position:
-                        continue
+                changes = self.cache.log
+                # revisions are contiguous (one per change), so the first one after ours sits at a
+                # known index: skip to it rather than compare every logged change on each wake-up
+                first = changes[0][0] if changes else self.position + 1
+                for rev, type_, obj in itertools.islice(changes, max(0, self.position + 1 - first), None):
                     self.position = rev
                     if self.kinds is None or obj.get("kind") in self.kinds:
                         self.pending.append(WatchEvent(type_, copy.deepcopy(obj), str(rev)))  # type: ignore[arg-type]

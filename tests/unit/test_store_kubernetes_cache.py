@@ -46,3 +46,13 @@ def test_a_transactions_revision_is_taken_before_its_first_read() -> None:
     # a watch from the list's revision brings the event the list missed
     assert _drain(CacheWatch(cache, {"Pod"}, since, timeout=0)) == [("ADDED", "b", "2")]
 
+
+def test_a_cache_watch_resumes_at_its_revision_in_a_wrapped_log() -> None:
+    cache = Cache(log_size=4)
+    for i in range(10):
+        cache.apply("Pod", "ADDED", pod(f"p{i}"))
+    assert [rev for rev, _, _ in cache.log] == [7, 8, 9, 10] and cache.compacted == 6
+    assert _drain(CacheWatch(cache, None, 8, timeout=0)) == [("ADDED", "p8", "9"), ("ADDED", "p9", "10")]
+    assert _drain(CacheWatch(cache, None, 6, timeout=0))[0] == ("ADDED", "p6", "7")
+    assert _drain(CacheWatch(cache, None, 10, timeout=0)) == []
+    assert _drain(CacheWatch(cache, {"Service"}, 6, timeout=0)) == []
