@@ -5,11 +5,11 @@ no crash, no conntrack entry for a drop, the ``lace policy trace`` emulation agr
 covers the frame).
 
 Prints the examples run per program, the verdicts per drop reason, how the emulation compared,
-disagreements, crashes and problems (recorded bugs by name, anything new in full). Every input
-with a problem of a kind not seen before in this run is saved to tests/fuzz/corpus/datapath (the CI
-replays that directory; recorded bugs, tests.fuzz.harness.KNOWN_ISSUES, have theirs already);
---no-save keeps the corpus as it is. Exits 1 when a problem that is no recorded bug, or a crash,
-turned up.
+disagreements, crashes and problems (recorded bugs by name, anything new by its text with the
+numbers blanked: harness.problem_kind). Every input with a problem of a kind not seen before in
+this run is saved to tests/fuzz/corpus/datapath (the CI replays that directory; recorded bugs,
+tests.fuzz.harness.KNOWN_ISSUES, have theirs already); --no-save keeps the corpus as it is.
+Exits 1 when a problem that is no recorded bug, or a crash, turned up.
 
 Run as root after `make install`:  .venv/bin/python bench/fuzz.py --minutes 5 [--json]
 """
@@ -94,8 +94,9 @@ def run_chunk(dp: Testbed, harness: fuzz.Harness, program: str, chunk_seed: int,
             return
         out = harness.run(frame, world)
         stats.add(program, out)
-        # a recorded bug has its cases in the corpus already: only what is new is kept
-        kinds = {p for p in out.problems if fuzz.known_issue(p) is None}
+        # a recorded bug has its cases in the corpus already: only what is new is kept, one case
+        # per kind of problem as the statistics count them (not per text: texts carry values)
+        kinds = {fuzz.problem_kind(p) for p in out.problems if fuzz.known_issue(p) is None}
         if save and kinds - seen:
             seen.update(kinds)
             saved.append(fuzz.save_case(frame, world, out))

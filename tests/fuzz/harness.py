@@ -732,6 +732,15 @@ def known_issue(problem: str) -> str | None:
 
 # -- statistics and the corpus ---------------------------------------------------------------------
 
+def problem_kind(problem: str) -> str:
+    """What a problem is an instance of, for counting and for keeping one corpus case of each: a
+    recorded bug by name, else the text with its numbers (segments, return codes, lengths, event
+    fields that change from frame to frame) blanked, cut to 100 characters."""
+    import re
+
+    return known_issue(problem) or "new: " + re.sub(r"\d+", "N", problem)[:100]
+
+
 @dataclass
 class Stats:
     """Counts over many examples: per program and verdict, emulation comparisons, problems."""
@@ -750,7 +759,7 @@ class Stats:
         self.crashes += out.crash
         self.disagreements += out.emulation == "disagrees"
         for p in out.problems:
-            self.problems[known_issue(p) or "new: " + p.split(":")[0][:80]] += 1
+            self.problems[problem_kind(p)] += 1
 
 
 def corpus_dir() -> str:
@@ -792,4 +801,4 @@ def load_cases(directory: str | None = None) -> list[tuple[str, Frame, World, di
 
 
 __all__ = ["Frame", "World", "Rule", "Covered", "Outcome", "Harness", "Stats", "frames", "worlds",
-           "save_case", "load_cases", "corpus_dir", "known_issue", "KNOWN_ISSUES", "PROGRAMS"]
+           "save_case", "load_cases", "corpus_dir", "known_issue", "problem_kind", "KNOWN_ISSUES", "PROGRAMS"]

@@ -89,6 +89,16 @@ def test_state_check_sees_values_and_removals(harness):
     ct.clear()
 
 
+def test_problem_kind_ignores_values():
+    """bench/fuzz.py keeps one corpus case per kind of problem, the key its statistics count by:
+    texts that differ only in values are one kind, different drops or tables are not."""
+    a = fuzz.problem_kind("emulation resolves the destination to segment 600, the program to 257")
+    b = fuzz.problem_kind("emulation resolves the destination to segment 301, the program to 0")
+    assert a == b and a.startswith("new: ")
+    assert (fuzz.problem_kind("dropped (drop:ttl-exceeded) but left entries in ct-udp-v6")
+            != fuzz.problem_kind("dropped (drop:fib-lookup-failed) but left entries in ct-udp-v6"))
+
+
 def _cases():
     params = []
     for name, frame, world, doc in fuzz.load_cases():
