@@ -33,13 +33,14 @@ def vips(lab, ns: str, name: str) -> list[str]:
     return json.loads(out)["spec"]["clusterIPs"]
 
 
-def programmed(lab, vip: str, active: int, nodes=NODES) -> None:
-    """Wait until every node's services map has the frontend with ``active`` active backends."""
+def programmed(lab, vip: str, active: int, nodes=NODES, frontends: int = 1) -> None:
+    """Wait until every node's services map has ``frontends`` frontends at the VIP (one per source
+    network) with ``active`` active backends."""
     def ready() -> bool:
         for node in nodes:
             doc = node_json(lab, node, "bpf", "show", "services", "-n")
-            if not any(e["addr"] == vip and e["port"] == 80 and e["active_count"] == active
-                       for e in doc["entries"]):
+            if sum(e["addr"] == vip and e["port"] == 80 and e["active_count"] == active
+                   for e in doc["entries"]) < frontends:
                 return False
         return True
     wait_until(ready, f"{vip} programmed with {active} active backends on {', '.join(nodes)}", timeout=30)
@@ -107,7 +108,7 @@ def test_same_vip_in_two_networks_reaches_each_networks_backends(lab, ns):
                        ipFamilyPolicy="SingleStack"),
                {**service("same2", ns, {"app": "bweb"}, network_name=blue, clusterIP=vip, clusterIPs=[vip],
                           ipFamilyPolicy="SingleStack")}])
-    programmed(lab, vip, 1)
+    programmed(lab, vip, 1, frontends=2)   # in red and in blue
     assert answers(lab, f"{ns}/rcli", vip, 3) == [f"{ns}/rweb"] * 3
     assert answers(lab, f"{ns}/bcli", vip, 3) == [f"{ns}/bweb"] * 3
     # the default network has no such service: the VIP does not exist there
