@@ -224,7 +224,16 @@ __lace_subprog int masq_new_flow(struct __sk_buff *skb, struct lace_flow *f, con
 		ct_delete(f->family, f->proto, &k);   /* a new flow that could not be recorded after all */
 		return rc;
 	}
-	return masq_rewrite_source(skb, f, node.b, port);
+	rc = masq_rewrite_source(skb, f, node.b, port);
+	if (rc) {
+		/* not translated (a transport header cut short of its checksum): the flow never left,
+		 * so neither its port nor its pod entry stays */
+		masq_key(&k, f, node.b, port);
+		ct_delete(f->family, f->proto, &k);
+		ct_key(&k, f->family, f->src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
+		ct_delete(f->family, f->proto, &k);
+	}
+	return rc;
 }
 
 /* An established packet of a masqueraded flow, found by its pod entry pe (already advanced): the

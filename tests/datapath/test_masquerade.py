@@ -295,6 +295,22 @@ def test_exhausted_port_space_is_nat_failed(dp, family, proto):
     assert fam_ip(family)(assert_out_of_uplink(res, dp)).sport == cands[-1]
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_header_too_short_to_translate_leaves_no_port_nor_entry(dp, family, proto):
+    """A transport header the parser takes (a TCP head of 14 bytes, UDP of 6) but too short for its
+    checksum field to be rewritten: dropped, and its port reservation and pod entry deleted."""
+    a = dp.pods["a"]
+    masquerade(dp, family)
+    head = bytes(l4(proto, 40010, 443))[:14 if proto == 6 else 6]
+    next_header = {"proto": proto} if family == 4 else {"nh": proto}
+    res = dp.from_pod(a, dp.l3(a, REMOTE[family], family, **next_header) / Raw(head))
+    assert res.retval != TC_ACT_REDIRECT and res.events and res.events[-1]["verdict"] == Verdict.DROP, res.events
+    assert ct(dp, NET1, a.ip(family), REMOTE[family], 40010, 443, proto) is None, "no pod entry"
+    for port in candidate_ports(NET1, a.ip(family), REMOTE[family], 40010, 443, proto)[:MASQ_TRIES]:
+        assert reservation(dp, family, port, 443, proto) is None, f"port {port} still reserved"
+
+
 def test_no_node_address_of_the_family_is_nat_failed(dp):
     a = dp.pods["a"]
     dp.configure(addr4=None)
