@@ -1,5 +1,6 @@
 """The e2e tier: one shared 3-node lab for the whole session (independent scenarios use their own
-namespaces and networks in it), driven through the real ``lace`` CLI in-process."""
+namespaces and networks in it), and one lab on etcd for the etcd tests (which run last), driven
+through the real ``lace`` CLI in-process."""
 
 from __future__ import annotations
 
@@ -109,6 +110,22 @@ def agent_down(lab: LabHandle, node: str) -> Iterator[None]:
         lab.lace("lab", "restart-agent", node)
 
 
+def start_etcd_members(lab: LabHandle, nodes: list[str]) -> None:
+    """Start the etcd members of ``nodes`` that are not running (``lace.lab.etcd.start_member``,
+    from their data), then wait for a healthy cluster."""
+    from lace.lab import etcd as lab_etcd
+    from lace.lab import procs, topology
+    from lace.store.config import lab_store
+    from lace.store.etcd import wait_ready
+    running = {p.name for p in procs.list_procs(lab.dir) if p.alive}
+    topo = topology.load(lab.name, state_dir=lab.dir)
+    for node in nodes:
+        if lab_etcd.proc_name(node) not in running:
+            lab_etcd.start_member(topo, lab.dir, node)
+    config = lab_store(lab.dir)
+    wait_ready(config.endpoints, netns=config.netns, timeout=60)
+
+
 def pod(name: str, ns: str, node: str | None = None, network: str | None = None,
         labels: dict | None = None, tcp=(80,), udp=(53,)) -> dict:
     ports = [{"containerPort": p} for p in tcp] + [{"containerPort": p, "protocol": "UDP"} for p in udp]
@@ -166,13 +183,16 @@ def leftovers(lab: str, lab_dir: str | None = None) -> dict[str, list[str]]:
     return {k: v for k, v in found.items() if v}
 
 
-@pytest.fixture(scope="session")
-def lab():
-    name = f"e2e{os.getpid() % 10000}"
-    state = tempfile.mkdtemp(prefix="lace-e2e-")
+@contextmanager
+def _lab(prefix: str, *up_args: str) -> Iterator[LabHandle]:
+    """A 3-node lab named ``prefix`` + this process's pid, in a state dir of its own, brought up
+    with ``lace lab up ... *up_args``; taken down afterwards (even when the block fails), and
+    failing if down left anything of it in the kernel or running."""
+    name = f"{prefix}{os.getpid() % 10000}"
+    state = tempfile.mkdtemp(prefix=f"lace-{prefix}-")
     handle = LabHandle(name, state)
     try:
-        handle.lace("lab", "up", "--name", name, "--nodes", "3")
+        handle.lace("lab", "up", "--name", name, "--nodes", "3", *up_args)
         yield handle
     finally:
         handle.lace("lab", "down", "--name", name, check=False)
@@ -181,10 +201,48 @@ def lab():
         assert not left, f"lab down left {left}"
 
 
+@pytest.fixture(scope="session")
+def lab() -> Iterator[LabHandle]:
+    """The shared lab, on the SQLite store."""
+    with _lab("e2e") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="session")
+def etcd_lab() -> Iterator[LabHandle]:
+    """The one lab on etcd (``--store etcd``) for ``test_lab_etcd.py`` and ``test_etcd_faults.py``:
+    their tests run last in the session (see ``pytest_collection_modifyitems``), so it comes up
+    only when they start, and it goes with the session."""
+    with _lab("et", "--store", "etcd") as handle:
+        yield handle
+
+
 @pytest.fixture
-def ns(lab):
-    """A fresh namespace for one test, removed afterwards."""
+def ns(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, removed afterwards: in the etcd lab when the test uses it,
+    else in the shared lab."""
+    handle: LabHandle = request.getfixturevalue("etcd_lab" if "etcd_lab" in request.fixturenames else "lab")
     name = f"t-{uuid.uuid4().hex[:8]}"
-    lab.apply([namespace(name)])
+    handle.apply([namespace(name)])
     yield name
-    lab.lace("delete", "namespace", name, check=False)
+    handle.lace("delete", "namespace", name, check=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "etcd_fault(last=False): breaks the etcd lab on purpose and makes it "
+                                       "whole again; runs after its other tests (last=True: after every other)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The etcd lab's tests run after every other test of the session, so that lab is up only
+    while they run: first those that leave it as they found it, then the faults, each making it
+    whole again, and last those marked ``etcd_fault(last=True)`` (a member killed and started
+    again), which could disturb a test after them."""
+    def rank(item: pytest.Item) -> int:
+        if "etcd_lab" not in getattr(item, "fixturenames", ()):
+            return 0
+        fault = item.get_closest_marker("etcd_fault")
+        if fault is None:
+            return 1
+        return 3 if fault.kwargs.get("last") else 2
+    items.sort(key=rank)    # stable: the order within each rank is the collection's
