@@ -23,20 +23,33 @@ from lace.cni.spec import CNI_VERSION
 PLUGIN = "lace-cni"
 CONFLIST = "05-lace.conflist"
 MAIN = "import sys\nfrom lace.cni.plugin import main\nsys.exit(main())\n"
+#: every zipapp entry's timestamp (zip's earliest): the bytes depend on the sources only
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def plugin_zipapp() -> bytes:
-    """The plugin as an executable zipapp: a shebang line, then lace/__init__ and lace/cni/*.py."""
+    """The plugin as an executable zipapp: a shebang line, then lace/__init__ and lace/cni/*.py.
+
+    The same sources give the same bytes: every entry has a fixed date (not now, not the file's
+    mtime) and fixed permissions, so an installer run finds an unchanged plugin unchanged.
+    """
     root = os.path.dirname(os.path.dirname(os.path.abspath(lace.__file__)))
+    cni = os.path.join(root, "lace", "cni")
+    entries = [("__main__.py", MAIN.encode())]
+    with open(os.path.join(root, "lace", "__init__.py"), "rb") as f:
+        entries.append(("lace/__init__.py", f.read()))
+    for name in sorted(os.listdir(cni)):
+        if name.endswith(".py"):
+            with open(os.path.join(cni, name), "rb") as f:
+                entries.append((f"lace/cni/{name}", f.read()))
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/env python3\n")
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("__main__.py", MAIN)
-        z.write(os.path.join(root, "lace", "__init__.py"), "lace/__init__.py")
-        cni = os.path.join(root, "lace", "cni")
-        for name in sorted(os.listdir(cni)):
-            if name.endswith(".py"):
-                z.write(os.path.join(cni, name), f"lace/cni/{name}")
+    with zipfile.ZipFile(buf, "w") as z:
+        for arcname, data in entries:
+            info = zipfile.ZipInfo(arcname, date_time=ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
     return buf.getvalue()
 
 

@@ -1,15 +1,19 @@
 """deploy/: the CRDs match lace's schemas, the plain manifests match the chart, and every object
-of both (and of the chart rendered with other values) is valid against Kubernetes' own schemas.
+of both (and of the chart rendered with other values) is valid against Kubernetes' own schemas;
+the CNI installer's plugin is the same bytes on every build and runs on a bare ``python3``.
 
 The chart is rendered by Helm's engine (``helm-python-sdk``, see tools/render_manifests.py) and
 every object is checked with ``kubernetes-validate`` (the apiserver's OpenAPI schemas, strict: an
-unknown field fails) for the oldest Kubernetes the chart supports.
+unknown field fails) for the oldest Kubernetes the chart supports. Only the tests that use those
+two packages skip without them; the CRD generator's and the installer's need neither.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -21,14 +25,26 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import gen_crds  # noqa: E402
 import render_manifests  # noqa: E402
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-pytest.importorskip("helm_python")
+from lace.cni import install  # noqa: E402
 
 KUBERNETES_VERSION = "1.33.0"   # Chart.yaml's kubeVersion floor (networking.k8s.io/v1 ServiceCIDR)
 CRD_DIR = os.path.join(ROOT, "deploy", "helm", "lace", "crds")
 
 
+@pytest.fixture
+def validator() -> None:
+    """Kubernetes' schemas for ``_validate`` (the test skips without ``kubernetes-validate``)."""
+    pytest.importorskip("kubernetes_validate")
+
+
+@pytest.fixture
+def helm() -> None:
+    """Helm's engine for rendering the chart (the test skips without ``helm-python-sdk``)."""
+    pytest.importorskip("helm_python")
+
+
 def _validate(doc: dict) -> None:
+    import kubernetes_validate
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as err:
@@ -57,7 +73,7 @@ def test_crd_check_notices_a_stale_file(tmp_path) -> None:
     assert gen_crds.main(["--check", "--out", str(tmp_path)]) == 1
 
 
-def test_crds_are_valid_with_printer_columns_and_status() -> None:
+def test_crds_are_valid_with_printer_columns_and_status(validator) -> None:
     for doc in _crds():
         _validate(doc)
         version = doc["spec"]["versions"][0]
@@ -96,11 +112,11 @@ def test_crd_schemas_are_structural_and_accept_lace_objects() -> None:
         jsonschema.validate({**network, "spec": {"cidrs": []}}, by_kind["Network"])
 
 
-def test_plain_manifests_are_the_chart_rendered() -> None:
+def test_plain_manifests_are_the_chart_rendered(helm) -> None:
     assert render_manifests.main(["--check"]) == 0, "run python tools/render_manifests.py"
 
 
-def test_plain_manifests_are_valid() -> None:
+def test_plain_manifests_are_valid(validator) -> None:
     with open(render_manifests.OUT) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     kinds = sorted(d["kind"] for d in docs)
@@ -113,9 +129,10 @@ def test_plain_manifests_are_valid() -> None:
     {},
     {"config": {"metricsPort": 0, "kubeletCgroup": "/sys/fs/cgroup/kubelet.slice"},
      "node": {"updateStrategy": {"maxUnavailable": "10%"}}, "operator": {"replicas": 1},
-     "image": {"repository": "registry.example/lace", "tag": "0.2.0"}},
+     "image": {"repository": "registry.example/lace", "tag": "0.2.0"},
+     "apiServer": {"host": "fd00::10", "port": 8443}},
 ], ids=["defaults", "custom"])
-def test_chart_renders_valid_objects(values: dict) -> None:
+def test_chart_renders_valid_objects(values: dict, validator, helm) -> None:
     docs = render_chart = render_manifests.render_chart(values, namespace="cni")
     for doc in docs:
         _validate(doc)
@@ -134,9 +151,17 @@ def test_chart_renders_valid_objects(values: dict) -> None:
         assert "--kubelet-cgroup=$(LACE_KUBELET_CGROUP)" in agent["args"]
         assert not any(a.startswith("--metrics-port") for a in agent["args"])
         assert agent["image"] == "registry.example/lace:0.2.0"
+    # the apiserver straight (apiServer.host), not through the ClusterIP lace programs, in both workloads
+    operator = next(d for d in render_chart if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    for container in (agent, operator):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if values:
+            assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("fd00::10", "8443")
+        else:
+            assert "KUBERNETES_SERVICE_HOST" not in env and "KUBERNETES_SERVICE_PORT" not in env
 
 
-def test_rbac_is_least_privilege() -> None:
+def test_rbac_is_least_privilege(helm) -> None:
     docs = render_manifests.render_chart()
     roles = {(d["kind"], d["metadata"]["name"]): d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
     for (kind, name), rules in roles.items():
@@ -154,7 +179,7 @@ def test_rbac_is_least_privilege() -> None:
     assert node_writes == {"segments", "ipblocks", "ipleases"}
 
 
-def test_lace_exec_finds_the_pod_the_chart_makes() -> None:
+def test_lace_exec_finds_the_pod_the_chart_makes(helm) -> None:
     """`lace exec --node N --context C` looks for the lace-node pod where deploy/ puts it, and the
     node command inside finds its pins, node, store and agent socket in the container's env."""
     from lace.cli.commands import exec as lexec
@@ -167,3 +192,22 @@ def test_lace_exec_finds_the_pod_the_chart_makes() -> None:
     agent = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == lexec.NODE_CONTAINER)
     env = {e["name"] for e in agent["env"]}
     assert {"LACE_PIN_ROOT", "LACE_STORE", "LACE_NODE", "LACE_AGENT_SOCKET"} <= env
+
+
+def test_cni_plugin_is_the_same_bytes_every_build_and_runs_without_site_packages(tmp_path) -> None:
+    """The installer rewrites the plugin only when it changed: two builds are the same bytes, a
+    second install changes nothing; and the zipapp runs on a bare ``python3 -S`` (no site-packages,
+    nothing of lace's dependencies), answering CNI's VERSION."""
+    first = install.plugin_zipapp()
+    assert install.plugin_zipapp() == first
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    assert len(install.install(str(bin_dir), str(conf_dir), "/var/run/lace/agent.sock")) == 2
+    assert install.install(str(bin_dir), str(conf_dir), "/var/run/lace/agent.sock") == []
+    plugin = bin_dir / install.PLUGIN
+    assert plugin.read_bytes() == first and os.access(plugin, os.X_OK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    r = subprocess.run([sys.executable, "-S", str(plugin)], env={**env, "CNI_COMMAND": "VERSION"},
+                       cwd=tmp_path, input="", capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert answer["cniVersion"] == install.CNI_VERSION and install.CNI_VERSION in answer["supportedVersions"]
