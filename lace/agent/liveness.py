@@ -41,6 +41,9 @@ class LivenessKeeper:
     def __init__(self, store: Store, node: str, ttl: float, holder: str, *,
                  on_failing: Callable[[], None] = lambda: None,
                  on_restored: Callable[[], None] = lambda: None) -> None:
+        if not ttl > 0:     # not a store failure: no renewal could ever go through
+            raise ValueError(f"the liveness TTL of node {node} is {ttl:g}s: give a positive number of "
+                             "seconds (the agent's --liveness-ttl)")
         self.store = store
         self.node = node
         self.ttl = ttl
@@ -75,7 +78,9 @@ class LivenessKeeper:
             self._thread.join(timeout=self.ttl)
 
     def renew_once(self) -> None:
-        """One renewal (the first takes the record); records the outcome, never raises."""
+        """One renewal (the first takes the record); records the outcome. A store error is a
+        failed renewal, not raised; anything else (a bug) is raised, and the thread counts it as
+        a failed renewal too."""
         try:
             if self._beat is None:
                 self._beat = self.store.keep_alive(self.node, self.ttl, self.holder)
@@ -84,12 +89,7 @@ class LivenessKeeper:
                 log.warning("node %s: the liveness record had expired (not renewed for over %.0fs): "
                             "taken again", self.node, self.ttl)
         except StoreError as e:
-            self.last_error = f"{e}"
-            if self.failing_since is None:
-                self.failing_since = time.time()
-                log.warning("node %s: store unavailable, cannot renew the node's liveness: %s; "
-                            "forwarding continues on what is programmed", self.node, e)
-                self._notify(self.on_failing)
+            self._failed("store unavailable", f"{e}")
             return
         self.last_renewed = time.time()
         if self.failing_since is not None:
@@ -98,6 +98,14 @@ class LivenessKeeper:
             self.failing_since = None
             self.last_error = None
             self._notify(self.on_restored)
+
+    def _failed(self, why: str, error: str) -> None:
+        self.last_error = error
+        if self.failing_since is None:
+            self.failing_since = time.time()
+            log.warning("node %s: %s, cannot renew the node's liveness: %s; forwarding continues on "
+                        "what is programmed", self.node, why, error)
+            self._notify(self.on_failing)
 
     def _notify(self, callback: Callable[[], None]) -> None:
         try:
@@ -108,7 +116,11 @@ class LivenessKeeper:
     def _run(self) -> None:
         while not self._stopping.is_set():
             started = time.monotonic()
-            self.renew_once()
+            try:
+                self.renew_once()
+            except Exception as e:   # a bug must not end the thread: the record would expire unseen
+                log.exception("node %s: renewing the liveness record failed", self.node)
+                self._failed("renewal failed", f"{type(e).__name__}: {e}")
             # a renewal that took long (timeouts) is not followed by a full interval's wait
             self._stopping.wait(max(0.05, self.interval - (time.monotonic() - started)))
 

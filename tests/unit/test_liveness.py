@@ -5,6 +5,9 @@ it can again, and tells the agent both times."""
 from __future__ import annotations
 
 import sqlite3
+import time
+
+import pytest
 
 from lace.agent.liveness import LivenessKeeper
 from lace.store import SqliteStore
@@ -69,3 +72,36 @@ def test_nodes_are_ready_while_their_liveness_is_held(tmp_path):
         assert "conditions" not in (store.get("nodes", "worker-1").get("status") or {})   # never stored
     finally:
         store.close()
+
+
+def test_a_bug_in_a_renewal_is_a_failed_renewal_and_the_thread_goes_on(tmp_path):
+    store = SqliteStore(tmp_path / "store.db")
+    calls = []
+    keeper = LivenessKeeper(store, "worker-1", 0.3, "agent pid 1", on_failing=lambda: calls.append("failing"),
+                            on_restored=lambda: calls.append("restored"))
+    real, broken = store.keep_alive, [2]
+
+    def keep_alive(*args):
+        if broken:
+            broken.pop()
+            raise RuntimeError("a bug")
+        return real(*args)
+
+    store.keep_alive = keep_alive
+    try:
+        keeper.start()
+        deadline = time.monotonic() + 5
+        while "restored" not in calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls == ["failing", "restored"]          # failed twice, told once; then renewed
+        assert not keeper.failing and keeper.last_renewed is not None
+    finally:
+        keeper.stop()
+        store.close()
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("nan")])
+def test_a_ttl_that_is_not_positive_is_a_configuration_error(tmp_path, ttl):
+    with SqliteStore(tmp_path / "store.db") as store:
+        with pytest.raises(ValueError, match="liveness TTL of node worker-1 .*positive.*--liveness-ttl"):
+            LivenessKeeper(store, "worker-1", ttl, "agent pid 1")
