@@ -462,7 +462,12 @@ class SqliteWatch(Watch):
             self._conn.close()
             raise _translate(err, backend.path) from None
         self._last = int(meta["revision"]) if since is None else since
-        self._check_compacted(int(meta["compacted"]))
+        self._woken = False
+        try:
+            self._check_compacted(int(meta["compacted"]))
+        except Gone:
+            self._close()
+            raise
         self._woken = _FILE_WAKES.acquire(backend.path)
 
     def _check_compacted(self, compacted: int) -> None:
@@ -522,7 +527,14 @@ class SqliteWatch(Watch):
                 raise StopIteration
             with notifier.cond:
                 seen = notifier.counter
-            self._fetch()
+            try:
+                self._fetch()
+            except BaseException:
+                # the watch ends here (Gone, a store error): give back its connection and its
+                # share of the file wakes now, not whenever the caller drops it
+                self._stopped.set()
+                self._close()
+                raise
             if self._buffer:
                 continue
             if settle:

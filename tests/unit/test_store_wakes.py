@@ -55,3 +55,38 @@ def test_an_idle_watch_sleeps_and_another_process_commit_wakes_it(tmp_path, monk
     assert not reader.is_alive()
     # the store's directory is no longer watched once its last watch closed
     assert str(tmp_path) not in sq._FILE_WAKES._dirs
+
+
+def _ns(name):
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def test_a_watch_that_ends_in_an_error_gives_back_its_connection_and_file_wake(tmp_path):
+    import sqlite3
+
+    import pytest
+
+    from lace.store import Gone
+
+    path = tmp_path / "store.db"
+    store = SqliteStore(path)
+    try:
+        since = store.revision()
+        w = store.watch(["namespaces"], since=since)
+        assert sq._FILE_WAKES._users.get(str(path)) == 1
+        store.create(_ns("a"))
+        store.create(_ns("b"))
+        store.compact(keep=0)                      # the watch's position is compacted away
+        with pytest.raises(Gone):
+            next(w)
+        assert str(path) not in sq._FILE_WAKES._users
+        assert str(tmp_path) not in sq._FILE_WAKES._dirs
+        with pytest.raises(sqlite3.ProgrammingError):   # closed, not left to the garbage collector
+            w._conn.execute("SELECT 1")
+        with pytest.raises(StopIteration):
+            next(w)
+        with pytest.raises(Gone):                  # Gone at the start leaks nothing either
+            store.watch(["namespaces"], since=since)
+        assert str(path) not in sq._FILE_WAKES._users
+    finally:
+        store.close()
