@@ -346,6 +346,17 @@ static __always_inline int ct_record(const struct lace_flow *f, struct lace_ct_e
 	return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, e);
 }
 
+/* Delete the entry of (network, saddr -> daddr, sport -> dport) of f's family and protocol, if
+ * any (ct_store's counterpart). */
+static __always_inline void ct_forget(const struct lace_flow *f, __u32 network, const __u8 *saddr,
+				      const __u8 *daddr, __be16 sport, __be16 dport)
+{
+	union lace_ct_key k;
+
+	ct_key(&k, f->family, network, f->proto, saddr, daddr, sport, dport);
+	ct_delete(f->family, f->proto, &k);
+}
+
 /* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0
  * or a drop reason. */
 __lace_subprog int ct_create(const struct lace_flow *f, __u64 now)

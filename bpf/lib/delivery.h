@@ -31,31 +31,6 @@ static __always_inline struct lace_delivery *delivery_lookup(__u32 network, __u8
 	return bpf_map_lookup_elem(&lace_delivery, &k);
 }
 
-/* Whether this hop is the packet's last: TTL_EXCEEDED for a TTL or hop limit of 1 or 0, as
- * ttl_decrement would say. A new flow asks before its conntrack entry is written, so a packet that
- * dies here (every traceroute probe) leaves no entry behind. */
-static __always_inline int ttl_expiring(struct __sk_buff *skb, __u8 family)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	__u8 ttl;
-
-	if (family == LACE_FAMILY_IPV4) {
-		struct lace_iphdr *ip = data + ETH_HLEN;
-
-		if ((void *)(ip + 1) > data_end)
-			return LACE_DROP_PKT_TRUNCATED;
-		ttl = ip->ttl;
-	} else {
-		struct lace_ip6hdr *ip6 = data + ETH_HLEN;
-
-		if ((void *)(ip6 + 1) > data_end)
-			return LACE_DROP_PKT_TRUNCATED;
-		ttl = ip6->hop_limit;
-	}
-	return ttl <= 1 ? LACE_DROP_TTL_EXCEEDED : 0;
-}
-
 /* Routed hop: decrement the IPv4 TTL or the IPv6 hop limit, by direct packet writes. The IPv4
  * header checksum is updated incrementally (RFC 1624, as the kernel's ip_decrease_ttl does): the
  * TTL is the high byte of its 16-bit word, so that word drops by 0x0100 and the one's-complement

@@ -115,29 +115,6 @@ __lace_subprog int forward_outside(struct __sk_buff *skb, struct lace_flow *f, c
 	return lace_drop(skb, f, LACE_DROP_FIB_LOOKUP_FAILED);
 }
 
-/* Whether the node's FIB has a way out for f's destination (forward_outside's lookup, before
- * anything is translated): a new flow that is masqueraded asks first, so that a destination the
- * node cannot reach takes no masquerade port and leaves no conntrack entry behind. */
-__lace_subprog int outside_reachable(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg)
-{
-	struct bpf_fib_lookup p = {};
-	long rc;
-
-	p.ifindex = cfg->uplink_ifindex;
-	p.l4_protocol = f->proto;
-	if (f->family == LACE_FAMILY_IPV4) {
-		p.family = AF_INET;
-		__builtin_memcpy(&p.ipv4_dst, f->daddr, 4);
-	} else {
-		p.family = AF_INET6;
-		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
-	}
-	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return 0;
-	return LACE_DROP_FIB_LOOKUP_FAILED;
-}
-
 /* Into this node's stack: a host address of this node (delivery kind HOST), or the outside. The
  * packet goes up unchanged on the interface it arrived on. */
 static __always_inline int forward_host(struct __sk_buff *skb, struct lace_flow *f,

@@ -227,6 +227,49 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 	return 0;
 }
 
+/* Take back the entries a new flow f wrote (ct_create, service_ct_create, masq_new_flow,
+ * nodeport_ct_create_remote) when its packet is dropped after all, on its way out: a flow that
+ * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
+ * from f as its creation left it: translated by a service (DNAT) — the backend entry (under the
+ * source the backend sees), the frontend entry and the reply alias; masqueraded (SNAT) — the pod
+ * entry and the port reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's
+ * identifier as both ports); plain — the entry and the reply alias. A ClientIP affinity choice
+ * stays: it is a preference for the client's next flow, not state of this one. */
+__lace_subprog int ct_forget_new(const struct lace_flow *f)
+{
+	union lace_addr a;
+	__be16 dport;
+
+	if (f->nat_kind == LACE_NAT_SNAT) {
+		ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
+		dport = f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP ? f->dport : f->nat_port;
+		ct_forget(f, LACE_NETWORK_OUTSIDE, f->nat_addr, f->daddr, f->nat_port, dport);
+		return 0;
+	}
+	if (f->nat_kind == LACE_NAT_DNAT) {
+		if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
+			service_hairpin_addr(f->family, a.b);
+		else
+			lace_copy16_a8(&a, f->saddr);
+		ct_forget(f, f->src_network, a.b, f->daddr, f->sport, f->dport);
+		ct_forget(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port);
+	} else {
+		ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
+	}
+	if (ct_needs_alias(f))
+		ct_forget(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport);
+	return 0;
+}
+
+/* The verdict of a new flow's delivery, its entries taken back when it dropped the packet
+ * (ct_forget_new). */
+static __always_inline int ct_forget_if_shot(const struct lace_flow *f, int verdict)
+{
+	if (verdict == TC_ACT_SHOT)
+		ct_forget_new(f);
+	return verdict;
+}
+
 /* The frontend entry follows the backend entry, which sees both directions of the flow. */
 static __always_inline void service_follow(struct lace_ct_entry *fe, const struct lace_ct_entry *be)
 {

@@ -130,7 +130,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 					rc = service_ct_create(f, now);
 				if (rc)
 					return lace_drop(skb, f, rc);
-				return forward_local(skb, f, cfg, d);
+				return ct_forget_if_shot(f, forward_local(skb, f, cfg, d));
 			}
 		}
 	}
@@ -161,7 +161,8 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	rc = ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return forward_to_pod(skb, f, cfg, d, cfg->underlay_addr);
+	/* a new flow whose packet dies at this hop or finds no way over the underlay leaves no entry */
+	return ct_forget_if_shot(f, forward_to_pod(skb, f, cfg, d, cfg->underlay_addr));
 }
 
 SEC("tc")

@@ -76,14 +76,6 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 	}
 }
 
-/* Whether lace forwards the packet to d itself, counting the hop (into a pod, over SRv6): not
- * into the node's stack (a host address, or the outside unmasqueraded), whose own TTL handling
- * (and ICMP time exceeded) stays the kernel's. */
-static __always_inline bool forwards_here(const struct lace_delivery *d)
-{
-	return d && (d->kind == LACE_DELIVERY_LOCAL || d->kind == LACE_DELIVERY_REMOTE);
-}
-
 /* Policy for a new flow: the source's egress, and the destination's ingress when it is a local
  * pod (a remote destination's node checks ingress after decapsulation). */
 static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_flow *f,
@@ -193,14 +185,12 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			LACE_BENCH_STAGE(6);    /* backend chosen, DNAT, segment, policy, delivery */
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
-			if (!rc && forwards_here(d))
-				rc = ttl_expiring(skb, f->family);   /* no entries for a packet that dies here */
 			if (!rc)
 				rc = service_ct_create(f, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
-			return deliver(skb, f, cfg, d);
+			return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
 		}
 	}
 	route = route_lookup(src_net, f->family, f->daddr);
@@ -244,31 +234,23 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(6);            /* segment, policy, delivery */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	/* a packet that dies at this hop, or has no way out, leaves no conntrack entry (nor takes a
-	 * masquerade port) behind */
+	/* a new flow whose packet its delivery then drops (it dies at this hop — every traceroute
+	 * probe —, has no way out, no route in the underlay) leaves no conntrack entry behind, nor a
+	 * masquerade port taken: ct_forget_if_shot */
 	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
-		rc = ttl_expiring(skb, f->family);
-		if (!rc)
-			rc = outside_reachable(skb, f, cfg);
-		if (!rc)
-			rc = masq_new_flow(skb, f, cfg, now);
+		rc = masq_new_flow(skb, f, cfg, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
-		return deliver(skb, f, cfg, 0);
+		return ct_forget_if_shot(f, deliver(skb, f, cfg, 0));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
-	if (forwards_here(d)) {
-		rc = ttl_expiring(skb, f->family);
-		if (rc)
-			return lace_drop(skb, f, rc);
-	}
 	rc = ct_create(f, now);
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return deliver(skb, f, cfg, d);
+	return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
 }
 
 SEC("tc")

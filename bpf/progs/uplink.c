@@ -95,7 +95,7 @@ __lace_subprog int from_outside(struct __sk_buff *skb, struct lace_flow *f, cons
 		rc = service_ct_create(f, now);
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return nodeport_deliver(skb, f, cfg, d);
+	return ct_forget_if_shot(f, nodeport_deliver(skb, f, cfg, d));
 }
 
 /* A packet encapsulated for this node's locator: decapsulated and walked in the networks its SID
@@ -197,7 +197,8 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 
 	if (d->kind == LACE_DELIVERY_HOST)
 		return forward_host(skb, f, cfg);   /* a pod on another node to this node's host address */
-	return deliver_to_pod(skb, f, cfg, d);
+	rc = deliver_to_pod(skb, f, cfg, d);
+	return e ? rc : ct_forget_if_shot(f, rc);   /* a new flow's entry goes with its dropped packet */
 }
 
 

@@ -28,6 +28,8 @@ from lace.datapath.segment import segment_key, segment_value
 from lace.datapath.testbed import (NEIGH_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
                                    UNDERLAY1, UPLINK_MAC, icmp_echo)
 
+from .test_services import ct_total
+
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 ING, EGR = Direction.INGRESS, Direction.EGRESS
 
@@ -125,6 +127,18 @@ def test_host_to_local_pod_delivered_with_segment_host(dp, host, family):
     assert e is not None and e["state"] == CtState.SYN_SENT
     assert e["src_segment"] == SEGMENT_HOST and e["dst_segment"] == a.segment
     assert e["delivery"] == DeliveryKind.LOCAL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_host_flow_that_dies_at_this_hop_leaves_no_entry(dp, host, family, where):
+    """Recorded, then dropped by its forward (TTL 1: into a local pod, or over SRv6): the entry
+    goes with the packet."""
+    dst = dp.pods["a"].ip(family) if where == "local" else remote(family)
+    res = host.send(host.packet(dst, family, **({"ttl": 1} if family == 4 else {"hlim": 1}))
+                    / UDP(sport=33434, dport=33435))
+    assert_dropped(res, DropReason.TTL_EXCEEDED)
+    assert ct_total(dp) == 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -25,7 +25,7 @@ from lace.datapath.testbed import (NET1, NODE_ADDR4, OUTSIDE_ROUTER_MAC, TC_ACT_
                                    UNDERLAY1, UPLINK_MAC, icmp_echo)
 from lace.datapath.trace import NatKind
 
-from .test_services import assert_dropped, assert_to_pod, checksums_valid
+from .test_services import assert_dropped, assert_to_pod, checksums_valid, ct_total
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]
@@ -309,6 +309,18 @@ def test_a_header_too_short_to_translate_leaves_no_port_nor_entry(dp, family, pr
     assert ct(dp, NET1, a.ip(family), REMOTE[family], 40010, 443, proto) is None, "no pod entry"
     for port in candidate_ports(NET1, a.ip(family), REMOTE[family], 40010, 443, proto)[:MASQ_TRIES]:
         assert reservation(dp, family, port, 443, proto) is None, f"port {port} still reserved"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_masqueraded_flow_that_dies_at_this_hop_takes_no_port(dp, family):
+    """Given a port and translated, then dropped by its hop out (TTL 1, every traceroute's first
+    probe): neither the pod entry nor the port reservation stays."""
+    a = dp.pods["a"]
+    masquerade(dp, family)
+    hop = {"ttl": 1} if family == 4 else {"hlim": 1}
+    res = dp.from_pod(a, dp.l3(a, REMOTE[family], family, **hop) / UDP(sport=33434, dport=33435))
+    assert_dropped(res, DropReason.TTL_EXCEEDED)
+    assert ct_total(dp) == 0
 
 
 def test_no_node_address_of_the_family_is_nat_failed(dp):

@@ -28,7 +28,7 @@ from lace.datapath.testbed import (LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NODE_ADD
 from lace.datapath.trace import NatKind
 
 from .test_masquerade import assert_out_of_uplink, from_outside
-from .test_services import assert_dropped, assert_to_pod, checksums_valid
+from .test_services import assert_dropped, assert_to_pod, checksums_valid, ct_total
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]
@@ -101,6 +101,20 @@ def test_new_flow_to_a_node_port_reaches_a_local_backend_with_the_client_address
     assert ev["src_segment"] == 2 and ev["dst_segment"] == b.segment      # world -> the backend
     assert ev["nat_kind"] == NatKind.DNAT and addr_str(family, ev["nat_addr"]) == NODE[family]
     assert ev["nat_port"] == NODEPORT
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_node_port_flow_that_dies_at_this_hop_leaves_no_entries(dp, family):
+    """Balanced, translated and recorded (frontend, backend and alias entries), then dropped by the
+    hop into the backend (TTL 1): all of them go with the packet."""
+    nodeport(dp, family, local_b(dp, family), 17)
+    pkt = to_frontend(family, 17)
+    if family == 4:
+        pkt.ttl = 1
+    else:
+        pkt.hlim = 1
+    assert_dropped(from_outside(dp, family, pkt), DropReason.TTL_EXCEEDED)
+    assert ct_total(dp) == 0
 
 
 @pytest.mark.parametrize("proto", PROTOS)

@@ -20,6 +20,8 @@ from lace.datapath.common import mac_bytes
 
 from lace.datapath.testbed import NEIGH_MAC, UPLINK_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, icmp_echo
 
+from .test_services import ct_total
+
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 ING, EGR = Direction.INGRESS, Direction.EGRESS
 
@@ -252,6 +254,7 @@ def test_remote_without_underlay_route_dropped(dp):
     dp.deliver_remote(NET1, "10.1.3.0/24", "2001:db8:3::/48", node_id=3)
     res = dp.from_pod(a, dp.l3(a, "10.1.3.1", 4) / UDP(dport=53))
     assert_dropped(res, DropReason.FIB_LOOKUP_FAILED)
+    assert ct_total(dp) == 0, "a new flow that never left leaves no conntrack entry"
 
 
 @pytest.mark.parametrize("family,dst", [(4, "10.1.255.254"), (6, "fd10:1::fffe")], ids=["v4", "v6"])

@@ -18,6 +18,7 @@ from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.maglev import flow_hash
 from lace.datapath.reasons import DropReason
+from lace.datapath.registry import CT_TABLES
 from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV_SIZE, affinity_key,
                                     service_key)
 from lace.datapath.testbed import (NET1, NET2, REMOTE, TC_ACT_REDIRECT, TC_ACT_SHOT, Backend, icmp_echo)
@@ -55,6 +56,11 @@ def ct(dp, net, src, dst, sport, dport, proto):
 
 def ct_count(dp) -> int:
     return sum(len(list(dp.m(t).keys())) for t in ("ct-tcp-v4", "ct-udp-v4", "ct-tcp-v6", "ct-udp-v6"))
+
+
+def ct_total(dp) -> int:
+    """Entries in every conntrack table (a dropped new flow must leave none behind)."""
+    return sum(len(list(dp.m(t).keys())) for t in CT_TABLES)
 
 
 def nat_of(entry, family) -> tuple[str, int]:
@@ -96,6 +102,27 @@ def one_backend(dp, family, proto=6, backend: str = "b", **kw):
 
 
 # -- DNAT of a new flow ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_new_service_flow_dropped_on_delivery_leaves_no_entries(dp, family, where):
+    """Translated and recorded (backend and frontend entries), then dropped by its delivery — at
+    this hop (TTL 1, a local backend) or for want of an underlay route to the backend's node: both
+    entries go with the packet."""
+    a = dp.pods["a"]
+    if where == "local":
+        one_backend(dp, family)
+        hop = {"ttl": 1} if family == 4 else {"hlim": 1}
+        reason = DropReason.TTL_EXCEEDED
+    else:
+        # a node whose locator the underlay has no route to
+        dp.deliver_remote(NET1, "10.1.3.0/24" if family == 4 else "fd10:1:0:3::/64", "2001:db8:3::/48", node_id=3)
+        dp.service(VIP[family], PORT, [Backend("10.1.3.1" if family == 4 else "fd10:1:0:3::1", TARGET)])
+        hop, reason = {}, DropReason.FIB_LOOKUP_FAILED
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family, **hop) / l4(6, 40000, PORT))
+    assert_dropped(res, reason)
+    assert ct_total(dp) == 0
+
 
 @pytest.mark.parametrize("proto", PROTOS)
 @pytest.mark.parametrize("family", FAMILIES)
