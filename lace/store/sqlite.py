@@ -5,11 +5,16 @@ compaction), ``meta`` (the revision counter, the compaction mark, named counters
 ``liveness`` (node liveness records: a holder and an expiry time on this machine's wall clock,
 renewed by the agents; neither objects nor events, so they bump no revision and wake no watch —
 the same contract as etcd's leased keys, with the expiry decided at read time instead of by a
-lease). Each write is
-one ``BEGIN IMMEDIATE`` transaction — revision bump, the reads the layers above make, object row
-and event row — so revisions are in commit order across processes and a rejected write leaves
-nothing behind. Watches poll ``PRAGMA data_version`` (a cheap "did another connection commit?")
-every 20 ms and are woken at once by writes of their own process.
+lease). Each write is one ``BEGIN IMMEDIATE`` transaction —
+revision bump, the reads the layers above make, object row and event row — so revisions are in
+commit order across processes and a rejected write leaves nothing behind.
+
+A watch looks for new events when woken: at once by a commit of its own process, and by another
+process's through inotify on the write-ahead log (``_FileWakes``). A look that finds nothing new
+after a wake-up is tried again a few times over ~0.1 s (the wake-up may come before the commit
+is visible), and an idle watch looks anyway every WAKE_SAFETY (1 s). Without inotify, watches
+poll every ``poll_interval`` (POLL_INTERVAL, 20 ms, by default). A look first asks ``PRAGMA
+data_version`` (a cheap "did another connection commit?").
 
 ``SqliteBackend`` is the generic backend (``backend.py``); the Store callers construct over it,
 ``SqliteStore``, lives a layer up (``embedded.py``).
@@ -44,8 +49,11 @@ COMPACT_EVERY = 100
 POLL_INTERVAL = 0.02
 #: how long a watch woken by file events sleeps between looks when nothing wakes it
 WAKE_SAFETY = 1.0
-#: a wake-up may arrive a moment before the commit it announces is visible: look again once
+#: a wake-up may arrive before the commit it announces is visible (its last step, the WAL index
+#: in shared memory, raises no file event): look again after SETTLE, then after twice as long each
+#: time up to SETTLE_MAX, before sleeping WAKE_SAFETY
 SETTLE = 0.002
+SETTLE_MAX = 0.064
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -455,6 +463,8 @@ class SqliteWatch(Watch):
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._buffer: deque[WatchEvent] = deque()
         self._data_version: int | None = None
+        #: the next wait while a wake-up has not shown its commit yet (0: not waiting for one)
+        self._settle = 0.0
         self._conn = backend._connect()
         try:
             meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
@@ -518,7 +528,6 @@ class SqliteWatch(Watch):
 
     def __next__(self) -> WatchEvent:
         notifier = self._backend._notifier
-        settle = False
         while True:
             if self._buffer:
                 return self._buffer.popleft()
@@ -537,11 +546,11 @@ class SqliteWatch(Watch):
                 raise
             if self._buffer:
                 continue
-            if settle:
-                # woken, and nothing new yet: the commit's last step (the WAL index in shared
-                # memory) raises no file event, so look once more a moment later
-                settle = False
-                wait = SETTLE
+            if self._settle:
+                # woken, and nothing new yet: the commit may not be visible yet (on a busy machine
+                # it can take a while): look again, less and less often
+                wait = self._settle
+                self._settle = self._settle * 2 if self._settle < SETTLE_MAX else 0.0
             elif self._woken and not _FILE_WAKES.failed:
                 wait = WAKE_SAFETY
             else:
@@ -555,4 +564,5 @@ class SqliteWatch(Watch):
             with notifier.cond:
                 if notifier.counter == seen:
                     notifier.cond.wait(wait)
-                settle = notifier.counter != seen and wait != SETTLE
+                if notifier.counter != seen:
+                    self._settle = SETTLE   # woken (again): a new commit to look for

@@ -90,3 +90,32 @@ def test_a_watch_that_ends_in_an_error_gives_back_its_connection_and_file_wake(t
         assert str(path) not in sq._FILE_WAKES._users
     finally:
         store.close()
+
+
+def test_a_wake_whose_commit_shows_late_is_looked_for_again_and_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sq, "WAKE_SAFETY", 60.0)
+    store = SqliteStore(tmp_path / "store.db")
+    visible_at = [0.0]
+    real = sq.SqliteWatch._fetch
+
+    def late(self):
+        if time.monotonic() >= visible_at[0]:   # before: as if the commit were not visible yet
+            real(self)
+    monkeypatch.setattr(sq.SqliteWatch, "_fetch", late)
+    got: list = []
+    w = store.watch(["namespaces"])
+    reader = threading.Thread(target=lambda: got.extend(ev.object["metadata"]["name"] for ev in w))
+    reader.start()
+    try:
+        time.sleep(0.1)
+        visible_at[0] = time.monotonic() + 0.05    # past the first few looks after the wake
+        store.create(_ns("late"))
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert got == ["late"], "the watch gave up on its wake-up and slept"
+    finally:
+        w.stop()
+        reader.join(10)
+        store.close()
+
