@@ -3,18 +3,20 @@
 Tables: ``objects`` (one row per object, its JSON), ``events`` (one row per revision, bounded by
 compaction), ``meta`` (the revision counter, the compaction mark, named counters) and
 ``liveness`` (node liveness records: a holder and an expiry time on this machine's wall clock,
-renewed by the agents; neither objects nor events, so they bump no revision and wake no watch —
-the same contract as etcd's leased keys, with the expiry decided at read time instead of by a
-lease). Each write is one ``BEGIN IMMEDIATE`` transaction —
-revision bump, the reads the layers above make, object row and event row — so revisions are in
-commit order across processes and a rejected write leaves nothing behind.
+renewed by the agents; neither objects nor events, so they bump no revision and bring no watch
+an event — the same contract as etcd's leased keys, with the expiry decided at read time instead
+of by a lease). Each write is one ``BEGIN IMMEDIATE`` transaction — revision bump, the reads the
+layers above make, object row and event row — so revisions are in commit order across processes
+and a rejected write leaves nothing behind.
 
 A watch looks for new events when woken: at once by a commit of its own process, and by another
 process's through inotify on the write-ahead log (``_FileWakes``). A look that finds nothing new
 after a wake-up is tried again a few times over ~0.1 s (the wake-up may come before the commit
 is visible), and an idle watch looks anyway every WAKE_SAFETY (1 s). Without inotify, watches
 poll every ``poll_interval`` (POLL_INTERVAL, 20 ms, by default). A look first asks ``PRAGMA
-data_version`` (a cheap "did another connection commit?").
+data_version`` (a cheap "did another connection commit?"). Any commit to the file wakes the
+watches, a liveness renewal's too (it appends to the same write-ahead log): their looks then find
+nothing new, which costs a query and a few ``data_version`` checks, not an event.
 
 ``SqliteBackend`` is the generic backend (``backend.py``); the Store callers construct over it,
 ``SqliteStore``, lives a layer up (``embedded.py``).
