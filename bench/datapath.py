@@ -416,9 +416,26 @@ def check_new_warm(dp: Testbed, nf: NewFlows, pkt: bytes, ctx: bytes, dst: tuple
     assert ok, f"warm new flows to {dst}: verdict {res.retval}, {len(events)} events: not a new flow every repetition"
 
 
+def check_port_ranges(calls: int, rounds: int) -> None:
+    """Fail unless the measured flows' source ports stay apart for this many calls and rounds: the
+    main table's new flows (two per call and round, the warm-up round too, from 2) below the stage
+    table's, the stage table's two paths (calls each) apart and below the warm rows', the warm rows'
+    (WARM_REPEAT per call of a warm row, max(10, calls // 20) calls) below the fixed flows'. A port
+    reused by a later measurement would find its flow established and time the wrong path."""
+    few = max(10, calls // 20)
+    main_last = 1 + 2 * calls * (rounds + 1)
+    assert main_last < STAGE_NEW_SPORT, f"{calls} calls x {rounds + 1} rounds: new flows reach port {main_last}"
+    assert STAGE_NEW_SPORT + calls <= STAGE_SVC_SPORT, f"{calls} calls: the stage table's new flows reach its service flows"
+    assert STAGE_SVC_SPORT + calls <= WARM_SPORT, f"{calls} calls: the stage table's service flows reach the warm rows"
+    warm_last = WARM_SPORT + few * WARM_REPEAT
+    assert warm_last <= min(EST_SPORT, ENC_SPORT, DENY_SPORT), \
+        f"{calls} calls: the warm rows' flows reach port {warm_last}, past the fixed flows' {EST_SPORT}"
+
+
 def run(quick: bool) -> int:
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
+    check_port_ranges(calls, rounds)
     sizes = CT_SIZES[:2] if quick else CT_SIZES
     dp = Testbed(max_entries={"ct-tcp-v4": max(sizes) + 200_000})
     passobj, base = load_pass_program()
@@ -449,7 +466,7 @@ def run(quick: bool) -> int:
             def new_flow(dst: str = b.ipv4) -> bytes:
                 nonlocal flow
                 flow += 1
-                assert flow < EST_SPORT, "more new flows than source ports"
+                assert flow < STAGE_NEW_SPORT, "more new flows than source ports (check_port_ranges)"
                 return bytes(dp.l3(a, dst, 4) / TCP(sport=flow, dport=80, flags="S"))
 
             check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP))
