@@ -4,6 +4,9 @@ kept by the watch events that follow it.
 Events may be replayed (a watch restarted from an older revision than the list it follows), so
 each object is kept at the newest revision seen: an older event never overwrites a newer object,
 and a deletion is remembered by revision so a replayed create cannot bring the object back.
+A (re)list of a kind is authoritative and forgets that kind's deletions, so they are not kept
+forever; a replay that follows it comes in revision order and so brings each deletion after the
+create it undoes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ObjectCache:
     def replace(self, kind: str, items: list[dict]) -> None:
         """Everything of one kind, from a list."""
         self.objects[kind] = {object_key(o): o for o in items}
+        self._gone = {k: rv for k, rv in self._gone.items() if k[0] != kind}
 
     def put(self, obj: dict) -> dict | None:
         """Store ``obj`` unless a newer version (or deletion) is known; returns the previous one."""
