@@ -13,24 +13,13 @@ import logging
 from dataclasses import dataclass
 
 from lace.store.errors import AlreadyExists, Conflict, NotFound, StoreError
-from lace.store.kubernetes_client import LEASES, ApiServer
+from lace.store.kubernetes_client import LEASES, ApiServer, format_micro_time, parse_micro_time
 
 log = logging.getLogger("lace.operator.leader")
 
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def _fmt(t: datetime.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: str | None) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -64,14 +53,14 @@ class LeaderElector:
             return self.leading
         spec = (lease or {}).get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = _parse(spec.get("renewTime"))
+        renewed = parse_micro_time(spec.get("renewTime"))
         expired = renewed is None or (now - renewed).total_seconds() > int(spec.get("leaseDurationSeconds") or 0)
         if lease is not None and holder not in (None, "", self.identity) and not expired:
             self.last_renew = None
             return False
         new_spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_duration,
-                    "renewTime": _fmt(now),
-                    "acquireTime": spec.get("acquireTime") if holder == self.identity else _fmt(now),
+                    "renewTime": format_micro_time(now),
+                    "acquireTime": spec.get("acquireTime") if holder == self.identity else format_micro_time(now),
                     "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)}
         try:
             if lease is None:

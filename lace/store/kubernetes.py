@@ -49,7 +49,8 @@ from lace.store.api import ApplyResult, Heartbeat, Liveness, Watch
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import AlreadyExists, Conflict, NotFound, StoreError, Unavailable
 from lace.store.kubernetes_cache import Backoff, Cache, CacheWatch, Reflector
-from lace.store.kubernetes_client import CONFIG_MAPS, LEASES, ApiServer, Resource, load_api_client
+from lace.store.kubernetes_client import (CONFIG_MAPS, LEASES, ApiServer, Resource, format_micro_time,
+                                          load_api_client, parse_micro_time)
 from lace.store.registry import RegistryStore
 from lace.store.validation import normalize, object_ref
 
@@ -80,21 +81,6 @@ class _LostRace(Exception):
 
     def __init__(self, resource: Resource, namespace: str, name: str) -> None:
         self.resource, self.namespace, self.name = resource, namespace, name
-
-
-def _now_micro() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.UTC)
-        except ValueError:
-            continue
-    return None
 
 
 def _ref(kind: str, namespace: str, name: str) -> str:
@@ -429,7 +415,7 @@ class KubernetesBackend(Backend):
         held: dict[str, Liveness] = {}
         for lease in out.get("items") or ():
             spec = lease.get("spec") or {}
-            renewed = _parse_time(spec.get("renewTime"))
+            renewed = parse_micro_time(spec.get("renewTime"))
             duration = spec.get("leaseDurationSeconds")
             node = (lease.get("metadata") or {}).get("labels", {}).get(K.NODE_LABEL)
             if not node or renewed is None or not duration or not spec.get("holderIdentity"):
@@ -469,12 +455,12 @@ class LeaseHeartbeat(Heartbeat):
         except NotFound:
             lease = None
         spec = (lease or {}).get("spec") or {}
-        renewed = _parse_time(spec.get("renewTime"))
+        renewed = parse_micro_time(spec.get("renewTime"))
         now = datetime.datetime.now(datetime.UTC)
         still_held = (lease is not None and spec.get("holderIdentity") == self.holder and renewed is not None
                       and renewed + datetime.timedelta(seconds=spec.get("leaseDurationSeconds") or 0) > now)
         new_spec = {"holderIdentity": self.holder, "leaseDurationSeconds": max(1, math.ceil(self.ttl)),
-                    "renewTime": _now_micro()}
+                    "renewTime": format_micro_time()}
         if not still_held:
             new_spec["acquireTime"] = new_spec["renewTime"]
             new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease else 0)

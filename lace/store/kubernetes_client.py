@@ -18,6 +18,7 @@ inside one — the tests' recorded-response apiserver listens nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import urllib.parse
@@ -65,6 +66,24 @@ class Resource:
 #: holding lace's named counters: Kubernetes kinds lace writes that are not in its kinds table
 LEASES = Resource("Lease", "coordination.k8s.io/v1", "leases", True)
 CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps", True)
+
+
+def format_micro_time(t: datetime.datetime | None = None) -> str:
+    """``t`` (default: now) as a Kubernetes MicroTime, as a Lease's ``renewTime`` carries it."""
+    t = datetime.datetime.now(datetime.UTC) if t is None else t.astimezone(datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_micro_time(text: str | None) -> datetime.datetime | None:
+    """A Lease time as any writer sends it (RFC 3339: with or without fractional seconds, ``Z`` or
+    an offset), in UTC; None when absent or not a time."""
+    if not text:
+        return None
+    try:
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return t.replace(tzinfo=datetime.UTC) if t.tzinfo is None else t.astimezone(datetime.UTC)
 
 
 def _status_message(body: bytes) -> tuple[str, str, dict]:
