@@ -354,6 +354,80 @@ def test_follow_names_an_agent_that_does_not_stream_records(tmp_path) -> None:
     assert "hint: run the same lace version on both" in err.getvalue()
 
 
+def _serve(tmp_path, name: str, lines) -> Any:
+    """An agent API on its own socket whose /v1/flows answers with ``lines`` (a callable returning
+    an iterator of documents and raw bytes)."""
+    from lace.agent.api import ApiServer
+    api = ApiServer(str(tmp_path / f"{name}.sock"))
+    api.route("GET", "/v1/flows", lambda body: (200, lines()))
+    api.start()
+    return api
+
+
+def _observe(argv: list[str], timeout: float = 10.0) -> tuple[int, str, str]:
+    """lace observe in a thread, which must end within timeout (a follow that waits forever fails)."""
+    out, err, rc = io.StringIO(), io.StringIO(), []
+    t = threading.Thread(target=lambda: rc.append(lace_main(["observe", *argv], {"NO_COLOR": "1"}, stdout=out,
+                                                            stderr=err, stdin=io.StringIO())), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"lace observe {' '.join(argv)} did not end: {err.getvalue()}"
+    return int(rc[0]), out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("header", [b'{"records": "3", "offset_ns": 0}\n', b'[1, 2]\n', b'{"records": 1}\n',
+                                    b'{"records": -1, "offset_ns": 0}\n', b'{"records": null, "offset_ns": 0}\n',
+                                    b'{"records": 0, "offset_ns": 0, "lost": "x"}\n', b'{"records": 1e30, "offset_ns": 0}\n',
+                                    b'{"records": 99999999999, "offset_ns": 0}\n'],
+                         ids=["string", "array", "no-offset", "negative", "null", "lost", "float", "huge"])
+def test_a_malformed_frame_header_ends_the_follow_with_the_node_named(tmp_path, header) -> None:
+    """A frame header of the wrong shape is a broken stream: the node is named, no traceback, and
+    the follow ends (its thread always reports its end)."""
+    first = {"follow": True, "node": "w1", "record_size": TRACE_EVENT.size, "flows": []}
+    api = _serve(tmp_path, "w1", lambda: iter([first, header]))
+    try:
+        rc, _, err = _observe(["--follow", "-n", "--agent", f"w1={api.path}"])
+    finally:
+        api.stop()
+    assert rc == 1 and "Traceback" not in err, err
+    assert "node w1 did not answer: the stream from its agent broke: a frame header" in err, err
+
+
+def test_frame_header_is_checked() -> None:
+    assert ob._frame_header(b'{"records": 2, "offset_ns": -5, "ring_lost": 1}') == \
+        {"records": 2, "offset_ns": -5, "lost": 0, "ring_lost": 1}
+    for bad in (b'{"records": true, "offset_ns": 0}', b'"x"', b'{"offset_ns": 0}', b'{"records": 1, "offset_ns": 0.5}'):
+        with pytest.raises(ValueError):
+            ob._frame_header(bad)
+
+
+def test_last_backlog_survives_the_last_node_failing_before_its_first_document(tmp_path) -> None:
+    """--last: w1 sends its backlog, then w2 (the last to answer) fails before its first document;
+    w1's backlog is still printed, and w2 named."""
+    now = time.time()
+    first = {"follow": True, "node": "w1", "record_size": TRACE_EVENT.size,
+             "flows": [ev(now - 2, sport=40001), ev(now - 1, sport=40002)]}
+
+    def w1():
+        yield first
+        for _ in range(40):                       # quiet frames until the client goes
+            time.sleep(0.05)
+            yield b'{"records": 0, "offset_ns": 0}\n'
+
+    def w2():
+        time.sleep(0.5)                           # answers after w1's backlog is in
+        yield {"follow": True, "node": "w2"}      # an older agent: no raw records
+    a1, a2 = _serve(tmp_path, "w1", w1), _serve(tmp_path, "w2", w2)
+    try:
+        rc, out, err = _observe(["--follow", "--last", "5", "-o", "jsonl", "-n", "--agent", f"w1={a1.path}",
+                                 "--agent", f"w2={a2.path}", "--until", f"@{now + 1.5}"])
+    finally:
+        a1.stop()
+        a2.stop()
+    assert rc == 1 and "node w2 did not answer" in err and "Traceback" not in err, err
+    assert [json.loads(line)["sport"] for line in out.splitlines()] == [40001, 40002], (out, err)
+
+
 def test_frames_count_every_loss_exactly() -> None:
     ring = [0]
     c = FlowCollector("n1", source=lambda ms: (time.sleep(ms / 1000), (b"", 0))[1], follower_queue=100,

@@ -721,14 +721,16 @@ class FrameRenderer:
         ok = self._answers.get(key)
         if ok is None:
             from lace.datapath.trace import decode_trace_event
-            assert self.sel.flow_predicate is not None
+            pred = self.sel.flow_predicate
+            if pred is None:
+                return True
             ev = decode_trace_event(record)
             for k in ("ts_ns", "ifindex", "pkt_len"):
                 del ev[k]
             ev["node"] = self.node
             if len(self._answers) >= _FLOW_CACHE:
                 self._answers.clear()
-            ok = self._answers[key] = bool(self.sel.flow_predicate(ev))
+            ok = self._answers[key] = bool(pred(ev))
         return ok
 
     def _shape(self, key: bytes, record: bytes) -> tuple[tuple[str, ...], Event]:
@@ -739,8 +741,10 @@ class FrameRenderer:
         ev["time"] = 0.0
         ev["node"] = self.node
         d = self.describe(ev)
-        holes = tuple(k for k in d if k in _PER_PACKET)
-        assert holes == _PER_PACKET, holes     # the order the values are filled in
+        if tuple(k for k in d if k in _PER_PACKET) != _PER_PACKET:
+            # the values are filled in _PER_PACKET's order: a description that has them otherwise
+            # (or lacks one) gets them last, in that order
+            d = {k: v for k, v in d.items() if k not in _PER_PACKET} | {k: d.get(k) for k in _PER_PACKET}
         # a NUL marks each value's place: JSON text has none of its own (a string's is escaped)
         members = [f'"{k}":\0' if k in _PER_PACKET else _json({k: v})[1:-1] for k, v in d.items()]
         pieces = ("{" + ",".join(members) + "}").split("\0")
@@ -1167,10 +1171,36 @@ def _footer(count: int, docs: dict[str, dict[str, Any]]) -> str:
         f" ({', '.join(sorted(docs))})" if docs else "")
 
 
+#: records a frame header may announce: far past any frame an agent sends (lace.agent.flows.BATCH
+#: plus the rest of one ring read); more is a broken stream, not a read of gigabytes
+_MAX_FRAME_RECORDS = 1 << 22
+
+
+def _frame_header(line: bytes) -> dict[str, int]:
+    """A raw stream's frame header line (``lace.agent.flows``), checked: ``records`` (0 up to
+    _MAX_FRAME_RECORDS) and ``offset_ns`` integers, ``lost`` and ``ring_lost`` integers >= 0 when
+    present (0 when not). ValueError for anything else."""
+    head = orjson.loads(line)
+    if not isinstance(head, dict):
+        raise ValueError(f"a frame header that is no JSON object: {line[:80]!r}")
+    out: dict[str, int] = {}
+    for key, required in (("records", True), ("offset_ns", True), ("lost", False), ("ring_lost", False)):
+        v = head.get(key)
+        if v is None and not required:
+            v = 0
+        if not isinstance(v, int) or isinstance(v, bool) or (key != "offset_ns" and v < 0):
+            raise ValueError(f"a frame header with {key} {v!r}")
+        out[key] = v
+    if out["records"] > _MAX_FRAME_RECORDS:
+        raise ValueError(f"a frame header announcing {out['records']} records")
+    return out
+
+
 class _Stream(threading.Thread):
     """One node's followed stream (``batch=raw``, see ``lace.agent.flows``) into the shared queue:
-    ("first", node, document), then ("frame", node, (header, records)) per frame, then ("end",
-    node, error)."""
+    ("first", node, document), then ("frame", node, (header, records)) per frame (the header
+    checked, :func:`_frame_header`), then ("end", node, error) — always, whatever broke the
+    stream, so that ``follow`` never waits for a thread that is gone."""
 
     def __init__(self, node: str, sock: str, query: dict[str, str], out: queue.Queue[Any]) -> None:
         super().__init__(name=f"observe-{node}", daemon=True)
@@ -1187,18 +1217,23 @@ class _Stream(threading.Thread):
             conn, resp = _open(self.node, self.sock, self.query, None)
             self.conn = conn
             first = orjson.loads(resp.readline() or b"{}")
+            if not isinstance(first, dict):
+                raise ValueError(f"its first line is no JSON object: {str(first)[:80]}")
             if first.get("record_size") != TRACE_EVENT.size:
                 what = (f"sends flow records of {first['record_size']} bytes, this lace reads {TRACE_EVENT.size}"
                         if "record_size" in first else "does not stream raw flow records (an older lace?)")
                 raise NodeError(self.node, f"its agent {what}",
                                 f"run the same lace version on both: lace lab restart-agent {self.node}")
+            flows = first.get("flows") or []
+            if not isinstance(flows, list) or not all(isinstance(e, dict) for e in flows):
+                raise ValueError("its backlog (--last) is no list of flow events")
             self.out.put(("first", self.node, first))
             readline, read, size = resp.readline, resp.read, TRACE_EVENT.size
             while True:
                 line = readline()
                 if not line:
                     break
-                head = orjson.loads(line)
+                head = _frame_header(line)
                 want = head["records"] * size
                 data = read(want) if want else b""
                 if len(data) != want:
@@ -1206,10 +1241,14 @@ class _Stream(threading.Thread):
                 self.out.put(("frame", self.node, (head, data)))
         except NodeError as exc:
             err = exc
-        except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             if not self.stopping:
                 err = NodeError(self.node, f"the stream from its agent broke: {exc}",
                                 "is its agent still running? lace lab status")
+        except Exception as exc:   # a thread that died unreported would leave follow() waiting
+            if not self.stopping:
+                err = NodeError(self.node, f"its stream could not be read: {type(exc).__name__}: {exc}",
+                                "run lace observe --follow again; if it recurs, report it with the agent's version")
         if err is None and not self.stopping:
             err = NodeError(self.node, "its agent ended the stream (restarted?)", "run lace observe --follow again")
         self.out.put(("end", self.node, err))
@@ -1261,6 +1300,14 @@ def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: d
         described = [describe(e) for e in events]
         emit([_json(d) for d in described] if as_text else described)
 
+    def backlog_if_complete() -> None:
+        """The --last backlog, once every node has sent its own or ended (a node that failed
+        before its first document takes nothing from the others')."""
+        nonlocal backlog
+        if not pending_first and args.last and backlog:
+            emit_events(sorted(backlog, key=_t)[-args.last:])
+            backlog = []
+
     try:
         while live:
             try:
@@ -1270,6 +1317,7 @@ def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: d
             if kind == "end":
                 live.discard(node)
                 pending_first.discard(node)
+                backlog_if_complete()
                 if doc is not None:
                     failed[node] = doc
                     inv.stderr.write(f"node {node} did not answer: {doc.message}\n")
@@ -1281,12 +1329,10 @@ def follow(args: argparse.Namespace, inv: Invocation, sel: Selection, sockets: d
                 flows = doc.get("flows") or []
                 pending_first.discard(node)
                 backlog.extend(e for e in flows if pred is None or pred(e))
-                if not pending_first and args.last:
-                    emit_events(sorted(backlog, key=_t)[-args.last:])
-                    backlog = []
+                backlog_if_complete()
             elif kind == "frame":
                 head, data = doc
-                ring, reader = int(head.get("ring_lost") or 0), int(head.get("lost") or 0)
+                ring, reader = head["ring_lost"], head["lost"]
                 if ring or reader:
                     lost[(node, "ring")] += ring
                     lost[(node, "reader")] += reader
