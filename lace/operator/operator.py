@@ -5,19 +5,25 @@ what is missing; running it twice changes nothing the second time, so a new lead
 again. In Kubernetes the apiserver gives a Service its ClusterIPs, but not the cluster-wide ID
 lace's datapath keys reverse translation and affinity by: the operator writes it into the
 ``lace.dev/service-id`` annotation, which the agents read (the lab's store sets ``status.id``).
+A Service copied with another's annotation would share its ID: the newer of the two gets a new one.
+
+An object someone else changed (or deleted) while the pass worked on it is left to the next pass,
+which reads it again; the pass goes on with the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import ipaddress
 import logging
 from typing import Any
 
 from lace.store import allocate
 from lace.store import kinds as K
-from lace.store.errors import StoreError
+from lace.store.errors import Conflict, NotFound, StoreError
 from lace.store.kubernetes import KubernetesStore
+from lace.store.kubernetes_client import parse_micro_time
 
 log = logging.getLogger("lace.operator")
 NODE_IDS = "next_node_id"
@@ -43,6 +49,13 @@ class PassResult:
     blocks: list[str] = dataclasses.field(default_factory=list)
     services: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
+    #: objects another writer changed or deleted during the pass: the next pass does them
+    changed: list[str] = dataclasses.field(default_factory=list)
+
+
+def _changed_meanwhile(out: PassResult, what: str, err: StoreError) -> None:
+    log.info("%s changed while the pass worked on it (%s): the next pass reads it again", what, err)
+    out.changed.append(what)
 
 
 def underlay_address(node: dict) -> ipaddress.IPv6Address | None:
@@ -77,8 +90,12 @@ def reconcile(store: KubernetesStore, options: Options) -> PassResult:
             continue
         name = net["metadata"]["name"]
         new_id = store.backend.run(lambda txn: allocate.network_id(txn, name))
-        store.update_status("networks", name, None, {**(net.get("status") or {}), "id": new_id},
-                            resource_version=net["metadata"]["resourceVersion"])
+        try:
+            store.update_status("networks", name, None, {**(net.get("status") or {}), "id": new_id},
+                                resource_version=net["metadata"]["resourceVersion"])
+        except (Conflict, NotFound) as err:
+            _changed_meanwhile(out, f'Network "{name}"', err)
+            continue
         out.networks.append(name)
     default = store.get("networks", K.DEFAULT_NETWORK)
     cidrs = [ipaddress.ip_network(c) for c in default["spec"]["cidrs"]]
@@ -103,8 +120,11 @@ def reconcile(store: KubernetesStore, options: Options) -> PassResult:
             node["metadata"]["annotations"] = {**ann, K.NODE_ID_ANNOTATION: str(node_id),
                                                K.LOCATOR_ANNOTATION: locator(options, node_id),
                                                K.UNDERLAY_ANNOTATION: str(underlay)}
-            store.update(node)
-            out.nodes.append(name)
+            try:
+                store.update(node)
+                out.nodes.append(name)
+            except (Conflict, NotFound) as err:
+                _changed_meanwhile(out, f'Node "{name}"', err)
         for cidr in cidrs:
             if (name, cidr.version) in held:
                 continue
@@ -118,6 +138,7 @@ def _service_ids(store: KubernetesStore, out: PassResult) -> None:
     """A lace service ID for every Service without one (the annotation; never reused: IDs other
     Services carry, given by hand or by an earlier operator, are skipped)."""
     services = store.list("services").items
+    _unshare_ids(services)
     used = {(s["metadata"].get("annotations") or {}).get(K.SERVICE_ID_ANNOTATION) for s in services}
     for svc in services:
         meta = svc["metadata"]
@@ -133,8 +154,38 @@ def _service_ids(store: KubernetesStore, out: PassResult) -> None:
                 break
         used.add(str(sid))
         meta["annotations"] = {**(meta.get("annotations") or {}), K.SERVICE_ID_ANNOTATION: str(sid)}
-        store.update(svc)
+        try:
+            store.update(svc)
+        except (Conflict, NotFound) as err:
+            _changed_meanwhile(out, f'Service "{meta["namespace"]}/{meta["name"]}"', err)
+            continue
         out.services.append(f"{meta['namespace']}/{meta['name']}")
+
+
+def _age(svc: dict) -> tuple[datetime.datetime, str, str]:
+    meta = svc["metadata"]
+    created = parse_micro_time(meta.get("creationTimestamp")) or datetime.datetime.max.replace(tzinfo=datetime.UTC)
+    return created, meta.get("namespace", ""), meta["name"]
+
+
+def _unshare_ids(services: list[dict]) -> None:
+    """Where Services carry the same ID (one was copied with the other's annotation), keep it on
+    the oldest (by creationTimestamp, then name) and drop it from the others, which then get new
+    IDs like any Service without one."""
+    holders: dict[str, list[dict]] = {}
+    for svc in services:
+        sid = (svc["metadata"].get("annotations") or {}).get(K.SERVICE_ID_ANNOTATION)
+        if sid is not None:
+            holders.setdefault(sid, []).append(svc)
+    for sid, same in holders.items():
+        if len(same) < 2:
+            continue
+        first, *later = sorted(same, key=_age)
+        for svc in later:
+            log.warning('Service "%s/%s" carries service ID %s, which Service "%s/%s" (older) has too: '
+                        "it gets a new one", svc["metadata"].get("namespace", ""), svc["metadata"]["name"],
+                        sid, first["metadata"].get("namespace", ""), first["metadata"]["name"])
+            del svc["metadata"]["annotations"][K.SERVICE_ID_ANNOTATION]
 
 
 def summary(result: PassResult) -> dict[str, Any]:

@@ -476,6 +476,54 @@ def test_operator_pass_allocates_what_kubernetes_does_not(cluster: Cluster) -> N
     assert (again.networks, again.nodes, again.blocks, again.services) == ([], [], [], [])
 
 
+def _service(name: str, created: str | None = None, sid: str | None = None, ip: str = "10.96.0.90") -> dict:
+    meta: dict = {"name": name, "namespace": "shop"}
+    if created is not None:
+        meta["creationTimestamp"] = created
+    if sid is not None:
+        meta["annotations"] = {K.SERVICE_ID_ANNOTATION: sid}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+            "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80, "protocol": "TCP"}]}}
+
+
+def test_operator_pass_gives_a_copied_service_id_to_the_newer_service(cluster: Cluster) -> None:
+    from lace.operator.operator import Options, reconcile
+    web = cluster.api.objects[SERVICES][("shop", "web")]["metadata"]
+    assert web["annotations"][K.SERVICE_ID_ANNOTATION] == "17"
+    # copied from web's manifest, annotation and all: one later, one at the same second
+    cluster.api.put(SERVICES, _service("web-copy", "2025-03-05T08:00:00Z", "17", "10.96.0.91"))
+    cluster.api.put(SERVICES, _service("zz-twin", web["creationTimestamp"], "17", "10.96.0.92"))
+    store = cluster.store()
+    first = reconcile(store, Options())
+    assert sorted(first.services) == ["shop/web-copy", "shop/zz-twin"]
+    ids = {name: cluster.api.objects[SERVICES][("shop", name)]["metadata"]["annotations"][K.SERVICE_ID_ANNOTATION]
+           for name in ("web", "web-copy", "zz-twin")}
+    assert ids["web"] == "17" and len(set(ids.values())) == 3     # the oldest keeps it (then by name)
+    assert reconcile(store, Options()).services == []
+
+
+def test_operator_pass_goes_on_past_an_object_changed_meanwhile(cluster: Cluster) -> None:
+    from lace.operator.operator import Options, reconcile
+    for i, name in enumerate(("fresh-a", "fresh-b")):
+        cluster.api.put(SERVICES, _service(name, ip=f"10.96.0.9{i}"))
+    store = cluster.store()
+    listed = store.list
+
+    def list_then_someone_writes(kind, *args, **kw):
+        out = listed(kind, *args, **kw)
+        if kind == "services":      # fresh-a changes after the pass read it
+            changed = cluster.api.objects[SERVICES][("shop", "fresh-a")]
+            changed["metadata"]["labels"] = {"touched": "yes"}
+            cluster.api.put(SERVICES, changed, "MODIFIED")
+        return out
+
+    store.list = list_then_someone_writes  # type: ignore[method-assign]
+    first = reconcile(store, Options())
+    assert first.changed == ['Service "shop/fresh-a"'] and first.services == ["shop/fresh-b"]
+    store.list = listed  # type: ignore[method-assign]
+    assert reconcile(store, Options()).services == ["shop/fresh-a"]
+
+
 def test_leader_election_has_one_leader(cluster: Cluster) -> None:
     from lace.operator.leader import LeaderElector
     store = cluster.store()
