@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lace.operator")
     from lace.operator.leader import LeaderElector
-    from lace.operator.operator import reconcile
+    from lace.operator.operator import NotLeading, reconcile
     from lace.store.config import StoreConfig, open_store
     from lace.store.errors import StoreError
     from lace.store.kubernetes import KubernetesStore
@@ -46,24 +46,26 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    period = max(1.0, args.lease_duration / 3)
     last_pass = 0.0
     import time
+    elector.start()   # renews in its own thread, also while a long pass runs
     try:
         while not stop.is_set():
-            if elector.try_acquire_or_renew() and time.monotonic() - last_pass >= args.resync:
+            if elector.leading and time.monotonic() - last_pass >= args.resync:
                 try:
-                    result = reconcile(store, options)
-                    if result.networks or result.nodes or result.blocks:
-                        log.info("pass: networks %s, nodes %s, blocks %s", result.networks, result.nodes,
-                                 result.blocks)
+                    result = reconcile(store, options, leading=lambda: elector.leading)
+                    if result.networks or result.nodes or result.blocks or result.services:
+                        log.info("pass: networks %s, nodes %s, blocks %s, services %s", result.networks,
+                                 result.nodes, result.blocks, result.services)
+                except NotLeading as err:
+                    log.warning("%s", err)
                 except StoreError as err:
                     log.warning("pass failed (next in %.0fs): %s%s", args.resync, err,
                                 f" ({err.hint})" if err.hint else "")
                 last_pass = time.monotonic()
-            stop.wait(period)
+            stop.wait(min(1.0, elector.retry or 1.0))
     finally:
-        elector.release()
+        elector.stop()    # ends the renewals and gives the Lease up
         store.close()
     return 0
 

@@ -8,7 +8,8 @@ lace's datapath keys reverse translation and affinity by: the operator writes it
 A Service copied with another's annotation would share its ID: the newer of the two gets a new one.
 
 An object someone else changed (or deleted) while the pass worked on it is left to the next pass,
-which reads it again; the pass goes on with the others.
+which reads it again; the pass goes on with the others. Before each write the pass checks that this
+operator still leads (``leading``), and stops when it does not (``NotLeading``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import datetime
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from lace.store import allocate
@@ -29,6 +31,17 @@ log = logging.getLogger("lace.operator")
 NODE_IDS = "next_node_id"
 FIRST_NODE_ID = 1
 SERVICE_IDS = "next_service_id"
+
+
+class NotLeading(StoreError):
+    """The pass stopped because this operator no longer leads."""
+
+
+def _still_leading(leading: Callable[[], bool]) -> None:
+    if not leading():
+        raise NotLeading("this operator stopped leading (its Lease was not renewed in time, or another "
+                         "operator took it): the pass stopped before its next write",
+                         hint="the leader runs the next pass")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +94,16 @@ def locator(options: Options, node_id: int) -> str:
                                       options.locator_prefixlen)))
 
 
-def reconcile(store: KubernetesStore, options: Options) -> PassResult:
-    """One pass (see the module docstring)."""
+def reconcile(store: KubernetesStore, options: Options,
+              leading: Callable[[], bool] = lambda: True) -> PassResult:
+    """One pass (see the module docstring); NotLeading as soon as ``leading`` says False."""
     out = PassResult()
+    _still_leading(leading)
     out.networks = [o["metadata"]["name"] for o in store.ensure_builtins()]
     for net in store.list("networks").items:
         if "id" in (net.get("status") or {}):
             continue
+        _still_leading(leading)
         name = net["metadata"]["name"]
         new_id = store.backend.run(lambda txn: allocate.network_id(txn, name))
         try:
@@ -105,6 +121,7 @@ def reconcile(store: KubernetesStore, options: Options) -> PassResult:
     # IDs nodes already carry (given by hand, or by an earlier operator): never handed out again
     used = {(n["metadata"].get("annotations") or {}).get(K.NODE_ID_ANNOTATION) for n in nodes}
     for node in nodes:
+        _still_leading(leading)
         name = node["metadata"]["name"]
         ann = node["metadata"].get("annotations") or {}
         if K.NODE_ID_ANNOTATION not in ann or K.LOCATOR_ANNOTATION not in ann:
@@ -128,13 +145,14 @@ def reconcile(store: KubernetesStore, options: Options) -> PassResult:
         for cidr in cidrs:
             if (name, cidr.version) in held:
                 continue
+            _still_leading(leading)
             block = store.allocate_block(K.DEFAULT_NETWORK, name, cidr.version, allocate.block_prefixlen(cidr))
             out.blocks.append(f"{name}:{block}")
-    _service_ids(store, out)
+    _service_ids(store, out, leading)
     return out
 
 
-def _service_ids(store: KubernetesStore, out: PassResult) -> None:
+def _service_ids(store: KubernetesStore, out: PassResult, leading: Callable[[], bool]) -> None:
     """A lace service ID for every Service without one (the annotation; never reused: IDs other
     Services carry, given by hand or by an earlier operator, are skipped)."""
     services = store.list("services").items
@@ -144,6 +162,7 @@ def _service_ids(store: KubernetesStore, out: PassResult) -> None:
         meta = svc["metadata"]
         if K.SERVICE_ID_ANNOTATION in (meta.get("annotations") or {}):
             continue
+        _still_leading(leading)
         while True:
             sid = store.backend.run(lambda txn: txn.next_value(SERVICE_IDS, K.FIRST_SERVICE_ID))
             if sid > K.MAX_SERVICE_ID:

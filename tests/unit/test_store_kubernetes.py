@@ -535,3 +535,52 @@ def test_leader_election_has_one_leader(cluster: Cluster) -> None:
     assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
     b.release()
     assert a.try_acquire_or_renew()
+
+
+LEASES_PATH = "/apis/coordination.k8s.io/v1/leases"
+
+
+def test_leader_election_judges_expiry_by_its_own_clock_not_the_writers(cluster: Cluster) -> None:
+    from lace.operator.leader import LeaderElector
+    store = cluster.store()
+    # a leader whose clock is far behind: its renewTime looks ancient here, but it keeps renewing
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "lace-operator", "namespace": "lace-system"},
+             "spec": {"holderIdentity": "op-a", "leaseDurationSeconds": 1, "renewTime": "2000-01-01T00:00:00Z"}}
+    cluster.api.put(LEASES_PATH, lease)
+    b = LeaderElector(store.api, "lace-system", "lace-operator", "op-b", lease_duration=1)
+    assert not b.try_acquire_or_renew()
+    time.sleep(0.6)
+    lease["spec"]["renewTime"] = "2000-01-01T00:00:01Z"       # renewed (second precision: a Time)
+    cluster.api.put(LEASES_PATH, lease, "MODIFIED")
+    assert not b.try_acquire_or_renew()
+    time.sleep(0.6)
+    assert not b.try_acquire_or_renew() and not b.leading     # 0.6 s since it last changed
+    time.sleep(0.5)
+    assert b.try_acquire_or_renew() and b.leading             # not renewed for a full duration
+
+
+def test_a_leader_renews_in_its_thread_through_a_long_pass_and_steps_down_when_it_cannot(cluster: Cluster) -> None:
+    from lace.operator.leader import LeaderElector
+    from lace.operator.operator import NotLeading, Options, reconcile
+    store = cluster.store()
+    a = LeaderElector(store.api, "lace-system", "lace-operator", "op-a", lease_duration=2, retry=0.1)
+    b = LeaderElector(store.api, "lace-system", "lace-operator", "op-b", lease_duration=2)
+    a.start()
+    try:
+        _wait(lambda: a.leading)
+        for _ in range(6):      # a pass three lease durations long: a keeps the Lease all along
+            assert not b.try_acquire_or_renew()
+            time.sleep(1.0)
+            assert a.leading
+        # the apiserver stops answering a: it stops leading at its renew deadline, before the
+        # Lease could expire for anyone else
+        cluster.api.fail(500, count=1000, path=LEASES_PATH.replace("leases", "namespaces/lace-system/leases"))
+        lost = time.monotonic()
+        _wait(lambda: not a.leading)
+        assert time.monotonic() - lost < a.lease_duration
+        with pytest.raises(NotLeading, match="stopped leading"):
+            reconcile(store, Options(), leading=lambda: a.leading)
+    finally:
+        a.stop()
+
