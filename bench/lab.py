@@ -4,7 +4,13 @@
 For each path — a bare veth pair between two namespaces (the baseline), two pods on one node, two
 pods on different nodes (SRv6 across the fabric) — TCP throughput (iperf3), UDP 64-byte packet rate
 (iperf3) and TCP round-trip latency (sockperf ping-pong), client and server pinned to different
-CPUs, medians of interleaved rounds, and each path's ratio to the baseline. Then the time from
+CPUs, medians of interleaved rounds, and each path's ratio to the baseline. In the same rounds, with
+the same commands, the kernel's own paths on the cross-node shape in namespaces the bench builds
+(pod -> node -> fabric bridge -> node -> pod, lace's pod MTU): "kernel plain", plain IPv4/IPv6
+routing between the two nodes, the kernel forwarding the same packets without encapsulation; and
+"kernel SRv6", the kernel's SRv6 with lace's 40 bytes of overhead (``encap seg6 mode encap.red`` to
+the other node's SID, ``seg6local End.DX4``/``End.DX6`` there). A kernel path the kernel refuses
+(no seg6local, say) is reported as not measured, and the rest still runs. Then the time from
 applying a pod to the first packet it answers (ICMP echo from a pod on another node).
 
 Then kubelet probes. Round trip: a podserver pod of an isolated network (``probed``, 10.77.0.0/16)
@@ -22,7 +28,10 @@ deleted afterwards, and the lab torn down.
 
 Run as root after `make install`:
     .venv/bin/python bench/lab.py [--rounds N] [--seconds S] [--pods N] [--only paths|first-packet|probes]
-                                  [--probe-rtts N] [--probe-pods N] [--probe-window S]
+                                  [--paths same,cross,plain,srv6] [--probe-rtts N] [--probe-pods N]
+                                  [--probe-window S]
+(--paths: the paths beside the bare veth; with --only paths and no lab path, no lab is built.)
+Everything the bench makes goes at the end, after a failure, Ctrl-C or SIGTERM too.
 Targets: same node >= 0.95x TCP and >= 0.85x packet rate of bare veth; cross node >= 0.95x TCP;
 pod creation to first packet: median under 100 ms; an httpGet probe to a pod of an isolated network
 <= 1.1x the round trip of the same probe to a default-network pod; 2 probes/s per pod at a 1 s period
@@ -35,6 +44,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import socket
 import statistics
 import struct
@@ -133,6 +143,110 @@ def bare_pair() -> None:
         netlink.set_up("lo", netns=ns)
         netlink.set_up(dev, netns=ns)
     netlink.wait_link("bare0", BARE_A, timeout=5, up=True)   # carrier once both ends are up
+
+
+# The kernel's own paths on the lab's shape, pod -> node -> fabric bridge -> node -> pod, in namespaces
+# of their own (lace-bench-<kind>-{pod1,node1,wire,node2,pod2}; "wire" holds the bridge, L2 only):
+# node i's uplink eth0 fd5f:ff::i/64 198.19.0.i/24 MTU 1500 into the bridge, forwarding on; its pod's
+# veth eth0 198.19.i.2/24 fd5f:i::2/64 MTU 1460 (lace's pod MTU) with the default route via the
+# node end (pod, .1 / ::1). Both kinds are built alike and differ only in the nodes' routes to the
+# other node's pod:
+#   plain  198.19.j.0/24 via 198.19.0.j, fd5f:j::/64 via fd5f:ff::j: the kernel forwarding the same
+#          packets, no encapsulation;
+#   srv6   the kernel's SRv6 with one outer IPv6 header (encap.red with one segment: no SRH, 40 bytes
+#          like lace's): on the sending node `encap seg6 mode encap.red segs <SID of the other node>`,
+#          the other node's locator fd5f:c000:j::/48 via fd5f:ff::j, and on the receiving node its
+#          SIDs fd5f:c000:i::4 `End.DX4 nh4 <pod>` and fd5f:c000:i::6 `End.DX6 nh6 <pod>` (dev pod).
+KERNEL_KINDS = {"plain": "kernel plain", "srv6": "kernel SRv6"}
+PATHS = {"same": "same node", "cross": "cross node", **KERNEL_KINDS}
+KERNEL_ROLES = ("pod1", "node1", "wire", "node2", "pod2")
+K_BRIDGE, K_UPLINK, K_POD_NODE_END, K_POD_IF = "br0", "eth0", "pod", "eth0"
+
+
+def kernel_netns(kind: str, role: str) -> str:
+    return f"lace-{LAB}-{kind}-{role}"
+
+
+def kernel_pod_ip(i: int, v6: bool = False) -> str:
+    return f"fd5f:{i}::2" if v6 else f"198.19.{i}.2"
+
+
+def _ip(ns: str, *argv: str) -> None:
+    r = subprocess.run(["ip", "-n", ns, *argv], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip -n {ns} {' '.join(argv)}: {r.stderr.strip() or r.stdout.strip()}")
+
+
+def kernel_path(kind: str) -> str:
+    """Build the ``kind`` (plain|srv6) topology; return pod2's IPv4 address (the server side).
+    Raises RuntimeError, with what the kernel said, when a step is refused (e.g. no End.DX4)."""
+    for role in KERNEL_ROLES:
+        netlink.netns.delete(kernel_netns(kind, role))   # leftovers of an interrupted run
+    ns = {role: kernel_netns(kind, role) for role in KERNEL_ROLES}
+    for n in ns.values():
+        netlink.netns.create(n)
+        for scope in ("all", "default"):   # addresses unique by construction: no DAD wait
+            netlink.sysctl(n, f"net.ipv6.conf.{scope}.accept_dad", 0)
+        netlink.set_up("lo", n)
+    for scope in ("all", "default"):
+        netlink.sysctl(ns["wire"], f"net.ipv6.conf.{scope}.disable_ipv6", 1)
+    netlink.bridge(K_BRIDGE, ns["wire"], mtu=MTU + 40)
+    netlink.set_up(K_BRIDGE, ns["wire"])
+    for i in (1, 2):
+        node, pod = ns[f"node{i}"], ns[f"pod{i}"]
+        netlink.sysctl(node, "net.ipv6.conf.all.forwarding", 1)
+        netlink.sysctl(node, "net.ipv4.ip_forward", 1)
+        netlink.veth_pair(K_UPLINK, f"up{i}", netns=node, peer_netns=ns["wire"], mtu=MTU + 40)
+        netlink.set_master(f"up{i}", K_BRIDGE, ns["wire"])
+        netlink.set_up(f"up{i}", ns["wire"])
+        netlink.add_address(K_UPLINK, f"fd5f:ff::{i}/64", node)
+        netlink.add_address(K_UPLINK, f"198.19.0.{i}/24", node)
+        netlink.veth_pair(K_POD_NODE_END, K_POD_IF, netns=node, peer_netns=pod, mtu=MTU)
+        netlink.add_address(K_POD_NODE_END, f"198.19.{i}.1/24", node)
+        netlink.add_address(K_POD_NODE_END, f"fd5f:{i}::1/64", node)
+        netlink.add_address(K_POD_IF, f"{kernel_pod_ip(i)}/24", pod)
+        netlink.add_address(K_POD_IF, f"{kernel_pod_ip(i, True)}/64", pod)
+        for n, dev in ((node, K_UPLINK), (node, K_POD_NODE_END), (pod, K_POD_IF)):
+            netlink.set_up(dev, n)
+        netlink.wait_link(K_UPLINK, node, timeout=5, up=True)
+        netlink.wait_link(K_POD_IF, pod, timeout=5, up=True)
+        netlink.add_route("0.0.0.0/0", netns=pod, via=f"198.19.{i}.1", dev=K_POD_IF)
+        netlink.add_route("::/0", netns=pod, via=f"fd5f:{i}::1", dev=K_POD_IF)
+    for i, j in ((1, 2), (2, 1)):
+        node = ns[f"node{i}"]
+        if kind == "plain":
+            netlink.add_route(f"198.19.{j}.0/24", netns=node, via=f"198.19.0.{j}", dev=K_UPLINK)
+            netlink.add_route(f"fd5f:{j}::/64", netns=node, via=f"fd5f:ff::{j}", dev=K_UPLINK)
+            continue
+        _ip(node, "sr", "tunsrc", "set", f"fd5f:ff::{i}")
+        _ip(node, "-6", "route", "add", f"fd5f:c000:{j}::/48", "via", f"fd5f:ff::{j}", "dev", K_UPLINK)
+        _ip(node, "route", "add", f"198.19.{j}.0/24", "encap", "seg6", "mode", "encap.red",
+            "segs", f"fd5f:c000:{j}::4", "dev", K_UPLINK)
+        _ip(node, "-6", "route", "add", f"fd5f:{j}::/64", "encap", "seg6", "mode", "encap.red",
+            "segs", f"fd5f:c000:{j}::6", "dev", K_UPLINK)
+        _ip(node, "-6", "route", "add", f"fd5f:c000:{i}::4/128", "encap", "seg6local", "action", "End.DX4",
+            "nh4", kernel_pod_ip(i), "dev", K_POD_NODE_END)
+        _ip(node, "-6", "route", "add", f"fd5f:c000:{i}::6/128", "encap", "seg6local", "action", "End.DX6",
+            "nh6", kernel_pod_ip(i, True), "dev", K_POD_NODE_END)
+    # both families, both ways, full-size packets with DF (1460 on the pods' veths; 1500 on the fabric)
+    for v6, size in ((False, MTU - 28), (True, MTU - 48)):
+        for src, dst in ((1, 2), (2, 1)):
+            r = subprocess.run(["ip", "netns", "exec", ns[f"pod{src}"], "ping", "-6" if v6 else "-4", "-c", "1",
+                                "-W", "2", "-M", "do", "-s", str(size), kernel_pod_ip(dst, v6)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"pod{src} -> pod{dst} {'IPv6' if v6 else 'IPv4'} ({size} B, DF) got no answer: "
+                                   f"{(r.stdout.strip() or r.stderr.strip()).splitlines()[-1:]}")
+    return kernel_pod_ip(2)
+
+
+def kernel_cleanup() -> None:
+    for kind in KERNEL_KINDS:
+        for role in KERNEL_ROLES:
+            try:
+                netlink.netns.delete(kernel_netns(kind, role))
+            except Exception as exc:   # the others still go
+                print(f"cannot delete netns {kernel_netns(kind, role)}: {exc}", file=sys.stderr)
 
 
 def tcp_gbps(b: Bench, client_ns: str, ip: str, seconds: float) -> float:
@@ -439,6 +553,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--pods", type=int, default=10, help="pods for the creation-to-first-packet figure")
     ap.add_argument("--only", choices=("paths", "first-packet", "probes"), help="run this part only")
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="paths measured beside the bare veth, comma-separated: " +
+                         ", ".join(f"{k} ({v})" for k, v in PATHS.items()) + " (default: all)")
     ap.add_argument("--probe-rtts", type=int, default=2000, help="probe round trips per target and kind")
     ap.add_argument("--probe-pods", type=int, default=100, help="probed pods on one node for the probe rate")
     ap.add_argument("--probe-window", type=float, default=20.0, help="seconds the probe rate is measured over")
@@ -447,25 +564,44 @@ def main() -> int:
         print("bench/lab.py needs root", file=sys.stderr)
         return 2
     want = lambda part: a.only in (None, part)  # noqa: E731
+    chosen = [x.strip() for x in a.paths.split(",") if x.strip()]
+    if unknown := [x for x in chosen if x not in PATHS]:
+        ap.error(f"--paths: unknown {', '.join(unknown)} (choose from {', '.join(PATHS)})")
+    lab_paths = want("paths") and any(x in ("same", "cross") for x in chosen)
+    need_lab = lab_paths or want("first-packet") or want("probes")
     state = tempfile.mkdtemp(prefix="lace-bench-")
     b = Bench(state)
     results: dict[str, dict[str, list[float]]] = {}
+    missing: dict[str, str] = {}   # kernel path -> why it was not measured
     first: list[float] = []
     rtt: dict | None = None
     load: dict | None = None
+    # SIGTERM ends the run as Ctrl-C does: through the finally below, which removes everything made
+    signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
     try:
-        b.lace("lab", "up", "--name", LAB, "--nodes", "2")
-        if want("paths") or want("first-packet"):
+        if need_lab:
+            b.lace("lab", "up", "--name", LAB, "--nodes", "2")
+        if lab_paths or want("first-packet"):
             pod = lambda n, node: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default"},  # noqa: E731
                                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
             b.apply([pod("client", "worker-1"), pod("local", "worker-1"), pod("remote", "worker-2")])
             ps = b.wait(["client", "local", "remote"])
         if want("paths"):
-            ip = {n: next(x["ip"] for x in ps[n]["status"]["podIPs"] if ":" not in x["ip"]) for n in ("local", "remote")}
             bare_pair()
-            paths = {"bare veth": (BARE_A, BARE_B, BARE_IP_B),
-                     "same node": (b.netns_of("client"), b.netns_of("local"), ip["local"]),
-                     "cross node": (b.netns_of("client"), b.netns_of("remote"), ip["remote"])}
+            paths = {"bare veth": (BARE_A, BARE_B, BARE_IP_B)}
+            if lab_paths:
+                ip = {n: next(x["ip"] for x in ps[n]["status"]["podIPs"] if ":" not in x["ip"]) for n in ("local", "remote")}
+                if "same" in chosen:
+                    paths["same node"] = (b.netns_of("client"), b.netns_of("local"), ip["local"])
+                if "cross" in chosen:
+                    paths["cross node"] = (b.netns_of("client"), b.netns_of("remote"), ip["remote"])
+            for kind, name in KERNEL_KINDS.items():
+                if kind in chosen:
+                    try:
+                        paths[name] = (kernel_netns(kind, "pod1"), kernel_netns(kind, "pod2"), kernel_path(kind))
+                    except (RuntimeError, netlink.NetlinkError) as exc:   # e.g. a kernel without seg6local
+                        missing[name] = str(exc)
+                        print(f"{name}: not measured: {exc}", file=sys.stderr)
             for _, (_, srv, _) in paths.items():
                 b.run_in(srv, ["iperf3", "-s"], cpu=1, background=True)
                 b.run_in(srv, ["sockperf", "server", "--tcp", "-p", "11111"], cpu=1, background=True)
@@ -491,21 +627,35 @@ def main() -> int:
     finally:
         try:
             b.close()
-            b.lace("lab", "down", "--name", LAB)
+            if need_lab:
+                b.lace("lab", "down", "--name", LAB)
         finally:
             for ns in (BARE_A, BARE_B):
                 netlink.netns.delete(ns)
+            kernel_cleanup()
             subprocess.run(["rm", "-rf", state])
 
     if results:
         base = {k: statistics.median(v) for k, v in results["bare veth"].items()}
+        med = {name: {k: statistics.median(v) for k, v in res.items()} for name, res in results.items()}
         print(f"\nlab pod-to-pod vs bare veth (medians of {a.rounds} interleaved rounds, {a.seconds:.0f} s each, "
               f"client CPU 0, server CPU 1, MTU {MTU})")
-        print(f"{'path':<12}{'TCP Gbit/s':>12}{'ratio':>8}{'UDP64 kpps':>13}{'ratio':>8}{'TCP RR us':>12}{'ratio':>8}")
-        for name, res in results.items():
-            m = {k: statistics.median(v) for k, v in res.items()}
-            print(f"{name:<12}{m['tcp']:>12.2f}{m['tcp'] / base['tcp']:>7.2f}x{m['pps']:>13.0f}{m['pps'] / base['pps']:>7.2f}x"
+        print(f"{'path':<14}{'TCP Gbit/s':>12}{'ratio':>8}{'UDP64 kpps':>13}{'ratio':>8}{'TCP RR us':>12}{'ratio':>8}")
+        for name, m in med.items():
+            print(f"{name:<14}{m['tcp']:>12.2f}{m['tcp'] / base['tcp']:>7.2f}x{m['pps']:>13.0f}{m['pps'] / base['pps']:>7.2f}x"
                   f"{m['rr']:>12.1f}{m['rr'] / base['rr']:>7.2f}x")
+        for name, why in missing.items():
+            print(f"{name:<14}not measured: {why}")
+        if any(name in med for name in KERNEL_KINDS.values()):
+            print("kernel rows: namespaces built by the bench, pod -> node -> bridge -> node -> pod, the same pod MTU; "
+                  "plain: IPv4 routing, no encapsulation; SRv6: seg6 encap.red (one outer IPv6 header, 40 B) "
+                  "+ seg6local End.DX4")
+            if "cross node" in med:
+                for name in KERNEL_KINDS.values():
+                    if name in med:
+                        k, c = med[name], med["cross node"]
+                        print(f"  cross node / {name}: TCP {c['tcp'] / k['tcp']:.2f}x, pps {c['pps'] / k['pps']:.2f}x, "
+                              f"RR {c['rr'] / k['rr']:.2f}x")
         print("targets: same node >= 0.95x TCP and >= 0.85x pps; cross node >= 0.95x TCP")
     if first:
         print(f"\npod creation to first packet answered (ICMP from another node), {len(first)} pods: "
