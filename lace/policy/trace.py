@@ -99,7 +99,7 @@ def walk_maps(src_maps: PolicyMaps, dst_maps: Callable[[], PolicyMaps] | None, s
     the destination is not routed outside, the ingress check there (:func:`ingress_step`).
 
     Returns (egress, ingress or None); an unrouted destination is an egress of verdict "no-route".
-    Shared by ``lace policy trace`` and the datapath fuzzer (lace.datapath.fuzz), which holds the
+    Shared by ``lace policy trace`` and the datapath fuzzer (tests/fuzz/harness.py), which holds the
     C programs to it."""
     dst_net = src_maps.route(src_network, dst_ip)
     if dst_net is None:
