@@ -71,10 +71,10 @@ import orjson
 import requests
 import requests.adapters
 import urllib3
-import urllib3.connection
 from etcd3gw import exceptions as etcd_errors
 
 from lace import nsenter
+from lace.store import netns_http
 from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
 from lace.store.backend import Backend, Transaction
 from lace.store.errors import Conflict, Gone, StoreError, Unavailable
@@ -149,15 +149,8 @@ def _netns_session(netns: str | None) -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     if netns is not None:
-
-        class Connection(urllib3.connection.HTTPConnection):
-            def _new_conn(self) -> socket.socket:
-                with nsenter.entered(netns, translate=_netns_error):
-                    return super()._new_conn()
-
-        pool = type("Pool", (urllib3.HTTPConnectionPool,), {"ConnectionCls": Connection})
         adapter = requests.adapters.HTTPAdapter()
-        adapter.poolmanager.pool_classes_by_scheme = {"http": pool}
+        adapter.poolmanager.pool_classes_by_scheme = netns_http.pool_classes(netns, _netns_error)
         session.mount("http://", adapter)
     return session
 

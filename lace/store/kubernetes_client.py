@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lace import nsenter
-from lace.store import kinds as K
+from lace.store import kinds as K, netns_http
 from lace.store.errors import (AlreadyExists, Conflict, Forbidden, Gone, NotFound, StoreError,
                                Unavailable, ValidationError)
 
@@ -257,32 +257,14 @@ def _short(err: BaseException) -> str:
 def _socket_in_netns(api_client: Any, netns: str) -> None:
     """Make every new connection of ``api_client``'s pool in network namespace ``netns``."""
     import urllib3
-    from urllib3.connection import HTTPConnection, HTTPSConnection
-    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
     def translate(err: nsenter.NetnsError) -> BaseException:
         return Unavailable(f"cannot enter network namespace {netns} to reach the apiserver: {err}",
                            hint="is the lab (or the test's namespace) still there?")
 
-    class _Conn(HTTPConnection):
-        def _new_conn(self) -> Any:
-            with nsenter.entered(netns, translate=translate):
-                return super()._new_conn()
-
-    class _Conns(HTTPSConnection):
-        def _new_conn(self) -> Any:
-            with nsenter.entered(netns, translate=translate):
-                return super()._new_conn()
-
-    class _Pool(HTTPConnectionPool):
-        ConnectionCls = _Conn
-
-    class _Pools(HTTPSConnectionPool):
-        ConnectionCls = _Conns
-
     old: urllib3.PoolManager = api_client.rest_client.pool_manager
     manager = urllib3.PoolManager(**old.connection_pool_kw)
-    manager.pool_classes_by_scheme = {"http": _Pool, "https": _Pools}
+    manager.pool_classes_by_scheme = netns_http.pool_classes(netns, translate)
     api_client.rest_client.pool_manager = manager
 
 
