@@ -210,7 +210,9 @@ class Kubelet:
         self.state_dir = state_dir
         desc = json.loads((Path(state_dir) / "lab.json").read_text())
         self.nodes = {n["name"]: n for n in desc["nodes"]}
-        # a short poll: a new pod is picked up within a few ms of its apply
+        # on the embedded store a commit wakes the watch at once (inotify on its write-ahead log);
+        # the poll interval is only the fallback where inotify cannot, kept short so that a new
+        # pod is still picked up within a few ms of its apply
         self.store = open_store(lab_store(state_dir), poll_interval=0.005)
         self.sandboxes = Sandboxes(os.path.join(state_dir, "kubelet"))
         self.dns_dir = os.path.join(state_dir, dns.DNS_DIR)
