@@ -17,6 +17,17 @@ from .liveness import DEFAULT_TTL
 STORE_POLL_SECONDS = 0.005
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lace-agent", description="lace node agent")
     ap.add_argument("--node", required=True)
@@ -39,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the socket)")
     ap.add_argument("--metrics-address", dest="metrics_addresses", action="append", metavar="ADDR",
                     help="address to serve metrics on (repeatable; default: the uplink's addresses)")
-    ap.add_argument("--liveness-ttl", type=float, default=DEFAULT_TTL, metavar="SECONDS",
+    ap.add_argument("--liveness-ttl", type=_seconds, default=DEFAULT_TTL, metavar="SECONDS",
                     help="the node's liveness record in the store expires this long after the agent last "
                          f"renewed it (every third of it): a dead or cut-off agent's node shows NotReady "
                          f"(default {DEFAULT_TTL:g})")
