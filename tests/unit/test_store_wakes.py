@@ -20,6 +20,15 @@ s.close()
 """
 
 
+def _follow(store):
+    """A watch of Namespaces read by a thread: (the names it saw, the watch, the thread)."""
+    got: list = []
+    w = store.watch(["namespaces"])
+    reader = threading.Thread(target=lambda: got.extend(ev.object["metadata"]["name"] for ev in w))
+    reader.start()
+    return got, w, reader
+
+
 def test_an_idle_watch_sleeps_and_another_process_commit_wakes_it(tmp_path, monkeypatch):
     # the safety net far away: only a file event can bring the other process's write in time
     monkeypatch.setattr(sq, "WAKE_SAFETY", 60.0)
@@ -32,10 +41,7 @@ def test_an_idle_watch_sleeps_and_another_process_commit_wakes_it(tmp_path, monk
         fetches.append(time.monotonic())
         return real(self)
     monkeypatch.setattr(sq.SqliteWatch, "_fetch", counted)
-    got: list = []
-    w = store.watch(["namespaces"])
-    reader = threading.Thread(target=lambda: got.extend(ev.object["metadata"]["name"] for ev in w))
-    reader.start()
+    got, w, reader = _follow(store)
     try:
         time.sleep(1.0)
         idle = len(fetches)
@@ -102,10 +108,7 @@ def test_a_wake_whose_commit_shows_late_is_looked_for_again_and_again(tmp_path, 
         if time.monotonic() >= visible_at[0]:   # before: as if the commit were not visible yet
             real(self)
     monkeypatch.setattr(sq.SqliteWatch, "_fetch", late)
-    got: list = []
-    w = store.watch(["namespaces"])
-    reader = threading.Thread(target=lambda: got.extend(ev.object["metadata"]["name"] for ev in w))
-    reader.start()
+    got, w, reader = _follow(store)
     try:
         time.sleep(0.1)
         visible_at[0] = time.monotonic() + 0.05    # past the first few looks after the wake
