@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from lace.store.api import Store, Watch, WatchEvent
-from lace.store.cache import ObjectCache, object_key
+from lace.store.cache import ObjectCache
+from lace.store.kinds import object_key
 from lace.store.errors import Gone, NotFound, StoreError
 
 from . import endpointslices as E
@@ -29,9 +30,6 @@ log = logging.getLogger("lace.controllers.endpointslices")
 KINDS = ("Service", "Pod", "EndpointSlice")
 RESYNC_SECONDS = 30.0
 RETRY_SECONDS = 1.0
-
-
-_key = object_key
 
 
 class EndpointSliceController:
@@ -77,7 +75,7 @@ class EndpointSliceController:
         """The Services this change can affect."""
         kind = obj["kind"]
         if kind == "Service":
-            self.dirty.add(_key(obj))
+            self.dirty.add(object_key(obj))
         elif kind == "EndpointSlice":
             owner = E.service_of(obj)
             if owner is not None and E.managed(obj):
@@ -86,7 +84,7 @@ class EndpointSliceController:
             ns = obj["metadata"]["namespace"]
             for svc in self.cache.in_namespace("Service", ns):
                 if E.selects(svc, obj) or (old is not None and E.selects(svc, old)):
-                    self.dirty.add(_key(svc))
+                    self.dirty.add(object_key(svc))
 
     def _mark_all(self) -> None:
         self.dirty |= set(self.cache.objects["Service"])
@@ -114,7 +112,7 @@ class EndpointSliceController:
                 gone = self.store.delete("EndpointSlice", obj["metadata"]["name"], ns)
                 self.cache.remove(gone)
             except NotFound:
-                self.cache.objects["EndpointSlice"].pop(_key(obj), None)
+                self.cache.objects["EndpointSlice"].pop(object_key(obj), None)
             self.stats["deletes"] += 1
             log.info("service %s: deleted %s", key, obj["metadata"]["name"])
         self.stats["reconciles"] += 1

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lace.store import kinds as K
+from lace.store.kinds import service_of
 from lace.store.selectors import matches
 
 MAX_ENDPOINTS = 1000   # Kubernetes' limit per slice (validation.MAX_SLICE_ENDPOINTS)
@@ -44,13 +45,6 @@ def managed(obj: Mapping[str, Any]) -> bool:
     """Whether the controller maintains this EndpointSlice."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return labels.get(K.MANAGED_BY_LABEL) == K.ENDPOINTSLICE_CONTROLLER
-
-
-def service_of(obj: Mapping[str, Any]) -> str | None:
-    """``namespace/name`` of the Service an EndpointSlice belongs to (by its label), or None."""
-    meta = obj.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(K.SERVICE_NAME_LABEL)
-    return f'{meta.get("namespace", "")}/{name}' if name else None
 
 
 def selects(service: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:

@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
 
-from lace.store.cache import ObjectCache, object_key
+from lace.store.cache import ObjectCache
+from lace.store.kinds import object_key, service_of
 
-from .model import SERVICE_NAME_LABEL, Frontend, IPAddr, frontends, on_node
+from .model import Frontend, IPAddr, frontends, on_node
 
 KINDS = ("Service", "EndpointSlice")
-
-
-def _owner(sl: Mapping[str, Any]) -> str | None:
-    """``namespace/name`` of the service an EndpointSlice belongs to (its service-name label)."""
-    meta = sl.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
-    return f'{meta.get("namespace", "")}/{name}' if name else None
 
 
 class ServiceCache:
@@ -48,7 +41,7 @@ class ServiceCache:
             self._objects.replace("EndpointSlice", slices)
             self._slices = {}
             for key, sl in self._objects.objects["EndpointSlice"].items():
-                owner = _owner(sl)
+                owner = service_of(sl)
                 if owner is not None:
                     self._slices.setdefault(owner, {})[key] = sl
             self._fronts.clear()
@@ -64,12 +57,16 @@ class ServiceCache:
                 touched = set()
                 key = object_key(obj)
                 for sl in (old, obj):
-                    owner = _owner(sl) if sl is not None else None
+                    owner = service_of(sl) if sl is not None else None
                     if owner is not None:
                         touched.add(owner)
-                        self._slices.get(owner, {}).pop(key, None)
+                        mine = self._slices.get(owner)
+                        if mine is not None:
+                            mine.pop(key, None)
+                            if not mine:   # a service's last slice gone: forget the service's entry
+                                del self._slices[owner]
                 now = self._objects.objects["EndpointSlice"].get(key)
-                owner = _owner(now) if now is not None else None
+                owner = service_of(now) if now is not None else None
                 if owner is not None:
                     self._slices.setdefault(owner, {})[key] = now
             for key in touched:

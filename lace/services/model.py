@@ -78,11 +78,6 @@ class Frontend:
     terminating: tuple[Backend, ...] = ()
 
 
-def _key(obj: Mapping) -> str:
-    meta = obj.get("metadata") or {}
-    return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
-
-
 def service_id(svc: Mapping) -> int | None:
     """The cluster-wide service ID (the datapath's reverse-NAT and affinity key), or None before
     the store gave it one."""
@@ -104,10 +99,9 @@ def slices_by_service(slices: Iterable[Mapping]) -> dict[str, list[Mapping]]:
     """``namespace/name`` of a service -> its EndpointSlices (by the kubernetes.io/service-name label)."""
     out: dict[str, list[Mapping]] = {}
     for sl in slices:
-        meta = sl.get("metadata") or {}
-        name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
-        if name:
-            out.setdefault(f'{meta.get("namespace", "")}/{name}', []).append(sl)
+        key = K.service_of(sl)
+        if key:
+            out.setdefault(key, []).append(sl)
     return out
 
 
@@ -214,7 +208,7 @@ def frontends(services: Iterable[Mapping], slices: Iterable[Mapping], network_id
         net = network_ids.get(K.pod_network(svc))
         if sid is None or net is None:
             continue
-        key = _key(svc)
+        key = K.object_key(svc)
         spec = svc.get("spec") or {}
         flags = 0
         timeout = 0

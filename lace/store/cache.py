@@ -14,11 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-
-def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` (``/name`` for a cluster-scoped object)."""
-    meta = obj.get("metadata") or {}
-    return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
+from lace.store.kinds import object_key
 
 
 def object_revision(obj: Mapping[str, Any]) -> int:

@@ -178,6 +178,13 @@ def object_key(obj: dict) -> str:
     return f'{meta.get("namespace", "")}/{meta.get("name", "")}'
 
 
+def service_of(endpoint_slice: dict) -> str | None:
+    """``namespace/name`` of the Service an EndpointSlice belongs to (its service-name label), or None."""
+    meta = endpoint_slice.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+    return f'{meta.get("namespace", "")}/{name}' if name else None
+
+
 def segment_name(network: str, namespace: str, labels: dict[str, str]) -> str:
     """The deterministic Segment object name for an identity (network, namespace, labels)."""
     import hashlib  # here, not at the top: it loads OpenSSL, and most importers never name a segment
