@@ -34,7 +34,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from lace.store.api import Watch, WatchEvent
@@ -295,7 +295,7 @@ class CacheWatch(Watch):
     """A watch of the cache: changes of some kinds after a local revision."""
 
     def __init__(self, cache: Cache, kinds: set[str] | None, since: int,
-                 timeout: float | None, health: Callable[[], StoreError | None] | None = None) -> None:
+                 timeout: float | None) -> None:
         self.cache = cache
         self.kinds = kinds
         self.position = since
