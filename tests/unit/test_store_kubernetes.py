@@ -174,12 +174,18 @@ def test_watch_delivers_the_apiservers_writes(cluster: Cluster) -> None:
     assert int(events[1].resource_version) > int(events[0].resource_version) > int(since)
 
 
-def test_watch_survives_a_disconnect_without_gap_or_duplicate(cluster: Cluster) -> None:
+def _watching_pods(cluster: Cluster):
+    """A store watching Pods from its list, once its Pod reflector's watch reached the apiserver:
+    (the store, its watch, the reflector)."""
     store = cluster.store()
-    since = store.list("pods").resource_version
-    watch = store.watch(["pods"], since=since)
+    watch = store.watch(["pods"], since=store.list("pods").resource_version)
     reflector = store.backend.reflectors["Pod"]
     _wait(lambda: len(cluster.api.watch_requests(PODS)) == 1)
+    return store, watch, reflector
+
+
+def test_watch_survives_a_disconnect_without_gap_or_duplicate(cluster: Cluster) -> None:
+    store, watch, reflector = _watching_pods(cluster)
     cluster.api.disconnect_watches()
     pod = recorded("pods")[0]
     pod["metadata"]["name"] = "after-disconnect"
@@ -196,11 +202,7 @@ def test_watch_survives_a_disconnect_without_gap_or_duplicate(cluster: Cluster) 
 @pytest.mark.parametrize("as_http_status", [False, True], ids=["error-event", "http-410"])
 def test_410_gone_relists_and_turns_the_gap_into_events(cluster: Cluster, as_http_status: bool) -> None:
     cluster.api.expired_as_http_status = as_http_status
-    store = cluster.store()
-    since = store.list("pods").resource_version
-    watch = store.watch(["pods"], since=since)
-    reflector = store.backend.reflectors["Pod"]
-    _wait(lambda: len(cluster.api.watch_requests(PODS)) == 1)
+    store, watch, reflector = _watching_pods(cluster)
     # while the store is cut off, one pod goes, one comes, and the history is compacted away
     cluster.api.disconnect_watches()
     with cluster.api.cond:   # hold the fake so the store cannot re-watch in between
