@@ -13,7 +13,8 @@ class AgentUnavailable(Exception):
     """The agent's socket is missing, refuses connections or does not answer in time."""
 
 
-def _read_all(sock: socket.socket) -> bytes:
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes (the agent answers with Connection: close)."""
     chunks = []
     while True:
         data = sock.recv(65536)
@@ -34,7 +35,7 @@ def call(path: str, method: str, url: str, body: dict[str, Any] | None = None,
         try:
             s.connect(path)
             s.sendall(head + data)
-            raw = _read_all(s)
+            raw = read_all(s)
         except (FileNotFoundError, ConnectionRefusedError, socket.timeout, OSError) as e:
             raise AgentUnavailable(f"agent at {path} is not answering: {e}") from None
     finally:

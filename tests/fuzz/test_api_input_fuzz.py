@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lace.cli import context
+from lace.cni.client import read_all
 from lace.cli.main import main as lace_main
 from lace.cli.status import ExitStatus
 from lace.store import SqliteStore
@@ -403,12 +404,7 @@ def _request(path: str, raw: bytes, timeout: float = 5.0) -> bytes:
         s.connect(path)
         s.sendall(raw)
         s.shutdown(socket.SHUT_WR)   # a body shorter than its Content-Length ends here
-        chunks = []
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return b"".join(chunks)
-            chunks.append(data)
+        return read_all(s)
     finally:
         s.close()
 
