@@ -14,8 +14,7 @@ import sys
 from lace.lab import dns
 from lace.lab.kubelet import Sandboxes
 
-from .conftest import ips, network, pod
-from .test_services import wait_until
+from .conftest import ips, network, pod, wait_for
 
 DNS_POD = f"{dns.NAMESPACE}/{dns.POD}"
 
@@ -96,7 +95,7 @@ def test_dns_pod_answers_from_the_store_at_its_pod_ip(lab, ns):
     hl = f"hl.{ns}.{svc}"
 
     # the headless records wait for the EndpointSlice controller; the rest is there by then
-    wait_until(lambda: ask(lab, cli, [(hl, "A", server4, "udp")])[0]["answers"] == sorted([w1[0], w2[0]]),
+    wait_for(lambda: ask(lab, cli, [(hl, "A", server4, "udp")])[0]["answers"] == sorted([w1[0], w2[0]]),
                "hl's A records to list both pods")
     for server in (server4, server6):
         for proto in ("udp", "tcp"):
@@ -124,7 +123,7 @@ def test_dns_pod_answers_from_the_store_at_its_pod_ip(lab, ns):
     # changes are followed: a pod leaves the headless service, a deleted service loses its name
     lab.lace("delete", "pod", "w2", "-n", ns)
     lab.lace("delete", "service", "web", "-n", ns)
-    wait_until(lambda: [r["answers"] for r in ask(lab, cli, [(hl, "A", server4, "udp")])] == [[w1[0]]],
+    wait_for(lambda: [r["answers"] for r in ask(lab, cli, [(hl, "A", server4, "udp")])] == [[w1[0]]],
                "w2 to leave hl's records")
     got = ask(lab, cli, [(f"web.{ns}.{svc}", "A", server4, "udp"), (f"web.{ns}.{svc}", "AAAA", server6, "tcp")])
     assert [r["rcode"] for r in got] == ["NXDOMAIN", "NXDOMAIN"], got
@@ -153,9 +152,9 @@ def test_default_network_pods_resolve_through_the_kube_dns_vip(lab, ns):
     fqdn = f"web.{ns}.svc.cluster.local"
     for tool, family, want in (("ahostsv4", 4, web4), ("ahostsv6", 6, web6)):
         # the DNS server learns the new service from the store a moment after the apply
-        out = wait_until(lambda: getent(lab, cli, tool, fqdn), f"{fqdn} in the cluster DNS (getent {tool})")
+        out = wait_for(lambda: getent(lab, cli, tool, fqdn), f"{fqdn} in the cluster DNS (getent {tool})")
         assert {line.split()[0] for line in out.splitlines()} == {want}, f"getent {tool}: {out}"
-    wait_until(lambda: lookup(lab, cli, [(f"hl.{ns}", 4)]) == [pods4], "hl to list both pods")
+    wait_for(lambda: lookup(lab, cli, [(f"hl.{ns}", 4)]) == [pods4], "hl to list both pods")
     got = lookup(lab, cli, [(fqdn, 4), (fqdn, 6),
                             ("web", 4), ("web", 6),                # the search path: <ns>.svc.cluster.local
                             (f"web.{ns}", 4), (f"web.{ns}.svc", 6),
@@ -185,7 +184,7 @@ def test_a_network_importing_kube_dns_resolves_through_its_vip(lab, ns):
     assert resolv_conf(lab, rcli)[1:3] == ["nameserver 10.96.0.10", "nameserver fd00:10:96::a"]
     pods4 = sorted(ips(ps[n])[0] for n in ("r1", "r2"))
     pods6 = sorted(ips(ps[n])[1] for n in ("r1", "r2"))
-    wait_until(lambda: lookup(lab, rcli, [("rhl", 4)]) == [pods4], "rhl to list both red pods, by its short name")
+    wait_for(lambda: lookup(lab, rcli, [("rhl", 4)]) == [pods4], "rhl to list both red pods, by its short name")
     rc, out = lab.exec(rcli, "getent", "ahostsv6", f"rhl.{ns}.svc.cluster.local")
     assert rc == 0 and sorted({line.split()[0] for line in out.splitlines()}) == pods6, out
     # names are cluster-wide: the default network's service resolves too (reaching it is another matter)

@@ -15,9 +15,8 @@ from lace.datapath.common import NETWORK_OUTSIDE
 from lace.lab import topology
 from lace.nsenter import entered
 
-from .conftest import NETCHECK, ips, network, pod
+from .conftest import NETCHECK, ips, network, pod, wait_for
 from .test_nodestate import node_cmd, node_json
-from .test_services import wait_until
 
 INTERNET = {4: topology.INTERNET4, 6: topology.INTERNET6}
 NODES = ("worker-1", "worker-2", "worker-3")
@@ -100,7 +99,7 @@ def test_without_masquerade_the_outside_sees_the_pod(lab, ns, outside):
     v4, v6 = ips(pods["c"])
     for family, addr in ((4, v4), (6, v6)):
         send_datagram(lab, f"{ns}/c", INTERNET[family], outside.udp_port, "unmasqueraded")
-        wait_until(lambda: addr in outside.seen("udp"), f"the outside to see {addr}", timeout=10)
+        wait_for(lambda: addr in outside.seen("udp"), f"the outside to see {addr}", timeout=10)
     assert_routed_outside(lab, net, masquerade=False)
 
 
@@ -192,7 +191,7 @@ def test_nodeport_cluster_policy_answers_on_every_node_and_keeps_the_client(lab,
     udp_port = node_port(service_obj(lab, ns, "np"), "dns")
     for node in NODES:
         for addr in node_addrs(lab, node):
-            wait_until(lambda: outside_get(lab, addr, port) in web, f"{addr}:{port} answering", timeout=30)
+            wait_for(lambda: outside_get(lab, addr, port) in web, f"{addr}:{port} answering", timeout=30)
             seen = {outside_get(lab, addr, port) for _ in range(12)}
             assert seen <= set(web) and seen, f"{node} {addr}: {seen}"
             assert outside_udp(lab, addr, udp_port), f"UDP through {addr}:{udp_port}"
@@ -211,11 +210,11 @@ def test_nodeport_local_policy_answers_only_where_an_endpoint_is(lab, ns, web):
     port = node_port(service_obj(lab, ns, "npl"), "http")
     for i, node in enumerate(NODES[:2]):
         for addr in node_addrs(lab, node):
-            wait_until(lambda: outside_get(lab, addr, port) == f"{ns}/web{i}",
+            wait_for(lambda: outside_get(lab, addr, port) == f"{ns}/web{i}",
                        f"{addr}:{port} answering from web{i} only", timeout=30)
             assert {outside_get(lab, addr, port) for _ in range(8)} == {f"{ns}/web{i}"}
     for addr in node_addrs(lab, "worker-3"):
-        wait_until(lambda: outside_get(lab, addr, port) == "refused", f"{addr}:{port} refusing", timeout=30)
+        wait_for(lambda: outside_get(lab, addr, port) == "refused", f"{addr}:{port} refusing", timeout=30)
     flows = node_json(lab, "worker-3", "trace", "flow", "--last", "300", "--verdict", "drop")
     assert any(f["reason"] == "service-no-backend" for f in flows["flows"]), flows
     # the backend saw the client's address: its node's entries are keyed by it
@@ -232,6 +231,6 @@ def test_load_balancer_address_reachable_from_the_outside(lab, ns, web):
     for addr in ingress:
         assert ipaddress.ip_address(addr) in ipaddress.ip_network(
             topology.LOADBALANCER4_NET if ":" not in addr else topology.LOADBALANCER6_NET)
-        wait_until(lambda: outside_get(lab, addr, 80) in web, f"{addr}:80 answering", timeout=30)
+        wait_for(lambda: outside_get(lab, addr, 80) in web, f"{addr}:80 answering", timeout=30)
         assert {outside_get(lab, addr, 80) for _ in range(12)} <= set(web)
         assert outside_udp(lab, addr, 53), f"UDP through {addr}:53"

@@ -11,9 +11,8 @@ import threading
 import time
 from collections import Counter
 
-from .conftest import NETCHECK, ips, network, pod
-from .test_nodestate import node_cmd, node_json
-from .test_services import wait_until
+from .conftest import NETCHECK, ips, network, pod, wait_for
+from .test_nodestate import node_json
 
 NODES = ("worker-1", "worker-2", "worker-3")
 
@@ -43,7 +42,7 @@ def programmed(lab, vip: str, active: int, nodes=NODES, frontends: int = 1) -> N
                    for e in doc["entries"]) < frontends:
                 return False
         return True
-    wait_until(ready, f"{vip} programmed with {active} active backends on {', '.join(nodes)}", timeout=30)
+    wait_for(ready, f"{vip} programmed with {active} active backends on {', '.join(nodes)}", timeout=30)
 
 
 def incremental_passes(lab) -> dict[str, float]:
@@ -165,7 +164,7 @@ def test_kept_connection_survives_backend_scale_down_and_maglev_keeps_flows(lab,
                 return e["nat_addr"]
         return None
 
-    backend = wait_until(held_backend, "the held connection in conntrack")
+    backend = wait_for(held_backend, "the held connection in conntrack")
     by_ip = {ips(p)[0]: name for name, p in lab.pods(ns).items()}
     victim = next(f"mg{i}" for i in range(4) if by_ip.get(backend) != f"mg{i}")
     # a backend that is not the held connection's goes away while it runs

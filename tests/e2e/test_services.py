@@ -4,9 +4,8 @@ into EndpointSlices holding the pods' addresses, and follows a pod's deletion.""
 from __future__ import annotations
 
 import json
-import time
 
-from .conftest import ips, pod
+from .conftest import ips, pod, wait_for
 
 
 def service(name: str, ns: str, **spec) -> dict:
@@ -26,16 +25,6 @@ def endpoints(lab, ns: str, family: str) -> dict[str, dict]:
             for ep in s["endpoints"] for a in ep["addresses"]}
 
 
-def wait_until(fn, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def named(p: dict, port: int) -> dict:
     p["spec"]["containers"][0]["ports"][0]["name"] = "http"
     p["spec"]["containers"][0]["ports"][0]["containerPort"] = port
@@ -51,7 +40,7 @@ def test_service_over_running_pods_gets_their_addresses_and_follows_a_delete(lab
     lab.apply([service("web", ns, ipFamilyPolicy="PreferDualStack")])
     want4 = {ips(ps["w1"])[0], ips(ps["w2"])[0]}
     want6 = {ips(ps["w1"])[1], ips(ps["w2"])[1]}
-    wait_until(lambda: set(endpoints(lab, ns, "IPv4")) == want4 and set(endpoints(lab, ns, "IPv6")) == want6,
+    wait_for(lambda: set(endpoints(lab, ns, "IPv4")) == want4 and set(endpoints(lab, ns, "IPv6")) == want6,
                "the slices to hold w1 and w2")
     for family in ("IPv4", "IPv6"):
         for address, ep in endpoints(lab, ns, family).items():
@@ -70,13 +59,13 @@ def test_service_over_running_pods_gets_their_addresses_and_follows_a_delete(lab
     # a graceful delete: the kubelet stops w1 and removes it; lace delete waits for that
     lab.lace("delete", "pod", "w1", "-n", ns)
     assert "w1" not in lab.pods(ns)
-    wait_until(lambda: set(endpoints(lab, ns, "IPv4")) == {ips(ps["w2"])[0]}
+    wait_for(lambda: set(endpoints(lab, ns, "IPv4")) == {ips(ps["w2"])[0]}
                and set(endpoints(lab, ns, "IPv6")) == {ips(ps["w2"])[1]}, "w1 to leave the slices")
 
     # a restarted controller carries on: a new pod joins
     lab.lace("lab", "restart-controllers")
     lab.apply([named(pod("w3", ns, "worker-3", labels={"app": "web"}), 80)])
     w3 = lab.wait(ns, ["w3"])["w3"]
-    wait_until(lambda: ips(w3)[0] in endpoints(lab, ns, "IPv4"), "w3 to join the slices")
+    wait_for(lambda: ips(w3)[0] in endpoints(lab, ns, "IPv4"), "w3 to join the slices")
     lab.lace("delete", "service", "web", "-n", ns)
-    wait_until(lambda: not slices(lab, ns), "the slices to go with the service")
+    wait_for(lambda: not slices(lab, ns), "the slices to go with the service")
