@@ -90,7 +90,6 @@ class Agent:
         self.datapath = NodeDatapath(pin_root, max_entries=capacities)
         self.datapath.load()
         self.programmer = ServiceProgrammer(capacity=capacities.get("services"),
-                                            backends_capacity=capacities.get("backends"),
                                             maglev_entries=capacities.get("maglev"))
         self.sync = ServiceSync(NODE, self.programmer, self.datapath, OWNED_MAPS)
         self.order = OWNED_MAPS

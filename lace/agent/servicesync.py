@@ -60,11 +60,8 @@ class ServiceSync:
             with self._lock:
                 self._pending |= keys
         else:
-            self.full_pass_needed()
-
-    def full_pass_needed(self) -> None:
-        with self._lock:
-            self._full = True
+            with self._lock:
+                self._full = True
 
     def take(self) -> tuple[set[str], bool]:
         """What the watch left: (services to program again, whether a full pass is needed). Taking

@@ -41,13 +41,6 @@ def table_key(table: int) -> bytes:
     return struct.pack("<I", table)
 
 
-def pack_table(backend_ids: list[int]) -> bytes:
-    arr = array("I", backend_ids)
-    if arr.itemsize != 4:   # pragma: no cover - every platform lace runs on has a 4-byte unsigned int
-        arr = array("L", backend_ids)
-    return arr.tobytes()
-
-
 @dataclass
 class _Built:
     """What one frontend contributes: its services entries, its backends', and its Maglev table
@@ -103,11 +96,8 @@ class ServiceProgrammer:
     before — costs one dictionary lookup, so a pass costs what changed, not what exists.
     """
 
-    def __init__(self, *, capacity: int | None = None, backends_capacity: int | None = None,
-                 maglev_entries: int | None = None) -> None:
+    def __init__(self, *, capacity: int | None = None, maglev_entries: int | None = None) -> None:
         self.capacity = registry.get("services").max_entries if capacity is None else capacity
-        self.backends_capacity = (registry.get("backends").max_entries if backends_capacity is None
-                                  else backends_capacity)
         entries = registry.get("maglev").max_entries if maglev_entries is None else maglev_entries
         self.tables_capacity = max(entries // MAGLEV_SIZE - 1, 0)   # table 0 is never used
         self.pressure: ServicePressure | None = None

@@ -11,6 +11,7 @@ import json
 import os
 import struct
 import tempfile
+from array import array
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import POLICY_ENTRY
 from lace.datapath.routing import route_value, routing_key
-from lace.services.program import ServiceProgrammer, pack_table, table_key
+from lace.services.program import ServiceProgrammer, table_key
 
 
 def local(ifindex: int, ep: int) -> bytes:
@@ -105,8 +106,8 @@ def test_report_decodes_entries_by_map_and_kind() -> None:
 
 
 def test_maglev_tables_decode_as_slot_counts() -> None:
-    a = pack_table([1, 2] * 510 + [1])
-    b = pack_table([1, 2] * 510 + [3])
+    a = array("I", [1, 2] * 510 + [1]).tobytes()
+    b = array("I", [1, 2] * 510 + [3]).tobytes()
     m = av.map_report("maglev", av.classify("maglev", {table_key(1): a}, {table_key(1): b}), 1, 1)
     e = m["different"][0]
     assert e["key"] == {"table": 1} and e["desired"]["backends"] == {"1": 511, "2": 510}
