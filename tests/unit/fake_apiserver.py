@@ -22,6 +22,7 @@ controller manager wrote), written in that format by hand after real clusters' o
 
 from __future__ import annotations
 
+import bisect
 import copy
 import datetime
 import http.server
@@ -261,20 +262,22 @@ class FakeApiServer:
                 return 200, copy.deepcopy(gone)
         return 405, status(405, "MethodNotAllowed", method)
 
-    def watch(self, path: str, query: dict[str, str], send: Callable[[dict], None]) -> None:
-        """Stream events after ``resourceVersion`` until the timeout, a disconnect or an error."""
+    def watch(self, path: str, query: dict[str, str], send: Callable[[dict], None], epoch: int) -> None:
+        """Stream events after ``resourceVersion`` until the timeout, a disconnect (of ``epoch``, the
+        watches as they were when the request arrived) or an error."""
         route = parse_path(path)
         assert route is not None
         since = int(query.get("resourceVersion") or self.revision)
         deadline = time.monotonic() + int(query.get("timeoutSeconds") or 60)
         bookmarks = query.get("allowWatchBookmarks") == "true"
         with self.cond:
-            epoch = self.watch_epoch
             if since < self.compacted:
                 send({"type": "ERROR", "object": status(
                     410, "Expired", f"too old resource version: {since} ({self.compacted})")})
                 return
-            position, sent_bookmarks = since, len(self.bookmarks)
+            # every bookmark after the watch's revision, also one made while this request was on
+            # its way (as the apiserver: a watch sees what happened after its resourceVersion)
+            position, sent_bookmarks = since, bisect.bisect_right(self.bookmarks, since)
         while True:
             with self.cond:
                 while True:
@@ -327,6 +330,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         api = self.api
         with api.cond:
             api.requests.append((self.command, url.path, query))
+            # a watch ends at any disconnect_watches() from here on, even one made before it streams
+            epoch = api.watch_epoch
             failure = next((f for f in api.failures if f.count > 0 and f.match(self.command, url.path, query)), None)
             if failure is not None:
                 failure.count -= 1
@@ -344,12 +349,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     # an apiserver may refuse the request itself rather than say so in the stream
                     self._answer(410, status(410, "Expired", "too old resource version"))
                     return
-                self._stream(url.path, query)
+                self._stream(url.path, query, epoch)
                 return
         code, out = api.handle(self.command, url.path, query, body)
         self._answer(code, out)
 
-    def _stream(self, path: str, query: dict[str, str]) -> None:
+    def _stream(self, path: str, query: dict[str, str], epoch: int) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -361,7 +366,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
-            self.api.watch(path, query, send)
+            self.api.watch(path, query, send, epoch)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
