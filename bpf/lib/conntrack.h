@@ -357,6 +357,60 @@ static __always_inline void ct_forget(const struct lace_flow *f, __u32 network, 
 	ct_delete(f->family, f->proto, &k);
 }
 
+/* The endpoint-ct counter of the table a flow of (family, proto) goes into (as ct_lookup). */
+static __always_inline __u32 *ct_endpoint_slot(struct lace_ct_endpoint *q, __u8 family, __u8 proto)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			return &q->tcp4;
+		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+			return &q->udp4;
+		return &q->icmp4;
+	}
+	if (proto == IPPROTO_TCP)
+		return &q->tcp6;
+	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+		return &q->udp6;
+	return &q->icmp6;
+}
+
+/* Whether the local endpoint on ifindex, whose limit is ct_max flows per table (0: none), may
+ * open the new flow f: 0, or CT_ENDPOINT_LIMIT when it already holds ct_max flows in f's table.
+ * Called right before a new flow's entries are stored; *slot is the counter ct_endpoint_charge
+ * adds to once they are (NULL: not counted). Only new flows get here: established packets and
+ * replies never pay for the limit. */
+static __always_inline int ct_endpoint_admit(const struct lace_flow *f, __u32 ifindex, __u16 ct_max,
+					     __u32 **slot)
+{
+	struct lace_ct_endpoint_key k = { .ifindex = ifindex };
+	struct lace_ct_endpoint *q;
+
+	*slot = 0;
+	if (!ct_max)
+		return 0;
+	q = bpf_map_lookup_elem(&lace_ep_ct, &k);
+	if (!q) {
+		/* the endpoint's first flow (or the first since the agent's GC found none) */
+		struct lace_ct_endpoint zero = {};
+
+		bpf_map_update_elem(&lace_ep_ct, &k, &zero, BPF_NOEXIST);
+		q = bpf_map_lookup_elem(&lace_ep_ct, &k);
+		if (!q)
+			return 0;   /* cannot happen: one entry per veth entry fits; uncounted, not refused */
+	}
+	*slot = ct_endpoint_slot(q, f->family, f->proto);
+	if (**slot >= ct_max)
+		return LACE_DROP_CT_ENDPOINT_LIMIT;
+	return 0;
+}
+
+/* One more flow of the endpoint stored (see ct_endpoint_admit). */
+static __always_inline void ct_endpoint_charge(__u32 *slot)
+{
+	if (slot)
+		__sync_fetch_and_add(slot, 1);
+}
+
 /* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0
  * or a drop reason. */
 __lace_subprog int ct_create(const struct lace_flow *f, __u64 now)

@@ -127,7 +127,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_service *svc;
 	struct lace_ct_entry *e;
 	struct lace_route *route;
-	__u32 zero = 0, src_net;
+	__u32 zero = 0, src_net, *ct_slot;
 	__u64 now;
 	int rc, quoted_orig;
 
@@ -186,10 +186,13 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
 			if (!rc)
+				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_slot);
+			if (!rc)
 				rc = service_ct_create(f, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
+			ct_endpoint_charge(ct_slot);
 			return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
 		}
 	}
@@ -234,6 +237,10 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(6);            /* segment, policy, delivery */
 	if (rc)
 		return lace_drop(skb, f, rc);
+	/* the endpoint's conntrack limit: checked where a new flow's entries are about to be stored */
+	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_slot);
+	if (rc)
+		return lace_drop(skb, f, rc);
 	/* a new flow whose packet its delivery then drops (it dies at this hop — every traceroute
 	 * probe —, has no way out, no route in the underlay) leaves no conntrack entry behind, nor a
 	 * masquerade port taken: ct_forget_if_shot */
@@ -241,6 +248,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		rc = masq_new_flow(skb, f, cfg, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
+		ct_endpoint_charge(ct_slot);
 		return ct_forget_if_shot(f, deliver(skb, f, cfg, 0));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
@@ -250,6 +258,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
+	ct_endpoint_charge(ct_slot);
 	return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
 }
 
