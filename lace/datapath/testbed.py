@@ -14,7 +14,8 @@ a Maglev table for two or more active backends) by :meth:`Testbed.service`, whic
 The base topology, reset before every row:
 
   node 1: locator 2001:db8:1::/48, underlay 2001:db8:f::1 and IPv4 198.18.0.1 on up0 (uplink)
-  node 2: locator 2001:db8:2::/48, underlay 2001:db8:f::2, reached through up0
+  node 2: locator 2001:db8:2::/48, underlay 2001:db8:f::2, reached through up0 (its underlay address and origin SID
+          are the only outer sources the uplink decapsulates)
   the outside: 203.0.113.0/24 via 198.18.0.254 and 2001:db8:cafe::/48 via 2001:db8:f::fe, both
                routers with permanent neighbour entries (OUTSIDE_ROUTER_MAC) on up0
   network 1 (default)  10.1.0.0/16, fd10:1::/48     pods a, b here; remote block 10.1.2.0/24 on node 2
@@ -41,7 +42,7 @@ from lace.datapath import maglev
 from lace.datapath import registry
 from lace.datapath import services as svc
 from lace.datapath import trace as trc
-from lace.datapath.common import mac_bytes, Direction
+from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_REMOTE_NODE, mac_bytes, Direction
 from lace.datapath.delivery import DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.node import LoadedDatapath, load_objects
@@ -307,6 +308,10 @@ class Testbed:
                                          segment_value(pod.segment, local=True))
         for fam in ("ipv4", "ipv6"):
             self.m("segment").update(segment_key(NET1, REMOTE[fam]), segment_value(REMOTE["segment"]))
+        # node 2 on the underlay, as its agent would write it: the uplink decapsulates only from
+        # its underlay address and its origin SID
+        for peer in (UNDERLAY2, str(ipaddress.IPv6Address(cfgmod.sid(LOCATOR2, None, NETWORK_OUTSIDE)))):
+            self.m("segment").update(segment_key(NETWORK_OUTSIDE, peer), segment_value(SEGMENT_REMOTE_NODE))
 
     def configure(self, trace_all: bool = False, addr4: str | None = NODE_ADDR4) -> None:
         """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops;
