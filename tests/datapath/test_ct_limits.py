@@ -3,19 +3,25 @@ a limit (ct_max) opens at most that many flows per conntrack table; the next new
 ct-endpoint-limit (traced, counted) and writes nothing, while its established flows, replies to it,
 its flows in other tables and other endpoints' new flows still pass. Service and masqueraded flows
 count once. A lower count written by the agent's GC pass (the true count after expiry or
-eviction) lets new flows in again. IPv4 and IPv6."""
+eviction) lets new flows in again. The agent's GC pass deletes expired entries and writes the true counts, so an endpoint at its
+limit recovers; in a table small enough to fill, a flood stops at the flooder's share and another
+pod's established flow stays. IPv4 and IPv6."""
 
 from __future__ import annotations
+
+import ipaddress
 
 import pytest
 from scapy.layers.inet import TCP, UDP
 
 from lace.datapath.common import NETWORK_OUTSIDE, Verdict
-from lace.datapath.conntrack import ct_endpoint_key, ct_endpoint_value, decode_ct_endpoint
+from lace.agent.conntrack import GcEndpoint, gc_pass
+from lace.datapath.conntrack import CT_ENTRY, ct_endpoint_key, ct_endpoint_value, ct_key, decode_ct_endpoint
+from lace.datapath.masquerade import MASQ_PORT_COUNT
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.reasons import DropReason
 from lace.datapath.reasons import TracePoint
-from lace.datapath.testbed import TC_ACT_REDIRECT, Backend
+from lace.datapath.testbed import TC_ACT_REDIRECT, Backend, Testbed
 from lace.datapath.trace import METRICS_VALUE, metrics_key
 
 from .test_pod_veth import assert_dropped, assert_local, ct_entry
@@ -133,3 +139,107 @@ def test_no_limit_counts_nothing(dp):
     for i in range(LIMIT + 2):
         assert_local(syn(dp, "a", "b", 4, 45000 + i), dp, "b", 4)
     assert counts(dp, "a") is None
+
+
+# -- the agent's GC pass against the real maps ------------------------------------------------------
+
+def gc_endpoint(dp, pod: str, ct_max: int) -> GcEndpoint:
+    p = dp.pods[pod]
+    return GcEndpoint(f"test/{pod}", p.ifindex, p.ifname, p.network,
+                      (ipaddress.ip_address(p.ipv4), ipaddress.ip_address(p.ipv6)), ct_max)
+
+
+def expire(dp, table: str, key: bytes) -> None:
+    """Age one entry past its expiry, as time would."""
+    m = dp.m(table)
+    e = CT_ENTRY.unpack(m.lookup(key))
+    e["expires_ns"] = 1
+    m.update(key, CT_ENTRY.pack(e))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gc_deletes_expired_entries_and_writes_the_true_count(dp, family):
+    limit(dp, "a", LIMIT)
+    a, b = dp.pods["a"], dp.pods["b"]
+    for i in range(LIMIT):
+        assert_local(syn(dp, "a", "b", family, 46000 + i), dp, "b", family)
+    assert_local(syn(dp, "b", "a", family, 46100), dp, "a", family)      # b's own flow: not a's
+    assert_dropped(syn(dp, "a", "b", family, 46010), DropReason.CT_ENDPOINT_LIMIT)
+    table = f"ct-tcp-v{family}"
+    _, gone = ct_key(a.network, a.ip(family), b.ip(family), 46000, 80, 6)
+    expire(dp, table, gone)
+
+    result = gc_pass(dp.loaded, [gc_endpoint(dp, "a", LIMIT), gc_endpoint(dp, "b", LIMIT)])
+    assert result.deleted == 1 and dp.m(table).lookup(gone) is None
+    by_pod = {e["pod"]: e for e in result.endpoints}
+    assert by_pod["test/a"]["flows"] == {table: LIMIT - 1}
+    assert by_pod["test/b"]["flows"] == {table: 1}
+    assert counts(dp, "a")[table] == LIMIT - 1, "the true count is written back"
+    # recovered: a new flow opens again, and the limit holds after it
+    assert_local(syn(dp, "a", "b", family, 46010), dp, "b", family)
+    assert_dropped(syn(dp, "a", "b", family, 46011), DropReason.CT_ENDPOINT_LIMIT)
+
+
+def test_gc_counts_a_service_and_a_masqueraded_flow_once_and_reports_masquerade_ports(dp):
+    limit(dp, "a", LIMIT)
+    a = dp.pods["a"]
+    dp.service(VIP[4], PORT, [Backend(dp.pods["b"].ip(4), TARGET)])
+    assert dp.from_pod(a, dp.l3(a, VIP[4], 4) / TCP(sport=47000, dport=PORT, flags="S")).retval == TC_ACT_REDIRECT
+    dp.route(a.network, "0.0.0.0/0", NETWORK_OUTSIDE, masquerade=True)
+    assert dp.from_pod(a, dp.l3(a, "203.0.113.1", 4) / TCP(sport=47001, dport=443, flags="S")).retval \
+        == TC_ACT_REDIRECT
+    assert counts(dp, "a")["ct-tcp-v4"] == 2
+    result = gc_pass(dp.loaded, [gc_endpoint(dp, "a", LIMIT)])
+    assert result.endpoints[0]["flows"] == {"ct-tcp-v4": 2}, "4 entries, 2 flows"
+    assert counts(dp, "a")["ct-tcp-v4"] == 2
+    assert result.masquerade == [{"proto": "tcp", "remote": "203.0.113.1", "port": 443, "used": 1,
+                                  "capacity": MASQ_PORT_COUNT}]
+
+
+def test_gc_removes_the_counts_of_endpoints_gone_or_without_a_limit(dp):
+    limit(dp, "a", LIMIT)
+    limit(dp, "b", LIMIT)
+    assert_local(syn(dp, "a", "b", 4, 48000), dp, "b", 4)
+    assert_local(syn(dp, "b", "a", 4, 48001), dp, "a", 4)
+    assert counts(dp, "a") is not None and counts(dp, "b") is not None
+    gc_pass(dp.loaded, [gc_endpoint(dp, "a", 0)])        # a: no limit now; b: not local any more
+    assert counts(dp, "a") is None and counts(dp, "b") is None
+
+
+# -- a table at capacity: the flood stops at the flooder's share ----------------------------------------
+
+@pytest.fixture(scope="module")
+def small_table():
+    """A test bed whose ct-tcp-v4 holds 1024 entries, so that a flood can reach its capacity."""
+    tb = Testbed({"ct-tcp-v4": 1024})
+    try:
+        yield tb
+    finally:
+        tb.close()
+
+
+def test_a_flood_stops_at_the_limit_and_another_pods_established_flow_survives(small_table):
+    dp = small_table
+    dp.reset()
+    share = 128
+    limit(dp, "a", share)
+    limit(dp, "b", share)
+    a, b = dp.pods["a"], dp.pods["b"]
+    # b's connection, established before the flood
+    assert_local(syn(dp, "b", "a", 4, 50000), dp, "a", 4)
+    assert_local(dp.from_pod(a, dp.l3(a, b.ip(4), 4) / TCP(sport=80, dport=50000, flags="SA")), dp, "b", 4)
+    assert_local(syn(dp, "b", "a", 4, 50000, flags="A"), dp, "a", 4)
+
+    verdicts = {"forwarded": 0, "refused": 0}
+    for i in range(3 * share):
+        res = syn(dp, "a", "b", 4, 20000 + i)
+        if res.retval == TC_ACT_REDIRECT:
+            verdicts["forwarded"] += 1
+        else:
+            assert_dropped(res, DropReason.CT_ENDPOINT_LIMIT)
+            verdicts["refused"] += 1
+    assert verdicts == {"forwarded": share, "refused": 2 * share}
+    assert len(list(dp.m("ct-tcp-v4").keys())) == share + 1, "the table holds the flood's share and b's flow"
+    e = ct_entry(dp, b.network, b.ip(4), a.ip(4), 50000, 80, 6)
+    assert e is not None, "b's established flow was not pushed out"
+    assert_local(syn(dp, "b", "a", 4, 50000, flags="PA"), dp, "a", 4)

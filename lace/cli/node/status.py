@@ -58,7 +58,9 @@ def headline(doc: dict[str, Any]) -> str:
     """``worker-1: healthy (agent 0.1.0, pid 812, up 5m2s, endpoints 3/3 ready)``."""
     eps = doc.get("endpoints") or {}
     up = cli_render.human_duration(doc["uptime"]) if doc.get("uptime") is not None else "?"
-    state = "healthy" if doc.get("healthy") else f"UNHEALTHY ({len(doc.get('problems') or [])} problems)"
+    warned = len(doc.get("warnings") or [])
+    state = ("healthy" + (f", {warned} warning{'' if warned == 1 else 's'}" if warned else "")
+             if doc.get("healthy") else f"UNHEALTHY ({len(doc.get('problems') or [])} problems)")
     return (f"{doc['node']}: {state} (agent {doc.get('version')}, pid {doc.get('pid')}, up {up}, "
             f"endpoints {eps.get('ready', 0)}/{eps.get('total', 0)} ready)")
 
@@ -69,7 +71,12 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     lines = [headline(doc)]
     rows = []
     for s in doc["subsystems"]:
-        rows.append([s["name"], "OK" if s["ok"] else "FAILING", s["summary"] if s["ok"] else s["reason"]])
+        if not s["ok"]:
+            rows.append([s["name"], "FAILING", s["reason"]])
+        elif s.get("warning"):   # not a fault of the node, but to be seen while it lasts
+            rows.append([s["name"], "WARNING", s["warning"]])
+        else:
+            rows.append([s["name"], "OK", s["summary"]])
     width = max(len(r[0]) for r in rows)
     lines += [f"  {n.ljust(width)}  {st.ljust(7)}  {text}" for n, st, text in rows]
     if not verbose:
