@@ -85,7 +85,7 @@ static __always_inline int pod_own_ipv6(const __u8 *a, const struct lace_endpoin
 	return ((ep->flags & LACE_EP_F_IPV6) && lace_eq16(a, ep->ipv6)) || pod_link_local(a, ep);
 }
 
-static __always_inline int arp_valid(struct __sk_buff *skb, const struct lace_endpoint *ep)
+static __always_inline int arp_valid(struct __sk_buff *skb, struct lace_flow *f, const struct lace_endpoint *ep)
 {
 	struct lace_arp arp;
 	__u8 zero4[4] = {};
@@ -94,6 +94,12 @@ static __always_inline int arp_valid(struct __sk_buff *skb, const struct lace_en
 		return LACE_DROP_PKT_TRUNCATED;
 	if (arp.htype != bpf_htons(1) || arp.ptype != bpf_htons(ETH_P_IP) || arp.hlen != 6 || arp.plen != 4)
 		return LACE_DROP_UNSUPPORTED_L3;
+	/* a drop's trace shows the addresses it names: sender -> target (protocol 0) */
+	f->family = LACE_FAMILY_IPV4;
+	lace_zero16(f->saddr);
+	lace_zero16(f->daddr);
+	__builtin_memcpy(f->saddr, arp.spa, 4);
+	__builtin_memcpy(f->daddr, arp.tpa, 4);
 	if (!lace_eq6(arp.sha, ep->mac))
 		return LACE_DROP_SPOOFED_MAC;
 	if (lace_eq4(arp.spa, zero4))
@@ -145,7 +151,7 @@ static __always_inline int nd_valid(struct __sk_buff *skb, const struct lace_flo
 
 /* ARP or neighbour discovery (parse_packet's PASS) from the endpoint: passed to the node's stack
  * only when it speaks for the endpoint alone (above). */
-static __always_inline int control_valid(struct __sk_buff *skb, const struct lace_flow *f,
+static __always_inline int control_valid(struct __sk_buff *skb, struct lace_flow *f,
 					 const struct lace_endpoint *ep)
 {
 	void *data = (void *)(long)skb->data;
@@ -157,7 +163,7 @@ static __always_inline int control_valid(struct __sk_buff *skb, const struct lac
 	if (!lace_eq6(eth->h_source, ep->mac))
 		return LACE_DROP_SPOOFED_MAC;
 	if (eth->h_proto == bpf_htons(ETH_P_ARP))
-		return arp_valid(skb, ep);
+		return arp_valid(skb, f, ep);
 	return nd_valid(skb, f, ep);
 }
 
@@ -251,10 +257,11 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		/* ARP and neighbour discovery, for the node's stack: only the endpoint's own. Before
 		 * CNI ADD has written the endpoint, only the pod's kernel speaks (its duplicate address
 		 * detection and router solicitation: nothing runs in the pod yet). */
-		if (ep)
-			rc = control_valid(skb, f, ep);
-		else
-			rc = 0;
+		if (!ep)
+			return TC_ACT_OK;
+		f->src_network = ep->network;
+		f->src_segment = ep->segment;
+		rc = control_valid(skb, f, ep);
 		return rc ? lace_drop(skb, f, rc) : TC_ACT_OK;
 	}
 	if (!ep)
