@@ -376,39 +376,45 @@ static __always_inline __u32 *ct_endpoint_slot(struct lace_ct_endpoint *q, __u8 
 
 /* Whether the local endpoint on ifindex, whose limit is ct_max flows per table (0: none), may
  * open the new flow f: 0, or CT_ENDPOINT_LIMIT when it already holds ct_max flows in f's table.
- * Called right before a new flow's entries are stored; *slot is the counter ct_endpoint_charge
- * adds to once they are (NULL: not counted). Only new flows get here: established packets and
- * replies never pay for the limit. */
+ * Called right before a new flow's entries are stored; *q is the endpoint's counts for
+ * ct_endpoint_charge (NULL: none yet). Writes nothing: a refused flow leaves no state. Only new
+ * flows get here: established packets and replies never pay for the limit. */
 static __always_inline int ct_endpoint_admit(const struct lace_flow *f, __u32 ifindex, __u16 ct_max,
-					     __u32 **slot)
+					     struct lace_ct_endpoint **q)
 {
 	struct lace_ct_endpoint_key k = { .ifindex = ifindex };
-	struct lace_ct_endpoint *q;
 
-	*slot = 0;
+	*q = 0;
 	if (!ct_max)
 		return 0;
-	q = bpf_map_lookup_elem(&lace_ep_ct, &k);
-	if (!q) {
-		/* the endpoint's first flow (or the first since the agent's GC found none) */
-		struct lace_ct_endpoint zero = {};
-
-		bpf_map_update_elem(&lace_ep_ct, &k, &zero, BPF_NOEXIST);
-		q = bpf_map_lookup_elem(&lace_ep_ct, &k);
-		if (!q)
-			return 0;   /* cannot happen: one entry per veth entry fits; uncounted, not refused */
-	}
-	*slot = ct_endpoint_slot(q, f->family, f->proto);
-	if (**slot >= ct_max)
+	*q = bpf_map_lookup_elem(&lace_ep_ct, &k);
+	if (*q && *ct_endpoint_slot(*q, f->family, f->proto) >= ct_max)
 		return LACE_DROP_CT_ENDPOINT_LIMIT;
 	return 0;
 }
 
-/* One more flow of the endpoint stored (see ct_endpoint_admit). */
-static __always_inline void ct_endpoint_charge(__u32 *slot)
+/* Count the new flow f against the endpoint (q from ct_endpoint_admit) once its packet is on its
+ * way: verdict is the delivery's, and a flow whose delivery dropped it has had its entries taken
+ * back (ct_forget_if_shot), so it does not count. Returns verdict. */
+static __always_inline int ct_endpoint_charge(const struct lace_flow *f, __u32 ifindex, __u16 ct_max,
+					      struct lace_ct_endpoint *q, int verdict)
 {
-	if (slot)
-		__sync_fetch_and_add(slot, 1);
+	struct lace_ct_endpoint_key k = { .ifindex = ifindex };
+	struct lace_ct_endpoint first = {};
+
+	if (!ct_max || verdict == TC_ACT_SHOT)
+		return verdict;
+	if (!q) {
+		/* the endpoint's first counted flow (or the first since the agent's GC found none) */
+		*ct_endpoint_slot(&first, f->family, f->proto) = 1;
+		if (bpf_map_update_elem(&lace_ep_ct, &k, &first, BPF_NOEXIST) == 0)
+			return verdict;
+		q = bpf_map_lookup_elem(&lace_ep_ct, &k);   /* another CPU made it meanwhile */
+		if (!q)
+			return verdict;   /* cannot happen: one entry per veth entry fits; uncounted */
+	}
+	__sync_fetch_and_add(ct_endpoint_slot(q, f->family, f->proto), 1);
+	return verdict;
 }
 
 /* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0

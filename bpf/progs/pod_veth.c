@@ -246,7 +246,8 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_service *svc;
 	struct lace_ct_entry *e;
 	struct lace_route *route;
-	__u32 zero = 0, src_net, *ct_slot;
+	__u32 zero = 0, src_net;
+	struct lace_ct_endpoint *ct_counts;
 	__u64 now;
 	int rc, quoted_orig;
 
@@ -314,14 +315,14 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
 			if (!rc)
-				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_slot);
+				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
 			if (!rc)
 				rc = service_ct_create(f, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
-			ct_endpoint_charge(ct_slot);
-			return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
+			return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts,
+						  ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 		}
 	}
 	route = route_lookup(src_net, f->family, f->daddr);
@@ -365,29 +366,29 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(6);            /* segment, policy, delivery */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	/* the endpoint's conntrack limit: checked where a new flow's entries are about to be stored */
-	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_slot);
-	if (rc)
-		return lace_drop(skb, f, rc);
 	/* a new flow whose packet its delivery then drops (it dies at this hop — every traceroute
 	 * probe —, has no way out, no route in the underlay) leaves no conntrack entry behind, nor a
 	 * masquerade port taken: ct_forget_if_shot */
 	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
-		rc = masq_new_flow(skb, f, cfg, now);
+		/* the endpoint's conntrack limit, where a new flow's entries are about to be stored */
+		rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
+		if (!rc)
+			rc = masq_new_flow(skb, f, cfg, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
-		ct_endpoint_charge(ct_slot);
-		return ct_forget_if_shot(f, deliver(skb, f, cfg, 0));
+		return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts,
+					  ct_forget_if_shot(f, deliver(skb, f, cfg, 0)));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
-	rc = ct_create(f, now);
+	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
+	if (!rc)
+		rc = ct_create(f, now);
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	ct_endpoint_charge(ct_slot);
-	return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
+	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts, ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 }
 
 SEC("tc")

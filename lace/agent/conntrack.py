@@ -167,10 +167,10 @@ def gc_pass(datapath: LoadedDatapath | NodeDatapath, endpoints: list[GcEndpoint]
     endpoint holds per table and write those true counts into endpoint-ct, and measure each
     table's fill and the fullest masquerade destinations.
 
-    The datapath adds one to an endpoint's count when it stores a new flow and never subtracts:
-    between passes the count may run ahead of the truth by the flows that expired, were evicted or
-    were taken back (ct_forget_if_shot) since the last pass — so an endpoint can be refused up to one
-    interval early, never let past its limit by them. A flow created while this pass walks the
+    The datapath adds one to an endpoint's count when a new flow it stored is on its way and never
+    subtracts: between passes the count may run ahead of the truth by the flows that expired or were
+    evicted (or flushed) since the last pass — so an endpoint can be refused up to one interval early,
+    never let past its limit by them. A flow created while this pass walks the
     tables may be missed by the count it writes (the write replaces the datapath's addition): the
     count runs behind by at most the flows the endpoint opened during one pass (milliseconds) and is
     right again at the next pass."""

@@ -134,6 +134,18 @@ def test_a_masqueraded_flow_counts_once(dp, family):
     assert ct_total(dp) == before, "no entry and no masquerade port taken"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_flow_dropped_at_its_hop_is_not_counted(dp, family):
+    """TTL 1 (every traceroute probe): its entry is taken back (ct_forget_if_shot), its count never
+    written."""
+    limit(dp, "a", LIMIT)
+    a, b = dp.pods["a"], dp.pods["b"]
+    res = dp.from_pod(a, dp.l3(a, b.ip(family), family, **({"ttl": 1} if family == 4 else {"hlim": 1}))
+                      / TCP(sport=49000, dport=80, flags="S"))
+    assert_dropped(res, DropReason.TTL_EXCEEDED)
+    assert counts(dp, "a") is None and ct_total(dp) == 0
+
+
 def test_no_limit_counts_nothing(dp):
     """ct_max 0 (a Network with conntrackLimit: 0): nothing counted, nothing refused."""
     for i in range(LIMIT + 2):

@@ -111,10 +111,11 @@ struct lace_ct_entry {
 /* endpoint-ct: how many conntrack flows each local endpoint opened, per table, against the limit
  * in its veth entry (lace_endpoint.ct_max). The tables are LRU hashes: full means the least
  * recently used entry is evicted, so without a limit one pod's flood of new flows pushes other
- * pods' idle established flows out. The datapath adds one when it stores a new flow's entry (the
- * frontend entry of a service flow, the pod entry of a masqueraded one: one per flow); nothing in
- * the datapath subtracts, so entries that expire or are evicted still count until the agent's
- * conntrack GC pass recounts the tables and writes the true counts (lace/agent/conntrack.py). */
+ * pods' idle established flows out. The datapath adds one when a new flow whose entries it stored
+ * is on its way (one per flow: a service flow's two entries, a masqueraded flow's two, count once;
+ * a flow refused or dropped at its hop writes nothing); nothing in the datapath subtracts, so flows
+ * that expire or are evicted still count until the agent's conntrack GC pass recounts the tables
+ * and writes the true counts (lace/agent/conntrack.py). */
 #define LACE_CT_ENDPOINT_MAX 4096   /* = LACE_VETH_MAX: one entry per local endpoint */
 /* The limit a local endpoint gets when neither its Network nor the agent says otherwise: 1/32 of
  * the TCP tables, 1/16 of the UDP tables, 1/4 of the ICMP tables. */
