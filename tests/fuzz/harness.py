@@ -6,8 +6,8 @@ checks what every verdict must satisfy, whatever the frame:
   carries the program's trace point, a known verdict and a drop reason of ``DropReason`` that is
   not reserved; a SHOT ends with a drop event (a drop is never silent);
 * **no crash** — the test run itself succeeds and its events decode;
-* **no state for a dropped packet** — after a drop or a reject the conntrack and affinity tables
-  hold the entries they held before it, with the same values but for what conntrack legitimately
+* **no state for a dropped packet** — after a drop or a reject the conntrack, affinity and
+  per-endpoint conntrack count (endpoint-ct) tables hold the entries they held before it, with the same values but for what conntrack legitimately
   updates for any packet it sees (``VOLATILE_FIELDS``);
 * **the emulation agrees** — where ``lace policy trace``'s engine covers the frame
   (:func:`lace.policy.trace.walk_maps`, :func:`~lace.policy.trace.ingress_step` over the test bed's
@@ -15,14 +15,17 @@ checks what every verdict must satisfy, whatever the frame:
 
 The emulation covers the *policy decision of a new flow*: routing in the source network, segment
 resolution, the egress check and, for a local destination, the ingress check (from-pod); the
-ingress check after decapsulation (from-uplink). It covers well-formed frames only: not mutated,
+ingress check after decapsulation (from-uplink), which only a packet from another node (its
+underlay address) reaches: from anyone else it is a SPOOFED_SOURCE drop. It covers well-formed frames only: not mutated,
 from a known pod with its own MAC and address (from-pod) or encapsulated to a SID of this node
 that names two configured networks (from-uplink), no fragment, at most four IPv6 extension
 headers, TCP/UDP/SCTP or an ICMP echo request, no VLAN tag, no flow in conntrack (every example
 starts from empty tables), no service frontend. There, the program must drop with NO_ROUTE,
-POLICY_EGRESS or POLICY_INGRESS exactly when the emulation says so, and a forwarded new flow's
+POLICY_EGRESS, POLICY_INGRESS or (from-uplink) SPOOFED_SOURCE exactly when the emulation says so, and a forwarded new flow's
 trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
-does. What the emulation does not model (delivery entries, TTL, the FIB) may still drop an
+does. A world may give the pods a conntrack limit and start them at it: a covered new flow the
+emulation allows must then drop as CT_ENDPOINT_LIMIT (or for what the emulation does not model),
+never be forwarded; and CT_ENDPOINT_LIMIT must never drop the flow of a pod below its limit. What the emulation does not model (delivery entries, TTL, the FIB) may still drop an
 allowed flow later; such drops are counted as "beyond the emulation", not as disagreements.
 
 Every example starts from the test bed's base topology plus a drawn *world* (policy markers and
@@ -50,7 +53,8 @@ from lace.bpf import BPFError
 from lace.datapath import config as cfgmod
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_HOST, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction, Verdict)
-from lace.datapath.conntrack import CT_ENTRY, CtFlag
+from lace.datapath.conntrack import CT_ENDPOINT, CT_ENDPOINT_FIELDS, CT_ENTRY, CtFlag, ct_endpoint_value
+from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.registry import CT_TABLES
@@ -66,7 +70,7 @@ PROGRAMS = ("pod", "uplink")
 POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK}
 PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink"}
 #: the maps a dropped (or rejected) packet must leave as they were
-STATE_TABLES = (*CT_TABLES, "affinity")
+STATE_TABLES = (*CT_TABLES, "affinity", "endpoint-ct")
 #: what a packet may change in an entry it does not create, even when it is dropped later in its
 #: walk: conntrack sees the packet before its delivery (ct_advance: counters, state, TCP flags,
 #: last seen, expiry, the SEEN_REPLY flag; ct_related and reply aliases: last seen, expiry), as the
@@ -117,23 +121,32 @@ class World:
     outside_route: bool = False                        # NET1's default routes lead outside
     masquerade: bool = False
     prefixes: tuple[tuple[int, str, int], ...] = ()    # (network, cidr, segment)
+    ct_limit: int = 0                                  # every pod's conntrack limit per table (0: none)
+    ct_full: bool = False                              # every pod starts at its limit in every table
+
+    @property
+    def at_limit(self) -> bool:
+        return bool(self.ct_limit) and self.ct_full
 
     def doc(self) -> dict[str, Any]:
         return {"selected": [list(s) for s in self.selected], "rules": [r.__dict__ for r in self.rules],
                 "outside_route": self.outside_route, "masquerade": self.masquerade,
-                "prefixes": [list(p) for p in self.prefixes]}
+                "prefixes": [list(p) for p in self.prefixes], "ct_limit": self.ct_limit, "ct_full": self.ct_full}
 
     @classmethod
     def from_doc(cls, d: dict[str, Any]) -> World:
         return cls(tuple(tuple(s) for s in d["selected"]), tuple(Rule(**r) for r in d["rules"]),  # type: ignore[misc]
-                   d["outside_route"], d["masquerade"], tuple(tuple(p) for p in d["prefixes"]))  # type: ignore[misc]
+                   d["outside_route"], d["masquerade"], tuple(tuple(p) for p in d["prefixes"]),  # type: ignore[misc]
+                   d.get("ct_limit", 0), d.get("ct_full", False))
 
 
 @dataclass(frozen=True)
 class Covered:
     """A frame the emulation decides: a new flow from src_ip (network, segment) to dst_ip.
     ``dst_local`` says the destination is a pod on this node (its ingress is checked here);
-    ``ingress_only`` is the uplink's case (decapsulated: only the ingress check is on this node)."""
+    ``ingress_only`` is the uplink's case (decapsulated: only the ingress check is on this node);
+    there ``outer_node`` says the outer source is another node's (only a node may send to a SID:
+    anything else is dropped as spoofed-source before any policy)."""
 
     family: int
     src_network: int
@@ -145,6 +158,7 @@ class Covered:
     dst_local: bool
     ingress_only: bool = False
     dst_network: int = 0
+    outer_node: bool = True
 
 
 @dataclass
@@ -194,7 +208,9 @@ def worlds(draw: st.DrawFn) -> World:
         (NET1, "10.1.7.0/24", PREFIX_SEGMENT), (NET1, "10.1.2.0/24", PREFIX_SEGMENT),
         (NET1, "fd10:1:0:2::/64", PREFIX_SEGMENT)]), max_size=3, unique=True))
     outside = draw(st.booleans())
-    return World(tuple(selected), tuple(rules), outside, outside and draw(st.booleans()), tuple(prefixes))
+    ct_limit = draw(st.sampled_from([0, 0, 1, 3]))
+    return World(tuple(selected), tuple(rules), outside, outside and draw(st.booleans()), tuple(prefixes),
+                 ct_limit, bool(ct_limit) and draw(st.booleans()))
 
 
 def _payload(draw: st.DrawFn) -> bytes:
@@ -430,7 +446,8 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
     inner, ip_ok = draw(ip_headers(family, src_ip, dst_ip, proto, clean))
     right_nh = 4 if family == 4 else 41
     nh = right_nh if clean else draw(st.sampled_from([right_nh] * 3 + [4 if family == 6 else 41, 43, 17, 59]))
-    outer = IPv6(src=draw(st.sampled_from([UNDERLAY2, "2001:db8:f::99"])), dst=outer_dst, nh=nh, hlim=64)
+    outer_src = draw(st.sampled_from([UNDERLAY2, "2001:db8:f::99"]))    # node 2, or no node
+    outer = IPv6(src=outer_src, dst=outer_dst, nh=nh, hlim=64)
     if nh == 43:   # a segment routing header in front of the inner packet
         outer = outer / IPv6ExtHdrRouting(type=4, nh=right_nh, addresses=[outer_dst])
     eth, eth_ok = _ether(draw, NEIGH_MAC, UPLINK_MAC, clean)
@@ -439,7 +456,7 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
     if (where == "own" and nh == right_nh and eth_ok and ip_ok and l4_ok and dst_net in (NET1, NET2)
             and src_net in (NET1, NET2) and _local_pod(dp, dst_net, dst_ip)):
         covered = Covered(family, src_net, 0, src_ip, dst_ip, proto, dport, dst_local=True,
-                          ingress_only=True, dst_network=dst_net)
+                          ingress_only=True, dst_network=dst_net, outer_node=outer_src == UNDERLAY2)
     return Frame("uplink", data, kind=f"encap-{where}-v{family}", covered=covered)
 
 
@@ -521,6 +538,7 @@ class Harness:
         self.dp = dp
         self.progs = {p: dp.loaded.program(PROG_NAME[p]) for p in PROGRAMS}   # type: ignore[union-attr]
         self._reset = False
+        self.world = World()
 
     def program_world(self, world: World) -> None:
         """The base topology, then the world's routes, prefixes and policy; conntrack empty.
@@ -547,14 +565,24 @@ class Harness:
         for n, r in enumerate(world.rules, start=1):
             for k in policy_keys(r.segment, r.peer, r.direction, r.proto, r.port, r.end_port):
                 dp.m("policy").update(k, policy_entry(91, n))
+        # every pod's conntrack limit (as the agent writes it), and its counts when it starts at it
+        for pod in dp.pods.values():
+            if pod.name == "x":
+                continue
+            dp.m("veth").update(veth_key(pod.ifindex), endpoint_value(
+                endpoint_id=pod.endpoint_id, network=pod.network, segment=pod.segment, mac=pod.mac,
+                ipv4=pod.ipv4, ipv6=pod.ipv6, ct_max=world.ct_limit))
+            if world.at_limit:
+                dp.m("endpoint-ct").update(veth_key(pod.ifindex), ct_endpoint_value(
+                    {table: world.ct_limit for table in CT_ENDPOINT_FIELDS}))
 
     def state(self) -> dict[tuple[str, bytes], tuple[Any, ...]]:
         """Every entry of the state tables, its value without the fields a packet may change on
         its way to a drop (VOLATILE_FIELDS)."""
         out = {}
         for name in STATE_TABLES:
-            layout, volatile = (AFFINITY, VOLATILE_FIELDS["affinity"]) if name == "affinity" else \
-                (CT_ENTRY, VOLATILE_FIELDS["ct"])
+            layout, volatile = {"affinity": (AFFINITY, VOLATILE_FIELDS["affinity"]),
+                                "endpoint-ct": (CT_ENDPOINT, ())}.get(name, (CT_ENTRY, VOLATILE_FIELDS["ct"]))
             for k, v in self.dp.m(name).entries():
                 fields = layout.unpack(v)
                 if layout is CT_ENTRY:
@@ -591,6 +619,7 @@ class Harness:
         """Program ``world``, run the preamble and the frame; the frame's outcome (a preamble's
         problems are the frame's too)."""
         self.program_world(world)
+        self.world = world
         problems: list[str] = []
         for pre in frame.preamble:
             out = self._run_one(pre)
@@ -664,6 +693,8 @@ class Harness:
     def predict(c: Covered, pm: PolicyMaps) -> tuple[str, str | None, int | None]:
         """(verdict, reason name, destination segment) that ``lace policy trace``'s engine gives."""
         src, dst = ipaddress.ip_address(c.src_ip), ipaddress.ip_address(c.dst_ip)
+        if c.ingress_only and not c.outer_node:
+            return "deny", "SPOOFED_SOURCE", None
         if c.ingress_only:
             ing = ingress_step(pm, c.src_network, src, c.dst_network, dst, c.proto, c.dport)
             verdict = ing["verdict"]
@@ -689,6 +720,13 @@ class Harness:
             out.emulation = "disagrees"
             out.problems.append(f"emulation says {verdict}, the program dropped {got.label}")   # type: ignore[union-attr]
             return
+        if got == DropReason.CT_ENDPOINT_LIMIT and not (self.world.at_limit and not c.ingress_only):
+            out.emulation = "disagrees"
+            out.problems.append("dropped ct-endpoint-limit, but the pod is below its conntrack limit")
+            return
+        if got == DropReason.CT_ENDPOINT_LIMIT:
+            out.emulation = "agrees"     # allowed by policy, refused by the pod's full share
+            return
         if got is not None:
             out.emulation = "beyond"     # allowed by policy, dropped by what the emulation does not model
             return
@@ -697,6 +735,11 @@ class Harness:
             out.emulation = "beyond"     # a reject answer, or a pass the emulation does not model
             return
         ev = new[0]
+        if self.world.at_limit and not c.ingress_only:
+            out.emulation = "disagrees"
+            out.problems.append(f"a new flow {Verdict(ev['verdict']).label}ed past the pod's conntrack limit "
+                                f"({self.world.ct_limit} in every table)")
+            return
         if dseg is not None and ev["dst_segment"] != dseg:
             out.emulation = "disagrees"
             out.problems.append(f"emulation resolves the destination to segment {dseg}, the program to {ev['dst_segment']}")

@@ -113,11 +113,14 @@ def test_corpus_replays_clean(harness, frame, world, doc):
     case of a recorded bug is a strict expected failure, so fixing the bug fails it until its
     KNOWN_ISSUES entry and xfail go. A case whose bug was fixed (its "fixed" key) also keeps the
     verdict it was found with: the fix changed what the packet leaves behind, not why it drops, so
-    a later change that drops it earlier for another reason (and so hides the bug) fails here."""
+    a later change that drops it earlier for another reason (and so hides the bug) fails here —
+    unless the verdict was the bug (a packet let through that must drop), when the case names the
+    verdict its fix gave it ("verdict_after_fix")."""
     out = harness.run(frame, world)
     assert not out.problems, f"{doc['found']} -> now {out.verdict}: {out.problems}"
     if "fixed" in doc:
-        assert out.verdict == doc["found"]["verdict"], f"{doc['found']} -> now {out.verdict} ({doc['fixed']})"
+        want = doc.get("verdict_after_fix", doc["found"]["verdict"])
+        assert out.verdict == want, f"{doc['found']} -> now {out.verdict}, not {want} ({doc['fixed']})"
 
 
 def test_corpus_is_not_empty():
