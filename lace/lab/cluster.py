@@ -77,14 +77,17 @@ def wait_agent(state_dir: str, node: str, timeout: float = 30.0) -> dict:
     raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n{tail}")
 
 
-def register_nodes(store: Store, lab: Any) -> None:
+def register_nodes(store: Store, lab: Any, only: set[str] | None = None) -> None:
+    """Write the lab's Node objects (all, or those named in ``only``: a removed node registering
+    again) with their locator, underlay and node ID, and their addresses as a kubelet reports them."""
+    nodes = [n for n in lab.nodes if only is None or n.name in only]
     objs = []
-    for n in lab.nodes:
+    for n in nodes:
         objs.append({"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": n.name, "labels": {"kubernetes.io/hostname": n.name, K.LAB_LABEL: lab.name},
             "annotations": {ANN_LOCATOR: n.locator, ANN_UNDERLAY: n.underlay_addr, ANN_NODE_ID: str(n.node_id)}}})
     store.apply_all(objs)
-    for n in lab.nodes:
+    for n in nodes:
         # as a kubelet reports them: the addresses NodePorts answer on and IPv4 masquerades to
         store.update_status("nodes", n.name, None, {"addresses": [
             {"type": "InternalIP", "address": a} for a in (n.underlay_addr4, n.underlay_addr) if a]})
