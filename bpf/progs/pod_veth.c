@@ -247,7 +247,6 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	struct lace_ct_entry *e;
 	struct lace_route *route;
 	__u32 zero = 0, src_net;
-	struct lace_ct_endpoint *ct_counts;
 	__u64 now;
 	int rc, quoted_orig;
 
@@ -315,13 +314,13 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
 			if (!rc)
-				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
+				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 			if (!rc)
 				rc = service_ct_create(f, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
-			return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts,
+			return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
 						  ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 		}
 	}
@@ -371,24 +370,24 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	 * masquerade port taken: ct_forget_if_shot */
 	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
 		/* the endpoint's conntrack limit, where a new flow's entries are about to be stored */
-		rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
+		rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 		if (!rc)
 			rc = masq_new_flow(skb, f, cfg, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
-		return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts,
+		return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
 					  ct_forget_if_shot(f, deliver(skb, f, cfg, 0)));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
-	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max, &ct_counts);
+	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 	if (!rc)
 		rc = ct_create(f, now);
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_counts, ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
+	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 }
 
 SEC("tc")
