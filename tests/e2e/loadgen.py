@@ -3,15 +3,17 @@ python tests/e2e/loadgen.py ...``): long TCP streams and new connections per sec
 pods (``lace.lab.podserver`` answers each HTTP GET with the pod's name), counting what breaks.
 
   --hold HOST:PORT     one long stream: a keep-alive HTTP connection kept busy (a request every
-                       10 ms) until the end; repeat for more streams. A stream that errors, or
-                       whose connection the server replaced, counts as broken (it is not reopened)
+                       10 ms) until the end; repeat for more streams. A stream that errors (reset,
+                       closed, replaced by the server) or makes no progress for --stream-timeout
+                       counts as broken (it is not reopened); a slower answer only shows in its
+                       longest gap
   --connect HOST:PORT  new connections to HOST:PORT, --rate a second, each one HTTP GET on a fresh
                        connection with --timeout; repeat for more targets. A connection that is
                        refused, reset or times out counts as failed, with the wall time it started
 
 It runs until SIGTERM (or SIGINT), then prints one JSON document: every stream (target, who
-answered, requests, longest gap, broken and why) and every target's attempts and failures
-(wall time, error). Stdlib only, so it starts fast in a fresh namespace; exit status 0 once the
+answered, requests, longest gap, broken and why) and every target's attempts (their wall start
+times) and failures (wall time, error). Stdlib only, so it starts fast in a fresh namespace; exit status 0 once the
 document is printed, 2 when no stream could even start.
 """
 
@@ -83,7 +85,7 @@ class Connector(threading.Thread):
     def __init__(self, host: str, port: int, rate: float, timeout: float, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self.host, self.port, self.rate, self.timeout, self.stop = host, port, rate, timeout, stop
-        self.attempts = 0
+        self.starts: list[float] = []
         self.answers: dict[str, int] = {}
         self.failures: list[tuple[float, str]] = []
 
@@ -91,6 +93,7 @@ class Connector(threading.Thread):
         next_at = time.monotonic()
         while not self.stop.is_set():
             started = time.time()
+            self.starts.append(started)
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             try:
                 conn.request("GET", "/")
@@ -100,13 +103,12 @@ class Connector(threading.Thread):
                 self.failures.append((started, f"{type(e).__name__}: {e}"))
             finally:
                 conn.close()
-            self.attempts += 1
             next_at += 1 / self.rate
             self.stop.wait(max(0.0, next_at - time.monotonic()))
 
     def report(self) -> dict:
-        return {"target": f"{self.host}:{self.port}", "attempts": self.attempts, "answers": self.answers,
-                "failed": len(self.failures), "failures": self.failures}
+        return {"target": f"{self.host}:{self.port}", "attempts": len(self.starts), "answers": self.answers,
+                "starts": [round(t, 3) for t in self.starts], "failed": len(self.failures), "failures": self.failures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=_target, action="append", default=[], metavar="HOST:PORT")
     ap.add_argument("--connect", type=_target, action="append", default=[], metavar="HOST:PORT")
     ap.add_argument("--rate", type=float, default=10.0, help="new connections a second, per --connect target")
-    ap.add_argument("--timeout", type=float, default=2.0, help="seconds a connection or request may take")
+    ap.add_argument("--timeout", type=float, default=2.0, help="seconds a new connection and its request may take")
+    ap.add_argument("--stream-timeout", type=float, default=10.0,
+                    help="seconds a stream may make no progress before it counts as broken (long past "
+                         "TCP's own retransmissions after a lost packet)")
     ap.add_argument("--tag", default="", help="ignored: tells this run's process from others")
     a = ap.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    streams = [Stream(host, port, a.timeout, stop) for host, port in a.hold]
+    streams = [Stream(host, port, a.stream_timeout, stop) for host, port in a.hold]
     try:
         for s in streams:
             s.open()
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.2):
         pass
     for w in workers:
-        w.join(a.timeout + 5)
+        w.join(max(a.timeout, a.stream_timeout) + 5)
     print(json.dumps({"streams": [s.report() for s in streams],
                       "connect": [w.report() for w in workers if isinstance(w, Connector)]}))
     return 0
