@@ -7,8 +7,9 @@ checks what every verdict must satisfy, whatever the frame:
   not reserved; a SHOT ends with a drop event (a drop is never silent);
 * **no crash** — the test run itself succeeds and its events decode;
 * **no state for a dropped packet** — after a drop or a reject the conntrack, affinity and
-  per-endpoint conntrack count (endpoint-ct) tables hold the entries they held before it, with the same values but for what conntrack legitimately
-  updates for any packet it sees (``VOLATILE_FIELDS``);
+  per-endpoint conntrack count (endpoint-ct) tables hold the entries they held before it, with the
+  same values but for what conntrack legitimately updates for any packet it sees
+  (``VOLATILE_FIELDS``);
 * **the emulation agrees** — where ``lace policy trace``'s engine covers the frame
   (:func:`lace.policy.trace.walk_maps`, :func:`~lace.policy.trace.ingress_step` over the test bed's
   own maps), the program's decision is the one it predicts.
@@ -25,8 +26,9 @@ POLICY_EGRESS, POLICY_INGRESS or (from-uplink) SPOOFED_SOURCE exactly when the e
 trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
 does. A world may give the pods a conntrack limit and start them at it: a covered new flow the
 emulation allows must then drop as CT_ENDPOINT_LIMIT (or for what the emulation does not model),
-never be forwarded; and CT_ENDPOINT_LIMIT must never drop the flow of a pod below its limit. What the emulation does not model (delivery entries, TTL, the FIB) may still drop an
-allowed flow later; such drops are counted as "beyond the emulation", not as disagreements.
+never be forwarded; and CT_ENDPOINT_LIMIT must never drop the flow of a pod below its limit.
+What the emulation does not model (delivery entries, TTL, the FIB) may still drop an allowed flow
+later; such drops are counted as "beyond the emulation", not as disagreements.
 
 Every example starts from the test bed's base topology plus a drawn *world* (policy markers and
 allow rules, prefix segments, a route to the outside), so the same frame meets different policy.
