@@ -13,6 +13,7 @@ manager, and rlimits no higher than podman's own (its default of 1048576 open fi
 from __future__ import annotations
 
 import os
+import re
 import resource
 import subprocess
 import time
@@ -109,7 +110,7 @@ def agent_container(lab: LabHandle, node: topology.LabNode, image: str) -> Itera
     mounts = [
         "-v", "/sys/fs/bpf:/sys/fs/bpf",              # the pins (node.pin_root) on the host's bpffs
         "-v", "/run/netns:/run/netns:rslave",         # pods' namespaces, also those made later
-        "-v", f"{lab.dir}:{lab.dir}",                 # the store, the agent's socket, the logs
+        "-v", f"{lab.dir}:{lab.dir}",                 # the store and the agent's socket
     ] + (["-v", f"{cgroup2}:{cgroup2}"] if cgroup2 else [])   # the node's host cgroup (socket hooks)
     # as the DaemonSet runs it: privileged, on the node's network, its own pid and cgroup namespaces
     # (the agent finds pods by their netns paths, never by pid, and its --cgroup paths are those of
@@ -140,16 +141,18 @@ def test_the_agent_from_the_image_serves_a_node(lab, ns, image):
         lab.apply([pod("served", ns, node=NODE), pod("peer", ns, node=OTHER)])
         pods = lab.wait(ns, ["served", "peer"])
         served, peer = ips(pods["served"]), ips(pods["peer"])
+        # each answer names the pod that sent it: the traffic reached the pod it was meant for
         for family, (s, p) in {"IPv4": (served[0], peer[0]), "IPv6": (served[1], peer[1])}.items():
             ok, out = lab.check(f"{ns}/peer", "tcp", s, 80)
-            assert ok, f"{family}: peer on {OTHER} -> served on {NODE}: {out}"
+            assert ok and out == f"{ns}/served", f"{family}: peer on {OTHER} -> served on {NODE}: {out}"
             ok, out = lab.check(f"{ns}/served", "tcp", p, 80)
-            assert ok, f"{family}: served on {NODE} -> peer on {OTHER}: {out}"
+            assert ok and out == f"{ns}/peer", f"{family}: served on {NODE} -> peer on {OTHER}: {out}"
             ok, out = lab.check(f"{ns}/served", "udp", p, 53)
             assert ok, f"{family}: served on {NODE} -> peer on {OTHER} (UDP): {out}"
         rc, out, err = lab.lace("status", check=False)
         assert rc == 0 and out.rstrip().endswith("3/3 nodes healthy"), out + err
-        assert f"{NODE}: healthy" in out, out
+        # pid 1: the agent that answers is the one in the container's own pid namespace
+        assert re.search(rf"^{NODE}: healthy \(agent [^,]+, pid 1, [^)]*\)$", out, re.M), out
     # the lab's agent again, and the container gone
     assert _healthy(lab, NODE) and lab.node(NODE)["agentPid"] is not None
     assert podman("ps", "--all", "--quiet", "--filter", f"name={ctr}").stdout.strip() == ""
