@@ -415,6 +415,38 @@ def test_crafted_srv6_from_the_outside(lab, world, source):
     assert not got, [p.summary() for p in got]
 
 
+def edge_drops(lab) -> dict[str, int]:
+    """Packets the fabric's edge filter dropped from the outside, by rule comment."""
+    out = subprocess.run(["ip", "netns", "exec", lab.status()["fabric"], "nft", "-j", "list", "table", "bridge",
+                          topology.EDGE_TABLE], capture_output=True, text=True, check=True).stdout
+    rules = [x["rule"] for x in json.loads(out)["nftables"] if "rule" in x]
+    return {r["comment"]: next(e["counter"]["packets"] for e in r["expr"] if "counter" in e) for r in rules}
+
+
+@pytest.mark.parametrize("forged", ["worker-1's underlay address", "worker-1's locator"])
+def test_crafted_srv6_from_the_outside_as_a_node(lab, world, forged):
+    """The outside forges a node as the outer source of an SRv6 packet to worker-2's SID for the
+    isolated network: the lab's edge (the fabric, as an operator's edge router) drops it before any
+    node sees it, and counts it."""
+    t = token()
+    inner = IP(src="10.77.99.97", dst=world.addr("isolated", 4)) / UDP(sport=40002, dport=53) / Raw(t)
+    src = (topology.underlay_addr(1) if "underlay" in forged
+           else str(ipaddress.IPv6Network(topology.locator(1))[1]))
+    outside = lab.status()["outside"]
+    mac = {ns: json.loads(subprocess.run(["ip", "-n", ns, "-j", "link", "show", topology.UPLINK], capture_output=True,
+                                         text=True, check=True).stdout)[0]["address"]
+           for ns in (outside, lab.node("worker-2")["netns"])}
+    frame = bytes(Ether(src=mac[outside], dst=mac[lab.node("worker-2")["netns"]]) /
+                  IPv6(src=src, dst=srv6_to(lab, world, "worker-2"), nh=4) / inner)
+    rule = "a node's underlay address" if "underlay" in forged else "a node's locator"
+    with Capture(world.netns("isolated"), "udp") as cap:
+        before = edge_drops(lab)[rule]
+        inject(outside, [frame] * 3, topology.UPLINK)
+        wait_for(lambda: edge_drops(lab)[rule] >= before + 3, f"the edge to drop the outside's packets as {forged}")
+        got = carrying(cap.packets(), t)
+    assert not got, [p.summary() for p in got]
+
+
 # -- the agent's socket and pinned maps -----------------------------------------------------------------
 
 NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", "-c"]
