@@ -110,6 +110,14 @@ def test_a_pod_at_its_limit_warns_and_the_node_stays_healthy():
     assert "conntrack    WARNING  a/flood is at its conntrack limit in ct-udp-v4" in text
 
 
+def test_verbose_lists_tables_the_pods_nearest_their_limit_and_masquerade():
+    text = ns.render(st.assemble(facts(conntrack=gc()), NOW), verbose=True)
+    assert "  conntrack: gc 3s ago (10 ms), 4 expired entries deleted" in text
+    assert "    ct-udp-v4  400/131072 live entries (0.3%)" in text
+    assert "    nearest their limit: a/flood ct-udp-v4 200/200, a/web ct-tcp-v4 9/200, a/flood ct-tcp-v4 3/200" in text
+    assert "    masquerade to 203.0.113.1:443/tcp: 10/16384 ports" in text
+
+
 def test_the_warning_clears_once_the_count_is_below_the_limit():
     over = gc(endpoints=[{"pod": "a/flood", "ifname": "lx01", "ifindex": 11, "limit": 200,
                           "flows": {"ct-udp-v4": 199}}])
