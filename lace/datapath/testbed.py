@@ -64,6 +64,11 @@ ROUTER4, ROUTER6 = "198.18.0.254", "2001:db8:f::fe"
 OUTSIDE_ROUTER_MAC = "02:00:00:00:0f:fe"
 OUTSIDE4_NET, OUTSIDE6_NET = "203.0.113.0/24", "2001:db8:cafe::/48"
 NET1, NET2 = 1, 2
+#: node 1's host device (:meth:`Testbed.host_device`): its host addresses (network 1, inside node
+#: 1's block), node 2's (inside node 2's block), and the MACs of the pair's two ends
+HOST = {4: "10.1.1.1", 6: "fd10:1::1"}
+PEER_HOST = {4: "10.1.2.1", 6: "fd10:1:0:2::1"}
+HOST_MAC, NET_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
 
 
 @dataclass
@@ -312,6 +317,26 @@ class Testbed:
         # its underlay address and its origin SID
         for peer in (UNDERLAY2, str(ipaddress.IPv6Address(cfgmod.sid(LOCATOR2, None, NETWORK_OUTSIDE)))):
             self.m("segment").update(segment_key(NETWORK_OUTSIDE, peer), segment_value(SEGMENT_REMOTE_NODE))
+
+    def host_device(self) -> int:
+        """Node 1's host device as the agent makes it (lace/agent/hostdev.py): a veth pair whose
+        datapath end lace_net is registered as role HOST, host addresses HOST in network 1 (segment
+        HOST, local, and a HOST delivery entry), node 2's host address PEER_HOST inside node 2's block
+        (REMOTE_NODE). Made once, programmed again on every call (a reset clears the maps); returns
+        lace_net's ifindex, where ``lace_from_host`` runs."""
+        from lace.datapath.common import SEGMENT_HOST
+        from lace.datapath.devices import DeviceRole, device_key, device_value
+
+        if "lace_net" not in self.ifindex:
+            netlink.veth_pair("lace_net", "lace_host", netns=self.netns, mac=NET_MAC, peer_mac=HOST_MAC)
+            self.ifindex["lace_net"] = netlink.link("lace_net", self.netns).ifindex   # type: ignore[union-attr]
+        ifindex = self.ifindex["lace_net"]
+        self.m("devices").update(device_key(ifindex), device_value(NET_MAC, DeviceRole.HOST))
+        for fam in (4, 6):
+            self.m("segment").update(segment_key(NET1, HOST[fam]), segment_value(SEGMENT_HOST, local=True))
+            self.m("segment").update(segment_key(NET1, PEER_HOST[fam]), segment_value(SEGMENT_REMOTE_NODE))
+            self.deliver_host(NET1, f"{HOST[fam]}/{32 if fam == 4 else 128}")
+        return ifindex
 
     def configure(self, trace_all: bool = False, addr4: str | None = NODE_ADDR4) -> None:
         """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops;
