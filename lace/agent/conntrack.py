@@ -101,56 +101,78 @@ class GcResult:
                 "tables": self.tables, "endpoints": self.endpoints, "masquerade": self.masquerade}
 
 
-def _source_groups(keys: np.ndarray, key_size: int, prefix: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (network, source address) of ``keys`` (their first ``prefix`` bytes) and how
-    many keys each has."""
-    raw = np.ascontiguousarray(np.frombuffer(keys, dtype=np.uint8).reshape(-1, key_size)[:, :prefix])
-    return np.unique(raw.view(f"V{prefix}").ravel(), return_counts=True)
+def _rows(keys: Any, n: int, key_size: int) -> np.ndarray:
+    """The ``n`` raw keys as an (n, key_size) byte array (a view, no copy)."""
+    return np.frombuffer(keys, dtype=np.uint8, count=n * key_size).reshape(n, key_size)
 
 
 def _source_id(network: int, ip: IPAddr) -> bytes:
-    """The first bytes of a conntrack key of ``network`` with source ``ip`` (see _source_groups)."""
+    """The first bytes of a conntrack key of ``network`` with source ``ip``: (network, saddr)."""
     return network.to_bytes(4, "little") + ip.packed
 
 
-def walk_table(name: str, keys: bytes, values: bytes, n: int, now_ns: int,
+def _count_sources(rows: np.ndarray, sel: np.ndarray, prefix: int, sources: dict[bytes, int]) -> dict[int, int]:
+    """How many of the selected keys each local endpoint's (network, source) prefix has. A 64-bit
+    tag (the prefix's last 8 bytes: the whole IPv4 prefix, an IPv6 source's low half) picks the
+    candidates in one vectorised pass over the table; only those are grouped exactly."""
+    tag = np.ascontiguousarray(rows[:, prefix - 8:prefix]).view("<u8").ravel()
+    wanted = np.array([int.from_bytes(sid[-8:], "little") for sid in sources], dtype="<u8")
+    cand = sel & np.isin(tag, wanted)
+    held: dict[int, int] = {}
+    if not cand.any():
+        return held
+    ids, counts = np.unique(np.ascontiguousarray(rows[cand, :prefix]).view(f"V{prefix}").ravel(),
+                            return_counts=True)
+    for sid, c in zip(ids, counts):
+        ifindex = sources.get(bytes(sid))
+        if ifindex is not None:
+            held[ifindex] = held.get(ifindex, 0) + int(c)
+    return held
+
+
+def walk_table(name: str, keys: Any, values: Any, n: int, now_ns: int,
                sources: dict[bytes, int]) -> tuple[np.ndarray, dict[int, int], list[tuple]]:
     """One table, read: the indexes of its expired entries, the live flows each local endpoint
-    holds (``sources``: key prefix -> ifindex) and the live masquerade reservations as
-    (proto, remote, remote port). Pure: unit tests call it with packed entries."""
+    holds (``sources``: key prefix -> ifindex) and the live masquerade reservations per
+    destination as (proto, remote, remote port, ports held). Pure (unit tests call it with packed
+    entries) and vectorised: a table holds up to a million entries."""
     v6 = name.endswith("v6")
     layout = CT6_KEY if v6 else CT4_KEY
-    key_size = layout.size
     if not n:
         return np.zeros(0, dtype=np.intp), {}, []
-    arr = layout.decode_many(keys, n)
+    alen = 16 if v6 else 4
+    rows = _rows(keys, n, layout.size)
     vals = CT_ENTRY.decode_many(values, n)
     expired = vals["expires_ns"] < now_ns
     counted = ~expired & ((vals["flags"] & UNCOUNTED) == 0)
-    held: dict[int, int] = {}
-    if counted.any() and sources:
-        kb = np.frombuffer(keys, dtype=np.uint8, count=n * key_size).reshape(n, key_size)[counted]
-        prefix = 4 + (16 if v6 else 4)
-        ids, counts = _source_groups(kb.tobytes(), key_size, prefix)
-        for sid, c in zip(ids, counts):
-            ifindex = sources.get(bytes(sid))
-            if ifindex is not None:
-                held[ifindex] = held.get(ifindex, 0) + int(c)
-    masq = ~expired & ((vals["flags"] & int(CtFlag.MASQ)) != 0)
+    held = _count_sources(rows, counted, 4 + alen, sources) if sources else {}
     reservations = []
-    for i in np.nonzero(masq)[0]:
-        reservations.append((int(arr["proto"][i]), addr_str(Family.IPV6 if v6 else Family.IPV4, bytes(arr["daddr"][i])),
-                             int(arr["dport"][i])))
+    masq = ~expired & ((vals["flags"] & int(CtFlag.MASQ)) != 0)
+    if masq.any():
+        # (daddr, dport, proto) of each reservation: key bytes [4 + alen, 4 + 2 alen), then dport, proto
+        dest = np.concatenate([rows[masq, 4 + alen:4 + 2 * alen], rows[masq, 6 + 2 * alen:9 + 2 * alen]], axis=1)
+        ids, counts = np.unique(np.ascontiguousarray(dest).view(f"V{alen + 3}").ravel(), return_counts=True)
+        family = Family.IPV6 if v6 else Family.IPV4
+        for d, c in zip(ids, counts):
+            raw = bytes(d)
+            reservations.append((raw[alen + 2], addr_str(family, raw[:alen]),
+                                 int.from_bytes(raw[alen:alen + 2], "big"), int(c)))
     return np.nonzero(expired)[0], held, reservations
 
 
-def _delete_expired(m: Any, name: str, keys: bytes, idx: np.ndarray, now_ns: int) -> int:
+#: at most this many expired entries are deleted per table and pass (each is looked up again
+#: first: two system calls); the rest wait for the next pass — the datapath ignores them already,
+#: and a full LRU table evicts them first
+DELETE_MAX = 20000
+
+
+def _delete_expired(m: Any, keys: Any, idx: np.ndarray, now_ns: int) -> int:
     """Delete the entries at ``idx`` that are still expired: a packet may have replaced one with a
     fresh entry of the same tuple since the dump (a new flow takes an expired tuple's place)."""
-    ks = m.key_size
+    rows = _rows(keys, int(idx.max()) + 1, m.key_size) if len(idx) else None
     deleted = 0
-    for i in idx:
-        k = keys[int(i) * ks:(int(i) + 1) * ks]
+    for i in idx[:DELETE_MAX]:
+        k = rows[int(i)].tobytes()   # type: ignore[index]
         raw = m.lookup(k)
         if raw is None or CT_ENTRY.unpack(raw)["expires_ns"] >= now_ns:
             continue
@@ -182,15 +204,14 @@ def gc_pass(datapath: LoadedDatapath | NodeDatapath, endpoints: list[GcEndpoint]
     tables, deleted = [], 0
     for name in registry.CT_TABLES:
         m = datapath.map(name)
-        kb, vb, n = m.dump()
-        keys, values = bytes(kb), bytes(vb)
+        keys, values, n = m.dump()
         expired, by_ep, reservations = walk_table(name, keys, values, n, now_ns, sources)
-        gone = _delete_expired(m, name, keys, expired, now_ns) if len(expired) else 0
+        gone = _delete_expired(m, keys, expired, now_ns) if len(expired) else 0
         deleted += gone
         for ifindex, c in by_ep.items():
             held[ifindex][name] = c
-        for r in reservations:
-            masq[r] = masq.get(r, 0) + 1
+        for proto, remote, port, used in reservations:
+            masq[(proto, remote, port)] = masq.get((proto, remote, port), 0) + used
         tables.append({"table": name, "entries": n - gone, "capacity": m.max_entries})
     _write_counts(datapath.map("endpoint-ct"), endpoints, held)
     eps = [{"pod": ep.pod, "ifname": ep.ifname, "ifindex": ep.ifindex, "limit": ep.limit,

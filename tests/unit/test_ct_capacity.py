@@ -65,7 +65,16 @@ def test_walk_counts_live_flows_per_endpoint_once_per_flow():
     expired, held, masq = walk_table("ct-tcp-v4", *table(rows), NOW_NS, SOURCES)
     assert list(expired) == [6]
     assert held == {11: 3, 12: 1}, "plain, service and masqueraded flows: one each"
-    assert masq == [(6, "203.0.113.1", 443)]
+    assert masq == [(6, "203.0.113.1", 443, 1)]
+
+
+def test_walk_groups_masquerade_reservations_by_destination():
+    node6, remote6 = "fd5e:ff::1", "2001:db8:cafe::1"
+    rows = [(ct6_key(NETWORK_OUTSIDE, node6, remote6, port, 443, 6), entry(flags=CtFlag.MASQ)) for port in (50000, 50001)]
+    rows.append((ct6_key(NETWORK_OUTSIDE, node6, remote6, 50002, 80, 6), entry(flags=CtFlag.MASQ)))
+    rows.append((ct6_key(NETWORK_OUTSIDE, node6, remote6, 50003, 80, 6), entry(NOW_NS - 1, flags=CtFlag.MASQ)))
+    _, held, masq = walk_table("ct-tcp-v6", *table(rows), NOW_NS, SOURCES)
+    assert held == {} and sorted(masq) == [(6, remote6, 80, 1), (6, remote6, 443, 2)]
 
 
 def test_walk_ipv6_and_empty():
