@@ -25,7 +25,7 @@ ca_bundle=${LACE_IMAGE_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 nproc=$(( $(ulimit -Hu) < 32768 ? $(ulimit -Hu) : 32768 ))
 
 old=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
-podman --cgroup-manager cgroupfs --runtime runc build --quiet --layers --network host \
+podman --cgroup-manager cgroupfs --runtime runc build --quiet --layers --jobs 2 --network host \
   --ulimit nofile=$(ulimit -Hn):$(ulimit -Hn) --ulimit nproc=$nproc:$nproc \
   --build-arg BASE="$base" --secret id=ca-bundle,src="$ca_bundle" \
   --ignorefile "$root/deploy/image/Containerfile.ignore" \
