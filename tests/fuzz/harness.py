@@ -17,13 +17,16 @@ checks what every verdict must satisfy, whatever the frame:
 The emulation covers the *policy decision of a new flow*: routing in the source network, segment
 resolution, the egress check and, for a local destination, the ingress check (from-pod); the
 ingress check after decapsulation (from-uplink), which only a packet from another node (its
-underlay address) reaches: from anyone else it is a SPOOFED_SOURCE drop. It covers well-formed frames only: not mutated,
-from a known pod with its own MAC and address (from-pod) or encapsulated to a SID of this node
-that names two configured networks (from-uplink), no fragment, at most four IPv6 extension
-headers, TCP/UDP/SCTP or an ICMP echo request, no VLAN tag, no flow in conntrack (every example
-starts from empty tables), no service frontend. There, the program must drop with NO_ROUTE,
-POLICY_EGRESS, POLICY_INGRESS or (from-uplink) SPOOFED_SOURCE exactly when the emulation says so, and a forwarded new flow's
-trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
+underlay address) reaches: from anyone else it is a SPOOFED_SOURCE drop; and what the node's
+host namespace sends (from-host: source segment HOST, no egress policy, the destination's ingress
+policy for a local pod, within the default network's own routes: the host has no route into
+another network, which the emulation, made for pods, does not model). It covers well-formed frames
+only: not mutated, from a known pod with its own MAC and address (from-pod), encapsulated to a SID
+of this node that names two configured networks (from-uplink) or from a host address (from-host),
+no fragment, at most four IPv6 extension headers, TCP/UDP/SCTP or an ICMP echo request, no VLAN
+tag, no flow in conntrack (every example starts from empty tables), no service frontend. There,
+the program must drop with NO_ROUTE, POLICY_EGRESS, POLICY_INGRESS or (from-uplink)
+SPOOFED_SOURCE exactly when the emulation says so, and a forwarded new flow's trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
 does. A world may give the pods a conntrack limit and start them at it: a covered new flow the
 emulation allows must then drop as CT_ENDPOINT_LIMIT (or for what the emulation does not model),
 never be forwarded; and CT_ENDPOINT_LIMIT must never drop the flow of a pod below its limit.
@@ -63,14 +66,15 @@ from lace.datapath.registry import CT_TABLES
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_value
 from lace.datapath.services import AFFINITY
-from lace.datapath.testbed import (LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NET2, OUTSIDE_ROUTER_MAC, REMOTE,
-                                   TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY2, UPLINK_MAC, Testbed)
+from lace.datapath.testbed import (HOST, HOST_MAC, LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NET2, OUTSIDE_ROUTER_MAC,
+                                   PEER_HOST, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY2,
+                                   UPLINK_MAC, Testbed)
 from lace.policy.emulate import PolicyMaps
 from lace.policy.trace import ingress_step, verdict_of, walk_maps
 
-PROGRAMS = ("pod", "uplink")
-POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK}
-PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink"}
+PROGRAMS = ("pod", "uplink", "host")
+POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK, "host": TracePoint.FROM_HOST}
+PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink", "host": "lace_from_host"}
 #: the maps a dropped (or rejected) packet must leave as they were
 STATE_TABLES = (*CT_TABLES, "affinity", "endpoint-ct")
 #: what a packet may change in an entry it does not create, even when it is dropped later in its
@@ -96,6 +100,8 @@ PORTS = (53, 80, 443, 8080)
 OUTSIDE = {4: "203.0.113.7", 6: "2001:db8:cafe::7"}
 UNROUTED = {4: "192.0.2.9", 6: "2001:db8:dead::9"}
 NO_DELIVERY = {4: "10.1.7.7", 6: "fd10:1:0:7::7"}
+#: the test bed's routes of network 1 into itself (Testbed.reset): where the host's flows stay
+HOST_NETWORK_CIDRS = ("10.1.0.0/16", "fd10:1::/48")
 #: drop reasons the emulation decides; any other drop of a covered frame is beyond it
 EMULATED_REASONS = {DropReason.NO_ROUTE, DropReason.POLICY_EGRESS, DropReason.POLICY_INGRESS}
 
@@ -161,6 +167,11 @@ class Covered:
     ingress_only: bool = False
     dst_network: int = 0
     outer_node: bool = True
+
+    @property
+    def from_pod(self) -> bool:
+        """A pod's own new flow, charged to its conntrack share (not the uplink's, not the host's)."""
+        return not self.ingress_only and self.src_segment != SEGMENT_HOST
 
 
 @dataclass
@@ -463,6 +474,58 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
 
 
 @st.composite
+def host_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
+    """A frame the node's host namespace sends out of lace_host: mostly from its own addresses, to
+    pods of this node and of node 2, to the outside, to nowhere; sometimes from an address that is
+    not its own (a pod's, node 2's host address, the outside's: what the node's stack would forward
+    to a pod address if it could), with options, extension headers, fragments, VLAN tags."""
+    family = draw(st.sampled_from([4, 6]))
+    if draw(st.integers(0, 9)) == 0:
+        return draw(host_icmp_errors(dp, family))
+    clean = draw(st.booleans())
+    own = HOST[family]
+    src = own if clean else draw(st.sampled_from([own] * 3 + [dp.pods["a"].ip(family), PEER_HOST[family],
+                                                              OUTSIDE[family]]))
+    dst = _pod_destination(draw, dp, family, "host")
+    l4, proto, dport, l4_ok = draw(l4_layers(family, clean))
+    ip, ip_ok = draw(ip_headers(family, src, dst, proto, clean))
+    eth, eth_ok = _ether(draw, HOST_MAC, HOST_MAC, clean)   # NOARP: the stack sends to its own MAC
+    covered = None
+    # the host reaches the default network alone: a route into another network (the outside's
+    # included) is no route for it, which the emulation, made for pods, does not model
+    if l4_ok and ip_ok and eth_ok and src == own and any(ipaddress.ip_address(dst) in ipaddress.ip_network(c)
+                                                         for c in HOST_NETWORK_CIDRS):
+        covered = Covered(family, NET1, SEGMENT_HOST, src, dst, proto, dport, dst_local=_local_pod(dp, NET1, dst))
+    return Frame("host", bytes(eth / ip / l4), kind=f"host-v{family}", covered=covered)
+
+
+@st.composite
+def host_icmp_errors(draw: st.DrawFn, dp: Testbed, family: int) -> Frame:
+    """An ICMP error the node's stack sends a pod about the pod's flow to a host address: the flow
+    opened by a preamble (from the pod), or never opened."""
+    from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+    from scapy.layers.inet6 import ICMPv6DestUnreach, ICMPv6TimeExceeded, IPerror6, IPv6
+    from scapy.layers.l2 import Ether
+
+    pod = dp.pods[draw(st.sampled_from(["a", "b"]))]        # the default network's pods
+    own, udp = HOST[family], draw(st.booleans())
+    sport, dport = draw(st.integers(1024, 65535)), draw(st.sampled_from(PORTS))
+    quoted = (UDPerror(sport=sport, dport=dport) if udp else TCPerror(sport=sport, dport=dport, flags="S"))
+    if family == 4:
+        err = ICMP(type=draw(st.sampled_from([3, 11, 12])), code=draw(st.integers(0, 15)))
+        outer = IP(src=own, dst=pod.ip(4)) / err / IPerror(src=pod.ip(4), dst=own, proto=17 if udp else 6) / quoted
+    else:
+        err = draw(st.sampled_from([ICMPv6DestUnreach(code=4), ICMPv6TimeExceeded()]))
+        outer = IPv6(src=own, dst=pod.ip(6)) / err / IPerror6(src=pod.ip(6), dst=own, nh=17 if udp else 6) / quoted
+    preamble: tuple[Frame, ...] = ()
+    if draw(st.booleans()):
+        l4 = UDP(sport=sport, dport=dport) if udp else TCP(sport=sport, dport=dport, flags="S")
+        preamble = (Frame("pod", bytes(dp.l3(pod, own, family) / l4), pod.name, "open-flow"),)
+    return Frame("host", bytes(Ether(src=HOST_MAC, dst=HOST_MAC) / outer), kind=f"host-icmp-error-v{family}",
+                 preamble=preamble)
+
+
+@st.composite
 def mutations(draw: st.DrawFn, frame: Frame) -> Frame:
     """``frame`` with byte mutations: truncation, bit flips, overwritten, inserted or deleted bytes."""
     data = bytearray(frame.data)
@@ -498,7 +561,7 @@ def mutations(draw: st.DrawFn, frame: Frame) -> Frame:
 def frames(dp: Testbed, program: str) -> st.SearchStrategy[Frame]:
     """Frames for ``program``: six in ten structured, three in ten structured then mutated, one in
     ten random bytes."""
-    base = pod_frames(dp) if program == "pod" else uplink_frames(dp)
+    base = {"pod": pod_frames, "uplink": uplink_frames, "host": host_frames}[program](dp)
 
     @st.composite
     def pick(draw: st.DrawFn) -> Frame:
@@ -550,6 +613,7 @@ class Harness:
         dp = self.dp
         if not self._reset:
             dp.reset()
+            dp.host_device()
             self._reset = True
         else:
             for name in (*STATE_TABLES, "policy", "prefix-segment"):
@@ -615,6 +679,8 @@ class Harness:
     def ifindex(self, frame: Frame) -> int:
         if frame.program == "pod":
             return self.dp.pods[frame.ifname or "a"].ifindex
+        if frame.program == "host":
+            return self.dp.ifindex["lace_net"]
         return self.dp.ifindex["up0"]
 
     def run(self, frame: Frame, world: World) -> Outcome:
@@ -722,7 +788,7 @@ class Harness:
             out.emulation = "disagrees"
             out.problems.append(f"emulation says {verdict}, the program dropped {got.label}")   # type: ignore[union-attr]
             return
-        if got == DropReason.CT_ENDPOINT_LIMIT and not (self.world.at_limit and not c.ingress_only):
+        if got == DropReason.CT_ENDPOINT_LIMIT and not (self.world.at_limit and c.from_pod):
             out.emulation = "disagrees"
             out.problems.append("dropped ct-endpoint-limit, but the pod is below its conntrack limit")
             return
@@ -737,7 +803,7 @@ class Harness:
             out.emulation = "beyond"     # a reject answer, or a pass the emulation does not model
             return
         ev = new[0]
-        if self.world.at_limit and not c.ingress_only:
+        if self.world.at_limit and c.from_pod:
             out.emulation = "disagrees"
             out.problems.append(f"a new flow {Verdict(ev['verdict']).label}ed past the pod's conntrack limit "
                                 f"({self.world.ct_limit} in every table)")

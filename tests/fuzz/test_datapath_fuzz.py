@@ -1,11 +1,12 @@
-"""Hostile frames through the from-pod and from-uplink programs (BPF_PROG_TEST_RUN on the datapath
-test bed): a bounded hypothesis budget per program, and the corpus of every input that once
+"""Hostile frames through the from-pod, from-uplink and from-host programs (BPF_PROG_TEST_RUN on the
+datapath test bed): a bounded hypothesis budget per program, and the corpus of every input that once
 crashed or disagreed, replayed.
 
 What each example checks, and which frames the ``lace policy trace`` emulation covers, is
 tests/fuzz/harness.py's docstring: every verdict named, no crash, no conntrack entry for a dropped
 packet, and, for well-formed new flows (from-pod: routing, segments, egress and local ingress
-policy; from-uplink: ingress policy after decapsulation), the program's verdict and destination
+policy; from-uplink: ingress policy after decapsulation; from-host: the default network's routes and
+a local pod's ingress policy for peer HOST), the program's verdict and destination
 segment equal to the emulation's. bench/fuzz.py runs the same harness for minutes.
 """
 
