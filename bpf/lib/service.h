@@ -182,41 +182,35 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
 }
 
-/* The two entries of a new service flow, once it is admitted and translated (f is the backend
- * flow, nat_addr:nat_port the frontend), and its affinity choice. */
+/* The entry of a new service flow, once it is admitted and translated (f is the backend flow,
+ * nat_addr:nat_port the frontend): keyed by the frontend, holding the backend; and its affinity
+ * choice. A kubelet probe (LACE_SVC_FLOW_PROBE) also gets the backend entry and its reply alias
+ * (lib/probe.h: its replies find the frontend through them; the agent writes no revnat entry for
+ * a probe target). */
 __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 {
 	struct lace_ct_entry e = {};
-	union lace_addr seen;
 	int rc;
 
-	if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
-		service_hairpin_addr(f->family, seen.b);
-	else
-		lace_copy16_a8(&seen, f->saddr);
 	ct_init(&e, f, now);
 	e.rev_nat_id = f->service_id;
-	e.flags |= LACE_CT_F_DNAT;
+	e.flags |= LACE_CT_F_SERVICE;
 	if (f->svc_flags & LACE_SVC_FLOW_PROBE)
 		e.flags |= LACE_CT_F_PROBE;
-	lace_copy16_a8(e.nat_addr, f->nat_addr);
-	e.nat_port = f->nat_port;
-	rc = ct_store(f, f->src_network, seen.b, f->daddr, f->sport, f->dport, &e);
-	if (rc)
-		return rc;
-	e.flags = (e.flags & ~LACE_CT_F_DNAT) | LACE_CT_F_SERVICE;
 	lace_copy16_a8(e.nat_addr, f->daddr);
 	e.nat_port = f->dport;
 	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
 	if (rc)
 		return rc;
-	if (ct_needs_alias(f)) {
-		/* a backend in another network (an imported service): its replies find the
-		 * backend entry through the alias (no hairpin here: that is one network) */
-		ct_make_alias(&e, f, now);
-		rc = ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
-		if (rc)
+	if (f->svc_flags & LACE_SVC_FLOW_PROBE) {
+		e.flags = (e.flags & ~LACE_CT_F_SERVICE) | LACE_CT_F_DNAT;
+		lace_copy16_a8(e.nat_addr, f->nat_addr);
+		e.nat_port = f->nat_port;
+		rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+		if (rc || !ct_needs_alias(f))
 			return rc;
+		ct_make_alias(&e, f, now);
+		return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
 	}
 	if (f->svc_flags & LACE_SVC_FLOW_AFFINITY) {
 		struct lace_affinity_key client;
@@ -230,14 +224,13 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 /* Take back the entries a new flow f wrote (ct_create, service_ct_create, masq_new_flow,
  * nodeport_ct_create_remote) when its packet is dropped after all, on its way out: a flow that
  * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
- * from f as its creation left it: translated by a service (DNAT) — the backend entry (under the
- * source the backend sees), the frontend entry and the reply alias; masqueraded (SNAT) — the pod
- * entry and the port reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's
- * identifier as both ports); plain — the entry and the reply alias. A ClientIP affinity choice
- * stays: it is a preference for the client's next flow, not state of this one. */
+ * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe:
+ * also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
+ * reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's identifier as both
+ * ports); plain — the entry and the reply alias. A ClientIP affinity choice stays: it is a
+ * preference for the client's next flow, not state of this one. */
 __lace_subprog int ct_forget_new(const struct lace_flow *f)
 {
-	union lace_addr a;
 	__be16 dport;
 
 	if (f->nat_kind == LACE_NAT_SNAT) {
@@ -247,15 +240,11 @@ __lace_subprog int ct_forget_new(const struct lace_flow *f)
 		return 0;
 	}
 	if (f->nat_kind == LACE_NAT_DNAT) {
-		if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
-			service_hairpin_addr(f->family, a.b);
-		else
-			lace_copy16_a8(&a, f->saddr);
-		ct_forget(f, f->src_network, a.b, f->daddr, f->sport, f->dport);
 		ct_forget(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port);
-	} else {
-		ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
+		if (!(f->svc_flags & LACE_SVC_FLOW_PROBE))
+			return 0;
 	}
+	ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
 	if (ct_needs_alias(f))
 		ct_forget(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport);
 	return 0;
@@ -270,7 +259,7 @@ static __always_inline int ct_forget_if_shot(const struct lace_flow *f, int verd
 	return verdict;
 }
 
-/* The frontend entry follows the backend entry, which sees both directions of the flow. */
+/* A probe's frontend entry follows its backend entry, which sees both directions of the flow. */
 static __always_inline void service_follow(struct lace_ct_entry *fe, const struct lace_ct_entry *be)
 {
 	fe->state = be->state;
@@ -279,8 +268,8 @@ static __always_inline void service_follow(struct lace_ct_entry *fe, const struc
 }
 
 /* An established packet to a frontend, found by its frontend entry fe (already advanced): send it
- * to fe's backend and advance the backend entry (rebuilt from fe if it was evicted). Sets the
- * flow's destination network and segment; returns 0 or a drop reason. */
+ * to fe's backend. Sets the flow's destination network and segment; returns 0 or a drop reason.
+ * A probe also advances its backend entry (rebuilt from fe if it was evicted). */
 __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *fe,
 				   __u64 now)
 {
@@ -294,6 +283,8 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	if (rc)
 		return rc;
 	f->dst_segment = fe->dst_segment;
+	if (!(fe->flags & LACE_CT_F_PROBE))
+		return 0;
 	ct_key(&k, f->family, f->src_network, f->proto, seen.b, f->daddr, f->sport, f->dport);
 	be = ct_lookup(f->family, f->proto, &k);
 	if (be) {
@@ -314,9 +305,121 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	return 0;
 }
 
-/* A reply found by entry e under network: for a backend entry, write the frontend back as its
- * source (and the client's own address as the destination of a hairpin flow) and let the frontend
- * entry follow the backend entry. Other entries: nothing to do. Returns 0 or a drop reason. */
+/* The frontend entry of a service flow through its backend, for a reply (related = 0: f's source
+ * is the backend, its destination the client, or the hairpin address when the client is the
+ * backend pod itself) or an ICMP error (related = 1: the quoted packet's source is the client,
+ * its destination the backend). The backend's revnat entry, under backend_net, names the
+ * frontends to try (abi/services.h); the entry of client:port -> frontend whose nat_addr:nat_port
+ * is this backend is the flow's. only_net, unless NONE, admits the frontends keyed under that
+ * network only. On a hit f's nat_addr:nat_port is the frontend, nat_kind DNAT and ct_network the
+ * network the entry is keyed under. A function of its own: the two keys and the loop stay off the
+ * callers' frames. */
+__lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 backend_net, __u32 only_net,
+						    int related)
+{
+	struct lace_revnat_key rk;
+	struct lace_revnat *r;
+	struct lace_ct_entry *e;
+	union lace_ct_key k;
+	union lace_addr hairpin;
+	const __u8 *client, *backend;
+	__be16 cport, bport;
+	__u8 proto;
+	__u32 i, n;
+
+	if (related) {
+		proto = f->inner_proto;
+		client = f->inner_saddr;
+		cport = f->inner_sport;
+		backend = f->inner_daddr;
+		bport = f->inner_dport;
+	} else {
+		proto = f->proto;
+		service_hairpin_addr(f->family, hairpin.b);
+		client = lace_eq16_a8(f->daddr, &hairpin) ? f->saddr : f->daddr;
+		cport = f->dport;
+		backend = f->saddr;
+		bport = f->sport;
+	}
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 0;
+	__builtin_memset(&rk, 0, sizeof(rk));
+	rk.network = backend_net;
+	lace_copy16(rk.addr, backend);
+	rk.port = bport;
+	rk.proto = proto;
+	rk.family = f->family;
+	r = bpf_map_lookup_elem(&lace_revnat, &rk);
+	if (!r)
+		return 0;
+	n = r->count;
+	if (n > LACE_REVNAT_FRONTENDS)
+		n = LACE_REVNAT_FRONTENDS;
+	for (i = 0; i < n; i++) {
+		const struct lace_revnat_frontend *fr = &r->frontends[i];
+
+		if (only_net != LACE_NETWORK_NONE && fr->network != only_net)
+			continue;
+		ct_key(&k, f->family, fr->network, proto, client, fr->addr, cport, fr->port);
+		e = ct_lookup(f->family, proto, &k);
+		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->nat_port != bport || !lace_eq16(e->nat_addr, backend))
+			continue;
+		f->ct_network = fr->network;
+		lace_copy16_a8(f->nat_addr, fr->addr);
+		f->nat_port = fr->port;
+		f->nat_kind = LACE_NAT_DNAT;
+		return e;
+	}
+	return 0;
+}
+
+/* A reply of a service flow, from its backend (f's source, in backend_net) to its client: its
+ * frontend entry, advanced as a reply (service_lookup; only_net as there). NULL: not a reply of a
+ * service flow. Tried after the ordinary reply lookup missed: a service flow's reply has no entry
+ * of its own. */
+static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *f, __u32 backend_net,
+							      __u32 only_net, __u64 now)
+{
+	struct lace_ct_entry *e;
+
+	if (!ct_may_be_reply(f))
+		return 0;
+	e = service_lookup(f, backend_net, only_net, 0);
+	if (e && !ct_usable(e, f, 1, now)) {
+		f->nat_kind = LACE_NAT_NONE;
+		e = 0;
+	}
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_REPLY;
+		ct_advance(e, f, 1, now);
+	}
+	return e;
+}
+
+/* An ICMP error sent from backend_net (by a service backend, or a hop on its way) that quotes a
+ * client -> backend packet of a service flow: the flow's frontend entry (service_lookup), the
+ * error RELATED to it. Tried after ct_related missed. */
+static __always_inline struct lace_ct_entry *service_ct_related(struct lace_flow *f, __u32 backend_net,
+								__u64 now)
+{
+	struct lace_ct_entry *e = service_lookup(f, backend_net, LACE_NETWORK_NONE, 1);
+
+	if (e && e->expires_ns < now) {
+		f->nat_kind = LACE_NAT_NONE;
+		e = 0;
+	}
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_RELATED;
+		e->last_seen_ns = now;
+	}
+	return e;
+}
+
+/* A reply found by entry e under network: the frontend written back as its source (and the
+ * client's own address as the destination of a hairpin flow). e is either a frontend entry that
+ * service_ct_reply found (f's nat_addr:nat_port: the frontend; e already advanced) or a probe's
+ * backend entry (DNAT; its frontend entry follows it). Other entries: nothing to do. Returns 0 or
+ * a drop reason. */
 __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *e,
 				 __u32 network, __u64 now)
 {
@@ -325,8 +428,12 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 	union lace_addr hairpin;
 	int rc;
 
-	if (!(e->flags & LACE_CT_F_DNAT))
+	if (e->flags & LACE_CT_F_DNAT) {
+		lace_copy16_a8(f->nat_addr, e->nat_addr);
+		f->nat_port = e->nat_port;
+	} else if (!(e->flags & LACE_CT_F_SERVICE) || f->nat_kind != LACE_NAT_DNAT) {
 		return 0;
+	}
 	service_hairpin_addr(f->family, hairpin.b);
 	if (lace_eq16_a8(f->daddr, &hairpin)) {
 		rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, hairpin.b, f->saddr);
@@ -334,12 +441,12 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 			return rc;
 		lace_copy16_a8(f->daddr, f->saddr);
 	}
-	rc = nat_rewrite(skb, f, NAT_SRC, f->saddr, e->nat_addr, f->sport, e->nat_port);
+	rc = nat_rewrite(skb, f, NAT_SRC, f->saddr, f->nat_addr, f->sport, f->nat_port);
 	if (rc)
 		return rc;
-	lace_copy16_a8(f->nat_addr, e->nat_addr);
-	f->nat_port = e->nat_port;
 	f->nat_kind = LACE_NAT_DNAT;
+	if (!(e->flags & LACE_CT_F_DNAT))
+		return 0;
 	ct_key(&k, f->family, network, f->proto, f->daddr, f->nat_addr, f->dport, f->nat_port);
 	fe = ct_lookup(f->family, f->proto, &k);
 	if (fe && (fe->flags & LACE_CT_F_SERVICE)) {
@@ -351,19 +458,27 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 	return 0;
 }
 
-/* An ICMP error related to a backend entry e through a quoted client -> backend packet (sent by
- * the backend or a hop on its way): the quoted destination becomes the frontend again, and so does
- * the error's source when the backend itself sent it — the client's socket knows only the VIP.
- * (nat_rewrite_quoted). Hairpin flows' errors are not translated. Returns 0 or a drop reason. */
+/* An ICMP error related to a service flow through a quoted client -> backend packet (sent by the
+ * backend or a hop on its way; e: the frontend entry service_ct_related found, f's nat_addr:nat_port
+ * the frontend, or a probe's backend entry): the quoted destination becomes the frontend again,
+ * and so does the error's source when the backend itself sent it — the client's socket knows only
+ * the VIP (nat_rewrite_quoted). Returns 0 or a drop reason. */
 __lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *e)
 {
 	union lace_addr vip;
+	__be16 port;
 	int rc;
 
-	if (!(e->flags & LACE_CT_F_DNAT))
+	if (e->flags & LACE_CT_F_DNAT) {
+		lace_copy16_a8(&vip, e->nat_addr);
+		port = e->nat_port;
+	} else if ((e->flags & LACE_CT_F_SERVICE) && f->nat_kind == LACE_NAT_DNAT) {
+		lace_copy16_a8(&vip, f->nat_addr);
+		port = f->nat_port;
+	} else {
 		return 0;
-	lace_copy16_a8(&vip, e->nat_addr);
-	rc = nat_rewrite_quoted(skb, f, NAT_DST, f->inner_daddr, vip.b, f->inner_dport, e->nat_port);
+	}
+	rc = nat_rewrite_quoted(skb, f, NAT_DST, f->inner_daddr, vip.b, f->inner_dport, port);
 	if (rc)
 		return rc;
 	if (lace_eq16_a8(f->saddr, f->inner_daddr)) {
@@ -372,7 +487,7 @@ __lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f
 			return rc;
 	}
 	lace_copy16_a8(f->nat_addr, &vip);
-	f->nat_port = e->nat_port;
+	f->nat_port = port;
 	f->nat_kind = LACE_NAT_DNAT;
 	return 0;
 }
