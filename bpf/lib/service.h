@@ -305,53 +305,68 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	return 0;
 }
 
-/* The frontend entry of a service flow through its backend, for a reply (related = 0: f's source
- * is the backend, its destination the client, or the hairpin address when the client is the
- * backend pod itself) or an ICMP error (related = 1: the quoted packet's source is the client,
- * its destination the backend). The backend's revnat entry, under backend_net, names the
- * frontends to try (abi/services.h); the entry of client:port -> frontend whose nat_addr:nat_port
- * is this backend is the flow's. only_net, unless NONE, admits the frontends keyed under that
- * network only. On a hit f's nat_addr:nat_port is the frontend, nat_kind DNAT and ct_network the
- * network the entry is keyed under. A function of its own: the two keys and the loop stay off the
- * callers' frames. */
-__lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 backend_net, __u32 only_net,
-						    int related)
+/* The two ends of a service flow as a packet through its backend shows them: for a reply
+ * (related = 0: f's source is the backend, its destination the client, or the hairpin address
+ * when the client is the backend pod itself) or an ICMP error (related = 1: the quoted packet's
+ * source is the client, its destination the backend). Returns the protocol. */
+static __always_inline __u8 service_ends(const struct lace_flow *f, int related, const __u8 **client,
+					 __be16 *cport, const __u8 **backend, __be16 *bport)
+{
+	union lace_addr hairpin;
+
+	if (related) {
+		*client = f->inner_saddr;
+		*cport = f->inner_sport;
+		*backend = f->inner_daddr;
+		*bport = f->inner_dport;
+		return f->inner_proto;
+	}
+	service_hairpin_addr(f->family, hairpin.b);
+	*client = lace_eq16_a8(f->daddr, &hairpin) ? f->saddr : f->daddr;
+	*cport = f->dport;
+	*backend = f->saddr;
+	*bport = f->sport;
+	return f->proto;
+}
+
+/* Which frontend a service flow through its backend was sent to (service_ends: a reply or an
+ * ICMP error): the backend's revnat entry, under backend_net, names the frontends to try
+ * (abi/services.h); the one whose entry of client:port -> frontend has this backend in
+ * nat_addr:nat_port is the flow's. only_net, unless NONE, admits the frontends keyed under that
+ * network only. Returns 0 with f's nat_addr:nat_port the frontend, nat_kind DNAT and ct_network
+ * the network the entry is keyed under; -1 when none is.
+ * A global function: the verifier checks its loop once, on its own, instead of in every path
+ * that reaches a call (that cost each program hundreds of thousands of instructions to verify). */
+__attribute__((noinline)) int service_revnat_find(struct lace_flow *f, __u32 backend_net, __u32 only_net,
+						  int related)
 {
 	struct lace_revnat_key rk;
 	struct lace_revnat *r;
 	struct lace_ct_entry *e;
 	union lace_ct_key k;
-	union lace_addr hairpin;
 	const __u8 *client, *backend;
 	__be16 cport, bport;
-	__u8 proto;
+	__u8 family, proto;
 	__u32 i, n;
 
-	if (related) {
-		proto = f->inner_proto;
-		client = f->inner_saddr;
-		cport = f->inner_sport;
-		backend = f->inner_daddr;
-		bport = f->inner_dport;
-	} else {
-		proto = f->proto;
-		service_hairpin_addr(f->family, hairpin.b);
-		client = lace_eq16_a8(f->daddr, &hairpin) ? f->saddr : f->daddr;
-		cport = f->dport;
-		backend = f->saddr;
-		bport = f->sport;
-	}
+	if (!f)
+		return -1;
+	/* one of two known values from here on: the verifier follows one family through the whole
+	 * loop (f->family read again in each round, or a value only known "not IPv4", would be
+	 * unknown again: every round two ways more) */
+	family = f->family == LACE_FAMILY_IPV4 ? LACE_FAMILY_IPV4 : LACE_FAMILY_IPV6;
+	proto = service_ends(f, related, &client, &cport, &backend, &bport);
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-		return 0;
+		return -1;
 	__builtin_memset(&rk, 0, sizeof(rk));
 	rk.network = backend_net;
 	lace_copy16(rk.addr, backend);
 	rk.port = bport;
 	rk.proto = proto;
-	rk.family = f->family;
+	rk.family = family;
 	r = bpf_map_lookup_elem(&lace_revnat, &rk);
 	if (!r)
-		return 0;
+		return -1;
 	n = r->count;
 	if (n > LACE_REVNAT_FRONTENDS)
 		n = LACE_REVNAT_FRONTENDS;
@@ -360,17 +375,34 @@ __lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 b
 
 		if (only_net != LACE_NETWORK_NONE && fr->network != only_net)
 			continue;
-		ct_key(&k, f->family, fr->network, proto, client, fr->addr, cport, fr->port);
-		e = ct_lookup(f->family, proto, &k);
+		ct_key(&k, family, fr->network, proto, client, fr->addr, cport, fr->port);
+		e = ct_lookup(family, proto, &k);
 		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->nat_port != bport || !lace_eq16(e->nat_addr, backend))
 			continue;
 		f->ct_network = fr->network;
 		lace_copy16_a8(f->nat_addr, fr->addr);
 		f->nat_port = fr->port;
 		f->nat_kind = LACE_NAT_DNAT;
-		return e;
+		return 0;
 	}
-	return 0;
+	return -1;
+}
+
+/* The frontend entry of a service flow through its backend (service_revnat_find), or NULL. */
+__lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 backend_net, __u32 only_net,
+						    int related)
+{
+	union lace_ct_key k;
+	const __u8 *client, *backend;
+	__be16 cport, bport;
+	__u8 proto;
+
+	if (service_revnat_find(f, backend_net, only_net, related))
+		return 0;
+	/* found in there already: this lookup hits a warm bucket */
+	proto = service_ends(f, related, &client, &cport, &backend, &bport);
+	ct_key(&k, f->family, f->ct_network, proto, client, f->nat_addr, cport, f->nat_port);
+	return ct_lookup(f->family, proto, &k);
 }
 
 /* A reply of a service flow, from its backend (f's source, in backend_net) to its client: its
