@@ -163,7 +163,7 @@ CT_TABLES: tuple[str, ...] = ("ct-tcp-v6", "ct-udp-v6", "ct-icmp-v6", "ct-tcp-v4
 
 #: the maps ``node bpf show`` accepts
 SHOWABLE: tuple[str, ...] = (
-    "config", "devices", "routing", "delivery", "veth", "services", "policy", "segment",
+    "config", "devices", "routing", "delivery", "veth", "services", "revnat", "policy", "segment",
     "prefix-segment", "probes", "probe-cookie",
 )
 

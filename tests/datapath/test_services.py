@@ -5,6 +5,7 @@ scoping, and policy applied to the backend after translation. IPv4 and IPv6 wher
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import time
 
@@ -725,3 +726,22 @@ def test_frontend_left_out_of_a_full_map_drops_as_map_full(dp, family):
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41001, dport=PORT, flags="S"))
     out = fam_ip(family)(assert_to_pod(res, dp, "b"))
     assert out.dst == b.ip(family)
+
+
+# -- the agent's conntrack housekeeping of service flows ------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_live_service_flows_name_their_frontends_and_go_with_their_backend(dp, family):
+    """revnat_in_use reads which frontend each live service flow went through (the agent keeps
+    those in the backends' revnat entries); flush_addresses, for a backend pod that is gone, takes
+    its service flows too, so the client's next packet meets the service as a new flow."""
+    from lace.agent.conntrack import flush_addresses, revnat_in_use
+    from lace.datapath.services import revnat_key
+
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=45000, dport=PORT, flags="S"))
+    assert revnat_in_use(dp.loaded) == {
+        (revnat_key(NET1, b.ip(family), TARGET, 6), (NET1, str(ipaddress.ip_address(VIP[family])), PORT))}
+    assert flush_addresses(dp.loaded, NET1, [ipaddress.ip_address(b.ip(family))]) == 1
+    assert ct_count(dp) == 0 and revnat_in_use(dp.loaded) == set()
