@@ -6,31 +6,36 @@
  * destination is rewritten to the backend and the walk continues in the backend's network with
  * the translated packet: segment, egress policy of the source and ingress policy of the backend
  * see the backend's address and port (policy after DNAT, as in Kubernetes). Once it is forwarded,
- * the flow gets two conntrack entries (abi/conntrack.h):
- *   frontend entry (SERVICE): (src network, client -> VIP:port), nat = backend:port,
- *                             dst_network = the backend's network
- *   backend entry  (DNAT):    (src network, client -> backend:port), nat = VIP:port
- * both with rev_nat_id = service ID (and, for a backend in another network delivered here, a reply
- * alias: LACE_CT_F_ALIAS). Later packets to the VIP find the frontend entry and go to its
- * backend whatever the services map says by then (a deleted, changed or terminating backend keeps
- * its established flows); they advance the backend entry, which sees both directions and whose
- * state and expiry the frontend entry follows. Replies find the backend entry (as any reply: under
- * their own network, through an alias, or under the network they are routed into) and leave with
- * the VIP:port as their source — in
- * pod_veth.c for a local backend, in uplink.c after decapsulation for a backend on another node.
- * ICMP errors quoting a client -> backend packet are written back to the frontend too.
+ * the flow gets ONE conntrack entry (abi/conntrack.h), keyed by its frontend:
+ *   (src network, client -> VIP:port), SERVICE, nat = backend:port, dst_network = the backend's
+ *   network, rev_nat_id = service ID
+ * Later packets to the VIP find it and go to its backend whatever the services map says by then
+ * (a deleted, changed or terminating backend keeps its established flows). The entry sees both
+ * directions: a reply comes from backend:port to the client, which names no frontend; the
+ * ordinary reply lookup misses, and service_ct_reply looks the backend up in the revnat map
+ * (abi/services.h: backend -> the frontends that send flows to it, written by the agent, which
+ * keeps a frontend there while conntrack may still hold flows through it) and tries those
+ * frontends' entries until the one holding this backend. The reply leaves with the frontend as
+ * its source — in pod_veth.c for a local backend, in uplink.c after decapsulation for a backend
+ * on another node. ICMP errors quoting a client -> backend packet are written back to the
+ * frontend the same way (service_ct_related).
  *
- * What a new service flow costs over a plain one is mostly that second entry: the frontend entry's
- * bucket is warm (the conntrack lookup that found nothing just read it), the backend entry's is
- * another cold bucket of a large table, plus a preallocated LRU node (bench/datapath.py's stage
- * table: ~600 of the ~700 ns at 1M entries). Both entries are needed for the behaviour above, as
- * in Cilium (CT_SERVICE and the backend tuple); the rest of the path stays lean: one frontend
- * lookup, one Maglev slot, one backend lookup, no conntrack read-back, and the translation written
- * in place (lib/nat.h).
+ * Why one entry: a second one (the backend's tuple, as Cilium's CT_SERVICE + backend entries) is a
+ * second insert into a large LRU table, another cold bucket and a preallocated LRU node: ~550 ns
+ * of a new service flow (bench/datapath.py's stage table), and every established packet advanced
+ * both. What it bought was a direct reply lookup; the revnat map gives the reply the same in one
+ * small, warm hash lookup plus the frontend entry's (a reply alias for a backend in another
+ * network is not needed either: the revnat entry names the network the flow is keyed under). The
+ * rest of the path stays lean: one frontend lookup, one Maglev slot, one backend lookup, no
+ * conntrack read-back, and the translation written in place (lib/nat.h).
  *
  * Hairpin (the backend is the client pod itself): the translated packet also gets the reserved
- * source LACE_HAIRPIN_* (abi/services.h); the backend entry is keyed by that source, and a reply
- * addressed to it goes back to the pod's own address (its source) from the VIP.
+ * source LACE_HAIRPIN_* (abi/services.h); a reply addressed to it is the pod's own flow (its
+ * frontend entry is keyed by the pod's address) and goes back to the pod's own address from the VIP.
+ *
+ * Kubelet probes into another network (lib/probe.h) are translated as a one-backend service but
+ * keep two entries, frontend (SERVICE) and backend (DNAT), and a reply alias: the agent writes no
+ * revnat entry for a probe target, and a probe's cost does not matter.
  *
  * Trace events of a translated packet carry nat_kind DNAT, and in both directions the event's
  * addresses are the backend side of the flow while nat_addr:nat_port is the frontend it stands

@@ -43,7 +43,7 @@ MAGLEV_MAX = MAGLEV_SIZE * MAGLEV_TABLES
 
 
 #: Hairpin sources (LACE_HAIRPIN_*): a pod balanced to itself receives its service flow from
-#: these instead of its own address; backend conntrack entries of hairpin flows show them as the client.
+#: these instead of its own address (its flow's conntrack entry is keyed by its own address).
 HAIRPIN_IPV4_INT = 0xA9FE2A01
 HAIRPIN_IPV6_HIGH = 0x0100000000000000
 HAIRPIN_IPV6_LOW = 0x00000000A9FE2A01
