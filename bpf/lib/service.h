@@ -337,7 +337,7 @@ static __always_inline __u8 service_ends(const struct lace_flow *f, int related,
 /* Which frontend a service flow through its backend was sent to (service_ends: a reply or an
  * ICMP error): the backend's revnat entry, under backend_net, names the frontends to try
  * (abi/services.h); the one whose entry of client:port -> frontend has this backend in
- * nat_addr:nat_port is the flow's. only_net, unless NONE, admits the frontends keyed under that
+ * nat_addr:nat_port and dst_network is the flow's. only_net, unless NONE, admits the frontends keyed under that
  * network only. Returns 0 with f's nat_addr:nat_port the frontend, nat_kind DNAT and ct_network
  * the network the entry is keyed under; -1 when none is.
  * A global function: the verifier checks its loop once, on its own, instead of in every path
@@ -382,7 +382,9 @@ __attribute__((noinline)) int service_revnat_find(struct lace_flow *f, __u32 bac
 			continue;
 		ct_key(&k, family, fr->network, proto, client, fr->addr, cport, fr->port);
 		e = ct_lookup(family, proto, &k);
-		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->nat_port != bport || !lace_eq16(e->nat_addr, backend))
+		/* the backend in its network: isolated networks may reuse an address and port */
+		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->dst_network != backend_net || e->nat_port != bport ||
+		    !lace_eq16(e->nat_addr, backend))
 			continue;
 		f->ct_network = fr->network;
 		lace_copy16_a8(f->nat_addr, fr->addr);
