@@ -435,6 +435,28 @@ static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *
 	return e;
 }
 
+/* ct_classify for a packet that may be a service flow's reply from its backend (f's source, in
+ * src_network): its original direction, then the revnat map (service_ct_reply; only_net as
+ * there), then the ordinary reversed tuple. The revnat lookup comes before the reversed one: a
+ * service flow's reply would otherwise pay a reversed lookup that always misses, a cold bucket of
+ * a large table; a packet whose source is no backend port pays one small, warm lookup. */
+static __always_inline struct lace_ct_entry *service_classify(struct lace_flow *f, __u32 src_network,
+							      __u32 only_net, __u64 now)
+{
+	struct lace_ct_entry *e;
+	int stale;
+
+	e = ct_forward(f, src_network, now, &stale);
+	if (e || stale)
+		return e;
+	e = service_ct_reply(f, src_network, only_net, now);
+	if (!e)
+		e = ct_reply(f, src_network, now);
+	if (!e)
+		f->ct_status = LACE_CT_STATUS_NEW;
+	return e;
+}
+
 /* An ICMP error sent from backend_net (by a service backend, or a hop on its way) that quotes a
  * client -> backend packet of a service flow: the flow's frontend entry (service_lookup), the
  * error RELATED to it. Tried after ct_related missed. */

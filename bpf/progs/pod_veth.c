@@ -152,9 +152,8 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 
 	now = ct_now();
 	if (!f->icmp_error) {
-		e = ct_classify(f, src_net, now);
-		if (!e)         /* a reply of a service flow, from its backend (lib/service.h) */
-			e = service_ct_reply(f, src_net, LACE_NETWORK_NONE, now);
+		/* its own flow, a service flow's reply from its backend (lib/service.h), a reply */
+		e = service_classify(f, src_net, LACE_NETWORK_NONE, now);
 		LACE_BENCH_STAGE(3);    /* conntrack looked up (an entry found is advanced) */
 		if (e) {
 			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {

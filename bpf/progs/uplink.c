@@ -149,11 +149,10 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 				return lace_drop(skb, f, rc);
 		}
 	} else {
-		e = ct_classify(f, src_net, now);
+		/* its flow, a reply of a service flow this node translated (lib/service.h), a reply */
+		e = service_classify(f, src_net, dst_net, now);
 		if (!e && dst_net != src_net)
 			e = ct_reply(f, dst_net, now);
-		if (!e)         /* a reply of a service flow this node translated (lib/service.h) */
-			e = service_ct_reply(f, src_net, dst_net, now);
 	}
 	if (e) {
 		if (f->ct_status == LACE_CT_STATUS_REPLY) {
