@@ -11,8 +11,8 @@
  *   network, rev_nat_id = service ID
  * Later packets to the VIP find it and go to its backend whatever the services map says by then
  * (a deleted, changed or terminating backend keeps its established flows). The entry sees both
- * directions: a reply comes from backend:port to the client, which names no frontend; the
- * ordinary reply lookup misses, and service_ct_reply looks the backend up in the revnat map
+ * directions: a reply comes from backend:port to the client, which names no frontend; after its
+ * own tuple misses, service_classify looks the backend up in the revnat map
  * (abi/services.h: backend -> the frontends that send flows to it, written by the agent, which
  * keeps a frontend there while conntrack may still hold flows through it) and tries those
  * frontends' entries until the one holding this backend. The reply leaves with the frontend as
