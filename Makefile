@@ -5,7 +5,8 @@ VENV       := .venv
 PY         := $(VENV)/bin/python
 BUILD      := build
 CLANG      ?= clang
-APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 sockperf iputils-ping netcat-openbsd iptables nftables dnsmasq-base etcd-server
+APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 sockperf iputils-ping netcat-openbsd iptables nftables dnsmasq-base etcd-server \
+              podman runc mmdebstrap
 BPF_CFLAGS := -O2 -g -target bpf -mcpu=v3 -Wall -Werror -Wno-unused-function \
               -I$(BUILD)/include -Ibpf/include -Ibpf
 
@@ -18,8 +19,8 @@ GEN_PY     := lace/datapath/reasons.py
 CNI_BIN    := $(VENV)/bin/lace-cni
 
 
-.PHONY: install system-packages venv bpf native gen cni-plugin test test-unit test-schema test-datapath \
-        test-integration test-e2e lab bench clean
+.PHONY: install system-packages venv bpf progs native gen cni-plugin test test-unit test-schema test-datapath \
+        test-integration test-e2e image lab bench clean
 
 install: .stamp-apt .stamp-venv $(CNI_BIN) bpf native
 
@@ -86,6 +87,9 @@ $(NATIVE_LIB): native/maglev.c | .stamp-apt
 
 bpf: $(BUILD)/include/vmlinux.h $(GEN_PY) $(PROG_OBJS) $(TEST_OBJS) $(STAGE_OBJS)
 
+# the datapath's programs only, without the test objects: what the container image ships
+progs: $(PROG_OBJS)
+
 $(BUILD)/bpf/%.o: bpf/progs/%.c $(BPF_HDRS) $(BUILD)/include/vmlinux.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -116,6 +120,11 @@ test-e2e: install
 
 bench: install
 	$(PY) bench/datapath.py
+
+# lace's container image, localhost/lace:<version> (deploy/image/: a Debian base made with
+# mmdebstrap, a build stage with the compilers, a final stage without them); podman, no registry
+image: .stamp-apt
+	@deploy/image/build.sh
 
 # The README's main command: a 3-node lab with real traffic (stays up; `lace lab down` removes it)
 lab: install

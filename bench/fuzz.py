@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The datapath fuzzer's long budget: hostile frames (tests/fuzz/harness.py) through the from-pod and
-from-uplink programs for N minutes, each under a drawn policy world, every verdict checked (named,
+"""The datapath fuzzer's long budget: hostile frames (tests/fuzz/harness.py) through the from-pod,
+from-uplink and from-host programs for N minutes, each under a drawn policy world, every verdict checked (named,
 no crash, no conntrack entry for a drop, the ``lace policy trace`` emulation agreeing where it
 covers the frame).
 
@@ -38,7 +38,7 @@ CHUNK = 250
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=1.0, help="how long to fuzz (default 1)")
-    ap.add_argument("--programs", default=",".join(fuzz.PROGRAMS), help="comma-separated: pod,uplink")
+    ap.add_argument("--programs", default=",".join(fuzz.PROGRAMS), help="comma-separated: " + ",".join(fuzz.PROGRAMS))
     ap.add_argument("--seed", type=int, default=None, help="first hypothesis seed (default: random)")
     ap.add_argument("--no-save", action="store_true", help="do not add failing inputs to the corpus")
     ap.add_argument("--json", action="store_true", help="print one JSON document")

@@ -7,6 +7,12 @@ one server thread pinned to CPU 1). Backends compared, each programmed the way i
 
   lace             services / backends / maglev maps written directly with lace.datapath.services,
                    lace_from_pod attached (tcx ingress) to the node side of every pod veth
+  lace@0           the same, holding only the measured service whatever the count: lace's own
+                   baseline, measured in the same rounds as the rest, so that lace(N) / lace(0) is
+                   a ratio of one sitting and not of two counts half an hour apart
+  direct           no service and no netfilter: the client dials one backend pod's own address
+                   through the node's plain routing. The ceiling of this client and server: no
+                   service translation can go faster, so lace / X is bounded by direct / X
   iptables-nft     kube-proxy's iptables mode (KUBE-SERVICES -> KUBE-SVC-* with statistic random
   iptables-legacy  probabilities -> KUBE-SEP-* DNAT, plus its filter chains and jumps), loaded with one
                    iptables-restore --noflush, through the nf_tables or the legacy x_tables backend
@@ -75,7 +81,7 @@ from lace import netlink, nsenter  # noqa: E402
 
 COUNTS = (0, 1_000, 5_000, 10_000, 30_000, 100_000)
 QUICK_COUNTS = (0, 1_000, 5_000)
-BACKENDS = ("lace", "iptables-nft", "iptables-legacy", "nftables")
+BACKENDS = ("lace", "lace@0", "iptables-nft", "iptables-legacy", "nftables", "direct")
 
 POD_NET = ipaddress.IPv4Network("10.244.0.0/16")        # the cluster CIDR (kube-proxy's local detector)
 SERVICE_NET = ipaddress.IPv4Network("10.96.0.0/12")     # ClusterIPs
@@ -297,15 +303,17 @@ def run_client(crr: str, topo: Topology, dst: str, port: int, seconds: float, wa
                   float(fields["waited"]) + served)
 
 
-def probe(crr: str, topo: Topology) -> str | None:
-    """None when connections to the VIP are answered, by every backend; else what is wrong.
+def probe(crr: str, plane: Dataplane) -> str | None:
+    """None when connections to the plane's target are answered, by every backend it spreads over;
+    else what is wrong.
 
     The VIP is on no interface and in no route: an answer proves the service was translated."""
-    s = run_client(crr, topo, MEASURED_VIP, SERVICE_PORT, seconds=0.3, warmup=0)
+    dst, port = plane.target
+    s = run_client(crr, plane.topo, dst, port, seconds=0.3, warmup=0)
     if s.conns == 0:
-        return f"no connection to {MEASURED_VIP}:{SERVICE_PORT} answered ({s.errors} failed)"
+        return f"no connection to {dst}:{port} answered ({s.errors} failed)"
     hit = sum(1 for c in s.per_backend if c > 0)   # the server numbers backends across topologies
-    if hit < len(BACKEND_IPS):
+    if dst == MEASURED_VIP and hit < len(BACKEND_IPS):
         return f"only {hit} of {len(BACKEND_IPS)} backends answered ({s.per_backend})"
     return None
 
@@ -328,6 +336,7 @@ class Dataplane(Protocol):
 
     name: str
     topo: Topology
+    target: tuple[str, int]      # where the client connects
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run here (None: it can)."""
@@ -360,6 +369,7 @@ class KubeProxyIptables:
     MARK = "0x4000"
     LARGE_CLUSTER_ENDPOINTS = 1000   # past this many endpoints kube-proxy drops per-endpoint comments
 
+    target = (MEASURED_VIP, SERVICE_PORT)
     def __init__(self, topo: Topology, variant: str) -> None:
         self.topo = topo
         self.variant = variant                       # "nft" or "legacy"
@@ -480,6 +490,7 @@ class KubeProxyNftables:
     name = "nftables"
     T = "ip kube-proxy"
 
+    target = (MEASURED_VIP, SERVICE_PORT)
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
 
@@ -613,9 +624,10 @@ class Lace:
     NET = 1                      # the pods' network
     FIRST_SEGMENT = 256
 
+    target = (MEASURED_VIP, SERVICE_PORT)
     def __init__(self, topo: Topology, tag: str) -> None:
         self.topo = topo
-        self.pin_root = f"/sys/fs/bpf/lsvc-{tag}"
+        self.pin_root = f"/sys/fs/bpf/lsvc-{tag}-{self.name.replace('@', '')}"
         self.loaded = None
         self.links: list = []
         self.capacity: dict[str, int] = {}     # map capacities past the defaults, as loaded
@@ -753,6 +765,40 @@ class Lace:
         self._unload()
 
 
+class LaceEmpty(Lace):
+    """lace with the measured service alone, at every count: the reference lace(N) is divided by."""
+
+    name = "lace@0"
+
+    def program(self, services: list[Service], exact: bool) -> float:
+        return super().program(make_services(0), exact)
+
+
+class Direct:
+    """No service: the client dials a backend pod through the node's plain routing (the ceiling)."""
+
+    name = "direct"
+    target = (BACKEND_IPS[0], TARGET_PORT)
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def program(self, services: list[Service], exact: bool) -> float:
+        return 0.0
+
+    def inexact(self) -> str:
+        return ""
+
+    def clear(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 # ---- the run -------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -812,7 +858,7 @@ def fmt_setup(cells: dict[tuple[str, int], Cell], name: str, n: int) -> str:
 
 
 def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int], Cell], planes: list[Dataplane],
-                 skipped: dict[str, str], ceiling: Sample | None, rounds: int, seconds: float,
+                 skipped: dict[str, str], rounds: int, seconds: float,
                  exact_max: int) -> None:
     def rate(name: str, n: int) -> float | None:
         c = cells.get((name, n))
@@ -828,18 +874,20 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
     retried = sum(c.retried for c in cells.values())
     print(f"rounds measured again because other tasks took the client's or server's CPU (> {CONTENTION_MAX:.0%} "
           f"of a round): {retried}")
-    if ceiling is not None:
-        print(f"client/server ceiling (plain routing to one backend pod, no service, no netfilter): "
-              f"{ceiling.rate:,.0f} conn/s" + (" (contended)" if ceiling.contended else ""))
     head = f"{'services':>9}" + "".join(f"{n:>17}" for n in names)
     head += f"{'lace/ipt-nft':>14}{'lace/nft':>10}{'lace/lace(0)':>14}"
     print(head)
-    lace0 = rate("lace", counts[0]) if counts and counts[0] == 0 else None
+    first0 = rate("lace", counts[0]) if counts and counts[0] == 0 else None
+
+    def lace0(n: int) -> float | None:
+        """lace's rate with no other service: lace@0 of the same rounds, else lace at count 0."""
+        return rate("lace@0", n) or first0
+
     for n in counts:
         row = f"{n:>9,}" + "".join(f"{fmt_rate(cells.get((b, n))):>17}" for b in names)
         row += f"{fmt_ratio(rate('lace', n), rate('iptables-nft', n)):>14}"
         row += f"{fmt_ratio(rate('lace', n), rate('nftables', n)):>10}"
-        row += f"{fmt_ratio(rate('lace', n), lace0):>14}"
+        row += f"{fmt_ratio(rate('lace', n), lace0(n)):>14}"
         print(row)
     print("\nsetup: programming N services from empty (the one iptables-restore / nft -f run, rendering "
           "the rules not counted; lace: Maglev tables and batched map writes, packing the entries not counted)")
@@ -853,10 +901,10 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
             print(f"{plane.name} past {exact_max:,} services (est. = that setup time at the largest count loaded "
                   f"kube-proxy's way, x (n/that)^2): {plane.inexact()}; that load took {took}")
     for plane in planes:
-        if isinstance(plane, Lace):
+        if type(plane) is Lace:
             from lace.datapath import registry
             print(f"lace: objects from {registry.bpf_dir()}")
-        if isinstance(plane, Lace) and plane.grown:
+        if type(plane) is Lace and plane.grown:
             from lace.datapath import registry
             sizes = ", ".join(f"{k} {v:,} entries (default {registry.MAPS[k].max_entries:,})"
                               for k, v in plane.grown.items())
@@ -877,23 +925,35 @@ def print_report(counts: list[int], names: list[str], cells: dict[tuple[str, int
         print(f"  {text:<44} {value:6.2f}x  (target >= {target:g}x)  {'met' if ok else 'NOT met'}")
 
     r = lambda a, b: a / b if a and b else None  # noqa: E731
-    goal("lace(30k) / lace(0)", r(rate("lace", 30_000), lace0), 0.95)
+    same = " (same rounds)" if rate("lace@0", 30_000) else " (count 0's rounds)"
+    goal("lace(30k) / lace(0)" + same, r(rate("lace", 30_000), lace0(30_000)), 0.95)
     goal("lace / iptables-nft at 5k", r(rate("lace", 5_000), rate("iptables-nft", 5_000)), 1.5)
     goal("lace / iptables-legacy at 5k", r(rate("lace", 5_000), rate("iptables-legacy", 5_000)), 1.5)
     goal("lace / iptables-nft at 30k", r(rate("lace", 30_000), rate("iptables-nft", 30_000)), 4)
     goal("lace / iptables-legacy at 30k", r(rate("lace", 30_000), rate("iptables-legacy", 30_000)), 4)
     for n in counts:
         goal(f"lace / nftables at {n:,}", r(rate("lace", n), rate("nftables", n)), 1.0)
+    if any(rate("direct", n) for n in counts):
+        print("bounds: no translation beats the client dialling a pod directly, so lace / X <= direct / X")
+        for n in counts:
+            parts = [f"direct / {o} {fmt_ratio(rate('direct', n), rate(o, n)).strip()}"
+                     for o in ("iptables-nft", "iptables-legacy", "nftables") if rate(o, n)]
+            print(f"  {n:>7,} services: lace / direct {fmt_ratio(rate('lace', n), rate('direct', n)).strip()}"
+                  + "".join(f"; {p}" for p in parts))
 
 
 def build(names: list[str], tag: str, skipped: dict[str, str]) -> list[Dataplane]:
     """Each backend that can run here, on a topology of its own."""
     planes: list[Dataplane] = []
     for name in names:
-        topo = Topology(tag, name.replace("iptables-", "ipt"))
+        topo = Topology(tag, name.replace("iptables-", "ipt").replace("@", ""))
         plane: Dataplane
         if name == "lace":
             plane = Lace(topo, tag)
+        elif name == "lace@0":
+            plane = LaceEmpty(topo, tag)
+        elif name == "direct":
+            plane = Direct(topo)
         elif name == "nftables":
             plane = KubeProxyNftables(topo)
         else:
@@ -919,7 +979,7 @@ def measure_count(crr: str, server: Server, planes: list[Dataplane], n: int, rou
         plane.clear()
         cell.exact = n <= exact_max or not plane.inexact()
         cell.setup = plane.program(services, cell.exact)
-        cell.note = probe(crr, plane.topo) or ""
+        cell.note = probe(crr, plane) or ""
         if not cell.note:
             live.append(plane)
     for _ in range(rounds):
@@ -927,7 +987,7 @@ def measure_count(crr: str, server: Server, planes: list[Dataplane], n: int, rou
             cell = cells[plane.name]
             tries = []
             while len(tries) < TRIES:
-                tries.append(run_client(crr, plane.topo, MEASURED_VIP, SERVICE_PORT, seconds, server=server))
+                tries.append(run_client(crr, plane.topo, *plane.target, seconds, server=server))
                 if not tries[-1].contended:
                     break
                 time.sleep(RETRY_PAUSE)
@@ -954,7 +1014,6 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
     planes: list[Dataplane] = []
     cells: dict[tuple[str, int], Cell] = {}
     skipped: dict[str, str] = {}
-    ceiling: Sample | None = None
     server: Server | None = None
     stopped = False
     try:
@@ -964,9 +1023,6 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
             print("no backend can run here:", "; ".join(f"{k}: {v}" for k, v in skipped.items()), file=sys.stderr)
             return 1
         server = Server(crr, [p.topo for p in planes])
-        # the same client and server straight to a pod, through no service and no netfilter
-        ceiling = run_client(crr, planes[0].topo, BACKEND_IPS[0], TARGET_PORT, seconds * rounds, server=server)
-        print(f"ceiling: {ceiling.rate:,.0f} conn/s ({ceiling.errors} failed)", file=sys.stderr)
         live = []
         for plane in planes:
             try:
@@ -994,7 +1050,7 @@ def run(counts: list[int], names: list[str], rounds: int, seconds: float, exact_
     if stopped:
         counts = [n for n in counts if any(m == n for _, m in cells)]
         print("interrupted: the counts measured so far", file=sys.stderr)
-    print_report(counts, names, cells, planes, skipped, ceiling, rounds, seconds, exact_max)
+    print_report(counts, names, cells, planes, skipped, rounds, seconds, exact_max)
     return 130 if stopped else 0
 
 

@@ -373,6 +373,67 @@ static __always_inline void ct_forget(const struct lace_flow *f, __u32 network, 
 	ct_delete(f->family, f->proto, &k);
 }
 
+/* The endpoint-ct counter of the table a flow of (family, proto) goes into (as ct_lookup). */
+static __always_inline __u32 *ct_endpoint_slot(struct lace_ct_endpoint *q, __u8 family, __u8 proto)
+{
+	if (family == LACE_FAMILY_IPV4) {
+		if (proto == IPPROTO_TCP)
+			return &q->tcp4;
+		if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+			return &q->udp4;
+		return &q->icmp4;
+	}
+	if (proto == IPPROTO_TCP)
+		return &q->tcp6;
+	if (proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
+		return &q->udp6;
+	return &q->icmp6;
+}
+
+/* Whether the local endpoint on ifindex, whose limit is ct_max flows per table (0: none), may
+ * open the new flow f: 0, or CT_ENDPOINT_LIMIT when it already holds ct_max flows in f's table.
+ * Called right before a new flow's entries are stored. Writes nothing: a refused flow leaves no
+ * state. Only new flows get here: established packets and replies never pay for the limit. */
+static __always_inline int ct_endpoint_admit(const struct lace_flow *f, __u32 ifindex, __u16 ct_max)
+{
+	struct lace_ct_endpoint_key k = { .ifindex = ifindex };
+	struct lace_ct_endpoint *q;
+
+	if (!ct_max)
+		return 0;
+	q = bpf_map_lookup_elem(&lace_ep_ct, &k);
+	if (q && *ct_endpoint_slot(q, f->family, f->proto) >= ct_max)
+		return LACE_DROP_CT_ENDPOINT_LIMIT;
+	return 0;
+}
+
+/* Count the new flow f against the endpoint once its packet is on its way: verdict is the
+ * delivery's, and a flow whose delivery dropped it has had its entries taken back
+ * (ct_forget_if_shot), so it does not count. Returns verdict. The counts are looked up again
+ * rather than carried over from ct_endpoint_admit: a map pointer that may be NULL, live across
+ * the delivery, would double the states the verifier walks through every delivery path. */
+static __always_inline int ct_endpoint_charge(const struct lace_flow *f, __u32 ifindex, __u16 ct_max,
+					      int verdict)
+{
+	struct lace_ct_endpoint_key k = { .ifindex = ifindex };
+	struct lace_ct_endpoint *q, first = {};
+
+	if (!ct_max || verdict == TC_ACT_SHOT)
+		return verdict;
+	q = bpf_map_lookup_elem(&lace_ep_ct, &k);
+	if (!q) {
+		/* the endpoint's first counted flow (or the first since the agent's GC found none) */
+		*ct_endpoint_slot(&first, f->family, f->proto) = 1;
+		if (bpf_map_update_elem(&lace_ep_ct, &k, &first, BPF_NOEXIST) == 0)
+			return verdict;
+		q = bpf_map_lookup_elem(&lace_ep_ct, &k);   /* another CPU made it meanwhile */
+		if (!q)
+			return verdict;   /* cannot happen: one entry per veth entry fits; uncounted */
+	}
+	__sync_fetch_and_add(ct_endpoint_slot(q, f->family, f->proto), 1);
+	return verdict;
+}
+
 /* Record a new flow after policy allowed it (and its reply alias when it needs one). Returns 0
  * or a drop reason. */
 __lace_subprog int ct_create(const struct lace_flow *f, __u64 now)

@@ -190,6 +190,15 @@ LACE_CT_MAP(lace_ct_tcp6, struct lace_ct6_key, LACE_CT_TCP_MAX);
 LACE_CT_MAP(lace_ct_udp6, struct lace_ct6_key, LACE_CT_UDP_MAX);
 LACE_CT_MAP(lace_ct_icmp6, struct lace_ct6_key, LACE_CT_ICMP_MAX);
 
+/* endpoint-ct: conntrack flows per local endpoint and table, against its limit (abi/conntrack.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LACE_CT_ENDPOINT_MAX);
+	__type(key, struct lace_ct_endpoint_key);
+	__type(value, struct lace_ct_endpoint);
+	LACE_PIN;
+} lace_ep_ct SEC(".maps");
+
 /* events: flow decisions for node trace flow. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

@@ -26,4 +26,17 @@ static __always_inline __u32 segment_resolve(__u32 network, __u8 family, const _
 	return network == LACE_NETWORK_OUTSIDE ? LACE_SEGMENT_WORLD : LACE_SEGMENT_UNKNOWN;
 }
 
+/* Whether addr (IPv6) is another node's on the underlay: its underlay address, or its origin SID
+ * (lib/nodeport.h). The agent writes both as segment REMOTE_NODE in network OUTSIDE, where the
+ * outer source of a packet arriving on the uplink lives. */
+static __always_inline int underlay_peer(const __u8 *addr)
+{
+	struct lace_segment_key k = { .network = LACE_NETWORK_OUTSIDE, .family = LACE_FAMILY_IPV6 };
+	struct lace_segment_value *v;
+
+	lace_copy16(k.addr, addr);
+	v = bpf_map_lookup_elem(&lace_segment, &k);
+	return v && v->segment == LACE_SEGMENT_REMOTE_NODE;
+}
+
 #endif

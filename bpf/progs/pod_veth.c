@@ -48,6 +48,125 @@ static __always_inline int source_valid(struct __sk_buff *skb, const struct lace
 	return 0;
 }
 
+/* ARP and neighbour discovery from a pod go to the node's stack, which learns neighbours from them
+ * (from an ARP request for one of its addresses, from the link-layer address option of a
+ * solicitation or advertisement). The node needs none of it — the pod's gateway is a permanent
+ * neighbour entry inside the pod and the node reaches its pods through delivery entries, never its
+ * neighbour table — but it must not learn lies: a pod claiming another pod's address, or a router
+ * on its link, would poison the node's table. So they must speak for the pod alone: its MAC (the
+ * frame's and any link-layer address option's), its addresses (ARP sender, IPv6 source — its
+ * address, its link-local address, or the unspecified address of duplicate address detection —,
+ * an advertisement's target), and no router advertisement or redirect (only the node routes on a
+ * pod's link). The link-local address is the one the kernel derives from the pod's MAC (EUI-64). */
+struct lace_arp {
+	__be16 htype;
+	__be16 ptype;
+	__u8   hlen;
+	__u8   plen;
+	__be16 op;
+	__u8   sha[6];
+	__u8   spa[4];
+	__u8   tha[6];
+	__u8   tpa[4];
+};
+
+#define LACE_ND_OPTS_MAX 8      /* Linux sends one or two (link-layer address, nonce) */
+
+static __always_inline int pod_link_local(const __u8 *a, const struct lace_endpoint *ep)
+{
+	return a[0] == 0xfe && a[1] == 0x80 && !(a[2] | a[3] | a[4] | a[5] | a[6] | a[7]) &&
+	       a[8] == (ep->mac[0] ^ 0x02) && a[9] == ep->mac[1] && a[10] == ep->mac[2] &&
+	       a[11] == 0xff && a[12] == 0xfe && a[13] == ep->mac[3] && a[14] == ep->mac[4] &&
+	       a[15] == ep->mac[5];
+}
+
+static __always_inline int pod_own_ipv6(const __u8 *a, const struct lace_endpoint *ep)
+{
+	return ((ep->flags & LACE_EP_F_IPV6) && lace_eq16(a, ep->ipv6)) || pod_link_local(a, ep);
+}
+
+static __always_inline int arp_valid(struct __sk_buff *skb, struct lace_flow *f, const struct lace_endpoint *ep)
+{
+	struct lace_arp arp;
+	__u8 zero4[4] = {};
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &arp, sizeof(arp)) < 0)
+		return LACE_DROP_PKT_TRUNCATED;
+	if (arp.htype != bpf_htons(1) || arp.ptype != bpf_htons(ETH_P_IP) || arp.hlen != 6 || arp.plen != 4)
+		return LACE_DROP_UNSUPPORTED_L3;
+	/* a drop's trace shows the addresses it names: sender -> target (protocol 0) */
+	f->family = LACE_FAMILY_IPV4;
+	lace_zero16(f->saddr);
+	lace_zero16(f->daddr);
+	__builtin_memcpy(f->saddr, arp.spa, 4);
+	__builtin_memcpy(f->daddr, arp.tpa, 4);
+	if (!lace_eq6(arp.sha, ep->mac))
+		return LACE_DROP_SPOOFED_MAC;
+	if (lace_eq4(arp.spa, zero4))
+		return 0;               /* an ARP probe (RFC 5227) claims nothing */
+	if (!(ep->flags & LACE_EP_F_IPV4) || !lace_eq4(arp.spa, ep->ipv4))
+		return LACE_DROP_SPOOFED_SOURCE;
+	return 0;
+}
+
+static __always_inline int nd_valid(struct __sk_buff *skb, const struct lace_flow *f,
+				    const struct lace_endpoint *ep)
+{
+	__u8 zero16[16] = {}, target[16], opt[8];
+	__u32 off = f->l4_off;
+	int i;
+
+	if (f->icmp_type == 134 || f->icmp_type == 137)     /* router advertisement, redirect */
+		return LACE_DROP_SPOOFED_SOURCE;
+	if (!lace_eq16(f->saddr, zero16) && !pod_own_ipv6(f->saddr, ep))
+		return LACE_DROP_SPOOFED_SOURCE;
+	if (f->icmp_type == 136) {                          /* neighbour advertisement */
+		if (bpf_skb_load_bytes(skb, off + 8, target, sizeof(target)) < 0)
+			return LACE_DROP_PKT_TRUNCATED;
+		if (!pod_own_ipv6(target, ep))
+			return LACE_DROP_SPOOFED_SOURCE;
+	}
+	if (f->icmp_type == 133)                            /* router solicitation */
+		off += 8;
+	else if (f->icmp_type == 135 || f->icmp_type == 136)
+		off += 24;
+	else
+		return 0;               /* multicast listener messages carry no link-layer address */
+#pragma unroll
+	for (i = 0; i < LACE_ND_OPTS_MAX; i++) {
+		if (off >= skb->len)
+			return 0;
+		if (bpf_skb_load_bytes(skb, off, opt, sizeof(opt)) < 0)
+			return LACE_DROP_PKT_TRUNCATED;
+		if (!opt[1])
+			return LACE_DROP_PKT_TRUNCATED;     /* a zero-length option: malformed */
+		/* source / target link-layer address */
+		if ((opt[0] == 1 || opt[0] == 2) && !lace_eq6(opt + 2, ep->mac))
+			return LACE_DROP_SPOOFED_MAC;
+		off += opt[1] * 8;
+	}
+	/* more options than a pod's kernel sends: one past the scan could be an address */
+	return off >= skb->len ? 0 : LACE_DROP_UNSUPPORTED_L4;
+}
+
+/* ARP or neighbour discovery (parse_packet's PASS) from the endpoint: passed to the node's stack
+ * only when it speaks for the endpoint alone (above). */
+static __always_inline int control_valid(struct __sk_buff *skb, struct lace_flow *f,
+					 const struct lace_endpoint *ep)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return LACE_DROP_PKT_TRUNCATED;
+	if (!lace_eq6(eth->h_source, ep->mac))
+		return LACE_DROP_SPOOFED_MAC;
+	if (eth->h_proto == bpf_htons(ETH_P_ARP))
+		return arp_valid(skb, f, ep);
+	return nd_valid(skb, f, ep);
+}
+
 /* Hand the packet to its delivery target (d: its delivery entry, or NULL to look it up). */
 static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
 				   struct lace_delivery *d)
@@ -132,10 +251,19 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	int rc, quoted_orig;
 
 	rc = parse_packet(skb, f);
-	if (rc == LACE_PARSE_PASS)
-		return TC_ACT_OK;
 	LACE_BENCH_STAGE(1);            /* parsed */
 	ep = bpf_map_lookup_elem(&lace_veth, &vk);
+	if (rc == LACE_PARSE_PASS) {
+		/* ARP and neighbour discovery, for the node's stack: only the endpoint's own. Before
+		 * CNI ADD has written the endpoint, only the pod's kernel speaks (its duplicate address
+		 * detection and router solicitation: nothing runs in the pod yet). */
+		if (!ep)
+			return TC_ACT_OK;
+		f->src_network = ep->network;
+		f->src_segment = ep->segment;
+		rc = control_valid(skb, f, ep);
+		return rc ? lace_drop(skb, f, rc) : TC_ACT_OK;
+	}
 	if (!ep)
 		return lace_drop(skb, f, LACE_DROP_UNKNOWN_ENDPOINT);
 	f->src_network = src_net = ep->network;
@@ -187,11 +315,14 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
 				return lace_reject(skb, f, rc);
 			if (!rc)
+				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
+			if (!rc)
 				rc = service_ct_create(f, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);
-			return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
+			return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
+						  ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 		}
 	}
 	route = route_lookup(src_net, f->family, f->daddr);
@@ -243,19 +374,25 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	 * probe —, has no way out, no route in the underlay) leaves no conntrack entry behind, nor a
 	 * masquerade port taken: ct_forget_if_shot */
 	if (f->dst_network == LACE_NETWORK_OUTSIDE && (route->flags & LACE_ROUTE_F_MASQUERADE)) {
-		rc = masq_new_flow(skb, f, cfg, now);
+		/* the endpoint's conntrack limit, where a new flow's entries are about to be stored */
+		rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
+		if (!rc)
+			rc = masq_new_flow(skb, f, cfg, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
-		return ct_forget_if_shot(f, deliver(skb, f, cfg, 0));
+		return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
+					  ct_forget_if_shot(f, deliver(skb, f, cfg, 0)));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
-	rc = ct_create(f, now);
+	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
+	if (!rc)
+		rc = ct_create(f, now);
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return ct_forget_if_shot(f, deliver(skb, f, cfg, d));
+	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
 }
 
 SEC("tc")

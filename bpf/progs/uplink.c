@@ -131,6 +131,11 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 		rc = LACE_DROP_UNSUPPORTED_L4;
 	if (rc)
 		return lace_drop(skb, f, rc);
+	/* only another node sends to a SID: a packet anyone else addressed to one (from the outside,
+	 * from anything else on the underlay) would be decapsulated into whatever networks its SID
+	 * names, past every network's routes */
+	if (!underlay_peer(origin.b))
+		return lace_drop(skb, f, LACE_DROP_SPOOFED_SOURCE);
 	if (dst_net == LACE_NETWORK_NONE || src_net == LACE_NETWORK_NONE)
 		return lace_drop(skb, f, LACE_DROP_BAD_SID);
 

@@ -7,9 +7,11 @@ import logging
 import sys
 
 from lace.datapath.config import DEFAULT_POD_MTU, ENCAP_OVERHEAD
+from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT, CT_ENDPOINT_LIMIT_MAX
 from lace.store.config import open_store
 from lace.store.errors import StoreError
 
+from .conntrack import GC_INTERVAL_SECONDS
 from .daemon import Agent
 from .liveness import DEFAULT_TTL
 
@@ -25,6 +27,18 @@ def _seconds(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _ct_limit(text: str) -> int:
+    """A per-pod conntrack limit: 0 (none) to CT_ENDPOINT_LIMIT_MAX flows."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= CT_ENDPOINT_LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a conntrack limit: use 1 to {CT_ENDPOINT_LIMIT_MAX} "
+                                         "flows, or 0 for no limit")
     return value
 
 
@@ -54,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the node's liveness record in the store expires this long after the agent last "
                          f"renewed it (every third of it): a dead or cut-off agent's node shows NotReady "
                          f"(default {DEFAULT_TTL:g})")
+    ap.add_argument("--ct-endpoint-limit", type=_ct_limit, default=CT_ENDPOINT_DEFAULT, metavar="FLOWS",
+                    help="the most conntrack flows one local pod may hold per table (TCP, UDP, ICMP, each per "
+                         "IP family) when its Network sets no conntrackLimit; a new flow over it drops as "
+                         f"ct-endpoint-limit; 0: no limit (default {CT_ENDPOINT_DEFAULT})")
+    ap.add_argument("--ct-gc-interval", type=_seconds, default=GC_INTERVAL_SECONDS, metavar="SECONDS",
+                    help="how often the conntrack tables are walked: expired entries deleted, each pod's "
+                         f"flows recounted against its limit (default {GC_INTERVAL_SECONDS:g})")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -68,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(node=args.node, store=store, pin_root=args.pin_root,
                   socket_path=args.socket, uplink=args.uplink, mtu=args.mtu, cgroup=args.cgroup,
                   kubelet_cgroup=args.kubelet_cgroup, metrics_port=args.metrics_port,
-                  metrics_addresses=args.metrics_addresses, liveness_ttl=args.liveness_ttl)
+                  metrics_addresses=args.metrics_addresses, liveness_ttl=args.liveness_ttl,
+                  ct_endpoint_limit=args.ct_endpoint_limit, ct_gc_interval=args.ct_gc_interval)
     try:
         agent.run_forever()
     except Exception as e:

@@ -19,6 +19,7 @@ from lace.bpf import BPFError
 from lace.bpf.cgroup import cgroup_id
 from lace.datapath import registry
 from lace.datapath.config import DEFAULT_POD_MTU
+from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
 from lace.datapath.services import REVNAT_FRONTENDS
 from lace.policy.program import PolicyProgrammer
 from lace.services.program import ServiceProgrammer
@@ -26,9 +27,9 @@ from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
 from .api import ApiServer
-from .conntrack import flush_addresses, revnat_in_use
+from .conntrack import GC_INTERVAL_SECONDS, GcEndpoint, GcResult, flush_addresses, gc_pass, revnat_in_use
 from .datapath import NodeDatapath
-from .desired import OWNED_MAPS, Entries, desired_maps
+from .desired import OWNED_MAPS, Entries, ct_limit, desired_maps
 from .servicesync import ServiceSync
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
@@ -58,7 +59,9 @@ class Agent:
     def __init__(self, *, node: str, store: Store, pin_root: str, socket_path: str,
                  uplink: str = "eth0", mtu: int = DEFAULT_POD_MTU, cgroup: str | None = None,
                  kubelet_cgroup: str | None = None, metrics_port: int | None = None,
-                 metrics_addresses: list[str] | None = None, liveness_ttl: float = DEFAULT_TTL) -> None:
+                 metrics_addresses: list[str] | None = None, liveness_ttl: float = DEFAULT_TTL,
+                 ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT,
+                 ct_gc_interval: float = GC_INTERVAL_SECONDS) -> None:
         self.node = node
         self.store = store
         self.pin_root = pin_root
@@ -68,6 +71,11 @@ class Agent:
         #: the kubelet's cgroup: its ID goes into the config map (resolved at start, when it must exist)
         self.kubelet_cgroup = kubelet_cgroup
         self.kubelet_cgroup_id = 0
+        #: the conntrack limit of a local endpoint whose Network sets none (0: none), and how often
+        #: the conntrack GC pass runs; its last result feeds the status and the metrics
+        self.ct_endpoint_limit = ct_endpoint_limit
+        self.ct_gc_interval = ct_gc_interval
+        self.ct_gc: GcResult | None = None
         self.stopping = threading.Event()
         self.dirty = threading.Event()
         self._reconcile_lock = threading.Lock()
@@ -153,6 +161,7 @@ class Agent:
             self.metrics_addresses = self.metrics.serve(addrs, self.metrics_port)
         threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True).start()
         threading.Thread(target=self._watch_loop, name="watch", daemon=True).start()
+        threading.Thread(target=self._ct_gc_loop, name="ct-gc", daemon=True).start()
         log.info("agent for node %s ready (pin root %s, socket %s)", self.node, self.pin_root, self.socket_path)
 
     def _adopt_pod_links(self) -> None:
@@ -209,7 +218,7 @@ class Agent:
             if resync:   # retired revnat frontends whose flows are all gone go (lace.services.program)
                 self.services.release_revnat(revnat_in_use(self.datapath))
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
-                                  self.service_sync.cache)
+                                  self.service_sync.cache, self.ct_endpoint_limit)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
@@ -262,7 +271,8 @@ class Agent:
         with self._reconcile_lock, netlink.reuse():
             # Services and EndpointSlices listed afresh, not the watch's cache: an audit also
             # catches what a missed event would have left behind
-            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id)
+            snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
+                                  ct_endpoint_limit=self.ct_endpoint_limit)
             want = desired_maps(snap, self.policy, self.services.scratch())
             have = {n: self.datapath.read_kernel(n) for n in names}
         return {n: want[n] for n in names}, have
@@ -342,6 +352,32 @@ class Agent:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self.dirty.set()
+
+    def ct_gc_once(self) -> GcResult:
+        """One conntrack GC pass over the local endpoints of the last reconcile (lace.agent.conntrack)."""
+        snap = self.last_snapshot
+        eps = [GcEndpoint(ep.pod, ep.ifindex, ep.host_ifname, ep.network, tuple(ep.ips()), ct_limit(snap, ep.network))
+               for ep in (snap.endpoints if snap is not None else ())]
+        result = gc_pass(self.datapath, eps)
+        self.ct_gc = result
+        self.metrics.ct_gc_deleted.inc(result.deleted)
+        self.metrics.ct_gc_duration.observe(result.duration)
+        return result
+
+    def _ct_gc_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                result = self.ct_gc_once()
+                self.loops["ct-gc"].ok()
+                at_limit = [e["pod"] for e in result.endpoints
+                            if e["limit"] and any(n >= e["limit"] for n in e["flows"].values())]
+                if result.deleted or at_limit:
+                    log.info("conntrack gc: %d expired entries deleted%s", result.deleted,
+                             f"; at their conntrack limit: {', '.join(at_limit)}" if at_limit else "")
+            except Exception as e:
+                self.loops["ct-gc"].failed(e)
+                log.warning("conntrack gc failed: %s", e)
+            self.stopping.wait(self.ct_gc_interval)
 
     def _watch_loop(self) -> None:
         since = self._watch_since

@@ -60,13 +60,15 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     for ep in s.endpoints:
         out["veth"][veth_key(ep.ifindex)] = endpoint_value(
             endpoint_id=ep.endpoint_id, network=ep.network, segment=ep.segment, mac=ep.pod_mac,
-            ipv4=str(ep.ipv4) if ep.ipv4 else None, ipv6=str(ep.ipv6) if ep.ipv6 else None)
+            ipv4=str(ep.ipv4) if ep.ipv4 else None, ipv6=str(ep.ipv6) if ep.ipv6 else None,
+            ct_max=ct_limit(s, ep.network))
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
     for p in s.pods:
         out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
             p.segment, local=(p.network, p.ip) in local)
     _host_segments(s, out["segment"])
+    _underlay_peers(s, out["segment"])
     if s.policy is not None:
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
@@ -77,6 +79,13 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     out["revnat"] = svc.revnat_entries()
     _service_overflow_routes(s, svc, out["routing"])
     return out
+
+
+def ct_limit(s: Snapshot, network: int) -> int:
+    """The conntrack limit of a local endpoint in ``network``: its Network's conntrackLimit, else the
+    agent's --ct-endpoint-limit (0: no limit)."""
+    net = next((n for n in s.networks.values() if n.id == network), None)
+    return net.ct_limit if net is not None and net.ct_limit is not None else s.config.ct_endpoint_limit
 
 
 #: at most this many map-full routes (the routing map is shared with every network's prefixes)
@@ -188,3 +197,17 @@ def _host_segments(s: Snapshot, out: Entries) -> None:
         mine = h.node == me
         out[segment_key(default, str(h.ip))] = segment_value(
             SEGMENT_HOST if mine else SEGMENT_REMOTE_NODE, local=mine)
+
+
+def _underlay_peers(s: Snapshot, out: Entries) -> None:
+    """Every other node's underlay address and origin SID (its locator with function OUTSIDE, the
+    outer source of the NodePort flows it relays) as segment REMOTE_NODE in network OUTSIDE: the
+    uplink decapsulates only packets from these (lib/segment.h underlay_peer). Anyone else could
+    address a packet to one of this node's SIDs and have it delivered into the network it names."""
+    me = s.config.node.name
+    for node in s.nodes.values():
+        if node.name == me:
+            continue
+        origin = ipaddress.IPv6Address(cfg.sid(str(node.locator), None, NETWORK_OUTSIDE))
+        for addr in (node.underlay, origin):
+            out[segment_key(NETWORK_OUTSIDE, str(addr))] = segment_value(SEGMENT_REMOTE_NODE)

@@ -23,6 +23,7 @@ from prometheus_client import disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lace.datapath.common import Verdict
+from lace.datapath.masquerade import MASQ_PORT_COUNT
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.trace import METRICS_POINT_BITS, METRICS_REASON_BITS, METRICS_VALUE
 
@@ -138,6 +139,47 @@ class StatusCollector:
                                     "collector has not read yet (its lag)", value=fl["backlog"])
         yield GaugeMetricFamily("lace_flows_collector_running", "1 while the flow collector reads",
                                 value=1 if fl.get("running") else 0)
+        warning = GaugeMetricFamily("lace_agent_subsystem_warning", "1 while a subsystem warns (not a fault of "
+                                    "the node: a pod at its conntrack limit, a table nearly full)", labels=["subsystem"])
+        for name, s in subs.items():
+            warning.add_metric([name], 1 if s.get("warning") else 0)
+        yield warning
+        yield from conntrack_families(subs.get("conntrack") or {})
+
+
+def conntrack_families(ct: dict[str, Any]):
+    """The conntrack GC pass's findings (the status document's ``conntrack`` subsystem): live
+    entries per table, endpoints at their limit — each named while it lasts —, the fullest
+    masquerade destinations' ports."""
+    live = GaugeMetricFamily("lace_conntrack_live_entries", "Unexpired entries in a conntrack table at the last "
+                             "GC pass", labels=["table"])
+    for t in ct.get("tables") or ():
+        live.add_metric([t["table"]], t["entries"])
+    yield live
+    per_table: dict[str, int] = {t["table"]: 0 for t in ct.get("tables") or ()}
+    named = GaugeMetricFamily("lace_conntrack_endpoint_at_limit", "Flows a local pod holds in a conntrack table, "
+                              "present while it is at its limit (its new flows there drop as ct-endpoint-limit)",
+                              labels=["pod", "table", "limit"])
+    for a in ct.get("atLimit") or ():
+        per_table[a["table"]] = per_table.get(a["table"], 0) + 1
+        named.add_metric([a["pod"], a["table"], str(a["limit"])], a["flows"])
+    count = GaugeMetricFamily("lace_conntrack_endpoints_at_limit", "Local pods at their conntrack limit in a table",
+                              labels=["table"])
+    for table, n in per_table.items():
+        count.add_metric([table], n)
+    yield count
+    yield named
+    masq = GaugeMetricFamily("lace_masquerade_ports_used", "Masquerade ports in use towards one destination (the "
+                             "fullest few; the range holds lace_masquerade_port_capacity)",
+                             labels=["proto", "remote", "port"])
+    for d in ct.get("masquerade") or ():
+        masq.add_metric([d["proto"], d["remote"], str(d["port"])], d["used"])
+    yield masq
+    yield GaugeMetricFamily("lace_masquerade_port_capacity", "Masquerade ports per destination",
+                            value=MASQ_PORT_COUNT)
+    if ct.get("lastRunAge") is not None:
+        yield GaugeMetricFamily("lace_conntrack_gc_last_run_age_seconds", "Seconds since the last conntrack GC pass",
+                                value=ct["lastRunAge"])
 
 
 class AgentMetrics:
@@ -161,6 +203,12 @@ class AgentMetrics:
                               "What the desired state holds that a full map could not take: policy entries "
                               "(policy, prefix-segment), service frontends (services), frontends without a "
                               "Maglev table (maglev)", ["map"], registry=self.registry)
+        self.ct_gc_deleted = Counter("lace_conntrack_gc_deleted",
+                                     "Expired conntrack entries the agent's GC pass deleted", registry=self.registry)
+        self.ct_gc_duration = Histogram("lace_conntrack_gc_duration_seconds",
+                                        "Duration of a conntrack GC pass (every table walked)",
+                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                                        registry=self.registry)
         self.registry.register(DatapathCollector(datapath, capacities))
         if status_doc is not None:
             self.registry.register(StatusCollector(status_doc))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
+from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
 from lace.store import kinds as K
 
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -82,6 +83,9 @@ class Network:
     id: int
     cidrs: tuple[IPNet, ...]
     routes: tuple[Route, ...] = ()
+    #: spec.conntrackLimit: the most conntrack flows one of its pods may hold per table (0: no
+    #: limit; None: the agent's --ct-endpoint-limit)
+    ct_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ class NodeConfig:
     mtu: int
     #: the kubelet's cgroup ID (0: any process of the host cgroup may probe)
     kubelet_cgroup: int = 0
+    #: the conntrack limit of a local endpoint whose Network sets none (--ct-endpoint-limit; 0: none)
+    ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT
 
 
 @dataclass
@@ -205,8 +211,10 @@ def parse_network(obj: dict, by_name: dict[str, int]) -> Network | None:
             continue
         cidrs = tuple(ipaddress.ip_network(c) for c in r.get("cidrs") or ())
         routes.append(Route(dst, cidrs, bool(r.get("masquerade"))))
+    limit = spec.get("conntrackLimit")
     return Network(obj["metadata"]["name"], int(status["id"]),
-                   tuple(ipaddress.ip_network(c) for c in spec.get("cidrs") or ()), tuple(routes))
+                   tuple(ipaddress.ip_network(c) for c in spec.get("cidrs") or ()), tuple(routes),
+                   int(limit) if limit is not None else None)
 
 
 def parse_node(obj: dict) -> Node | None:

@@ -12,6 +12,7 @@ import ipaddress
 from typing import Any
 
 from lace import netlink
+from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
 from lace.policy.sources import policy_inputs
 from lace.probes import pod_probe_ports
 from lace.services.cache import ServiceCache
@@ -34,7 +35,8 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 
 
 def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0,
-                   services: ServiceCache | None = None) -> Snapshot:
+                   services: ServiceCache | None = None,
+                   ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT) -> Snapshot:
     """Everything a pass needs; ``services``, the agent's service cache, stands in for listing
     Services and EndpointSlices (and keeps every unchanged service's frontends)."""
     net_objs = store.list("networks").items
@@ -47,7 +49,7 @@ def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cg
     up = netlink.link(uplink)
     if up is None:
         raise NotRegistered(f'node "{node_name}" has no uplink interface "{uplink}"')
-    snap = Snapshot(NodeConfig(me, up.ifindex, up.mac, mtu, kubelet_cgroup), networks, nodes)
+    snap = Snapshot(NodeConfig(me, up.ifindex, up.mac, mtu, kubelet_cgroup, ct_endpoint_limit), networks, nodes)
 
     for o in store.list("ipblocks").items:
         s = o["spec"]

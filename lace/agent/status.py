@@ -13,8 +13,14 @@ blocks and leases), ``segments``, ``policy`` and ``services`` (a full map leaves
 ``probes``, ``datapath`` (uplink, host device, socket hooks, and every local pod's program: what
 should be attached against the pinned links), ``flows`` (the flow collector), ``mtu``
 (pod MTU + encapsulation must fit the underlay), ``maps`` (entries / capacity, > 90 % flagged) and
-``endpoints`` (ready / total). ``loops`` lists each controller loop's last success, last error and
-failure count.
+``endpoints`` (ready / total), ``conntrack`` (the last GC pass: live entries per table, each
+local endpoint's flows against its conntrack limit, the fullest masquerade destinations). ``loops``
+lists each controller loop's last success, last error and failure count.
+
+A subsystem may also carry *warnings*: something an operator should see that is not a fault of
+the node — a pod at its conntrack limit (the limit doing its job: its new flows drop as
+ct-endpoint-limit, other pods are unharmed), a conntrack table or a masquerade destination's port
+space nearly full. They show as WARNING while they last and leave the node healthy.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ ENDPOINT_GRACE_SECONDS = 30.0
 WATCH_LAG_LIMIT = 30.0
 #: array maps are always "full" (every slot exists): their fill says nothing
 ARRAY_TYPES = ("array", "percpu_array")
+#: a conntrack table (live entries after GC) or a masquerade destination's ports fuller than this warn
+CT_PRESSURE_THRESHOLD = 0.90
 
 
 # ---- the loops' health (written by the agent's threads) -----------------------------------------
@@ -142,8 +150,51 @@ def map_pressure(name: str, entries: int, capacity: int, map_type: str = "hash",
             if flagged else None}
 
 
-def _sub(name: str, problems: list[str], summary: str, **facts: Any) -> dict[str, Any]:
-    return {"name": name, "ok": not problems, "reason": "; ".join(problems) or None, "summary": summary, **facts}
+def _sub(name: str, problems: list[str], summary: str, warnings: list[str] | None = None,
+         **facts: Any) -> dict[str, Any]:
+    return {"name": name, "ok": not problems, "reason": "; ".join(problems) or None, "summary": summary,
+            "warning": "; ".join(warnings or ()) or None, **facts}
+
+
+def conntrack_check(ct: dict[str, Any] | None, now: float,
+                    threshold: float = CT_PRESSURE_THRESHOLD) -> dict[str, Any]:
+    """The ``conntrack`` subsystem from the last GC pass (``GcResult.as_dict``; None before the
+    first): warnings for every endpoint at its limit in a table, every table whose live entries
+    pass ``threshold`` of its capacity and every masquerade destination whose ports do."""
+    if ct is None:
+        return _sub("conntrack", [], "not walked yet", tables=[], endpoints=[], masquerade=[])
+    warnings = []
+    at_limit = []
+    for ep in ct.get("endpoints") or ():
+        for table, n in sorted((ep.get("flows") or {}).items()):
+            if ep.get("limit") and n >= ep["limit"]:
+                at_limit.append({"pod": ep["pod"], "table": table, "flows": n, "limit": ep["limit"]})
+                warnings.append(f"{ep['pod']} is at its conntrack limit in {table} ({n}/{ep['limit']} flows): "
+                                f"its new flows there drop as ct-endpoint-limit")
+    tables = []
+    for t in ct.get("tables") or ():
+        ratio = t["entries"] / t["capacity"] if t["capacity"] else 0.0
+        tables.append({**t, "ratio": round(ratio, 4)})
+        if ratio > threshold:
+            warnings.append(f"{t['table']} {t['entries']}/{t['capacity']} live entries ({ratio:.1%}): a full "
+                            f"table evicts the least recently used flows, idle established ones included")
+    masq = []
+    for d in ct.get("masquerade") or ():
+        ratio = d["used"] / d["capacity"] if d["capacity"] else 0.0
+        masq.append({**d, "ratio": round(ratio, 4)})
+        if ratio > threshold:
+            warnings.append(f"masquerade ports to {d['remote']}:{d['port']}/{d['proto']} {d['used']}/{d['capacity']} "
+                            f"in use ({ratio:.1%}): new flows there drop as nat-failed when none is free")
+    top = max(tables, key=lambda t: t["ratio"], default=None)
+    fullest_masq = masq[0] if masq else None
+    summary = (f"gc {_secs(_age(ct.get('finished'), now))}: "
+               + (f"fullest {top['table']} {top['ratio']:.1%}, " if top else "")
+               + f"{ct.get('deleted', 0)} expired deleted, {len(at_limit)} at a pod's limit"
+               + (f", masquerade fullest {fullest_masq['used']}/{fullest_masq['capacity']} ports"
+                  if fullest_masq else ""))
+    return _sub("conntrack", [], summary, warnings, lastRunAge=_age(ct.get("finished"), now),
+                duration=ct.get("duration"), deleted=ct.get("deleted", 0), tables=tables,
+                endpoints=ct.get("endpoints") or [], atLimit=at_limit, masquerade=masq)
 
 
 def _age(t: float | None, now: float) -> float | None:
@@ -299,13 +350,17 @@ def assemble(f: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     subs.append(_sub("endpoints", [f"{e['pod']}: {e['reason']}" for e in failing],
                      f"{ready}/{len(eps)} ready", ready=ready, total=len(eps), endpoints=eps))
 
+    subs.append(conntrack_check(f.get("conntrack"), now))
+
     loops = f.get("loops") or []
     for lp in loops:
         for k in ("lastSuccess", "lastErrorTime"):
             lp[k + "Age"] = _age(lp.get(k), now)
     problems = [f"{s['name']}: {s['reason']}" for s in subs if not s["ok"]]
+    warnings = [f"{s['name']}: {s['warning']}" for s in subs if s.get("warning")]
     return {"node": f["node"], "version": f.get("version", __version__), "pid": f.get("pid"),
             "uptime": _age(f.get("started"), now), "healthy": not problems, "problems": problems,
+            "warnings": warnings,
             "endpoints": {"ready": ready, "total": len(eps)}, "subsystems": subs, "loops": loops,
             "metrics": f.get("metrics")}
 
@@ -567,6 +622,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
         "flows": flow_facts(agent.flows, _events_map(agent)),
         "mtu": {"pod": agent.mtu, "underlay": up.mtu if up else None, "uplink": agent.uplink},
         "maps": _map_facts(agent) if maps else [], "loops": agent.loops.as_list(),
+        "conntrack": agent.ct_gc.as_dict() if getattr(agent, "ct_gc", None) is not None else None,
         "metrics": getattr(agent, "metrics_addresses", None),
     }
 

@@ -139,7 +139,32 @@ CT_ENTRY = Layout(
     ],
 )
 
+#: endpoint-ct: one entry per local endpoint (= the veth map's capacity)
+CT_ENDPOINT_MAX = 4096
+#: the per-endpoint conntrack limit when neither the endpoint's Network nor the agent sets one: 1/32
+#: of a TCP table, 1/16 of a UDP table, 1/4 of an ICMP table
+CT_ENDPOINT_DEFAULT = 8192
+#: the most a limit can be (lace_endpoint.ct_max is 16 bits; 0 means none)
+CT_ENDPOINT_LIMIT_MAX = 0xFFFF
+
+#: struct lace_ct_endpoint_key (conntrack.h): the pod veth's host-side ifindex
+CT_ENDPOINT_KEY = Layout("struct lace_ct_endpoint_key", [("ifindex", "u32")])
+
+#: struct lace_ct_endpoint (conntrack.h): flows an endpoint holds per table
+CT_ENDPOINT = Layout(
+    "struct lace_ct_endpoint",
+    [("tcp4", "u32"), ("udp4", "u32"), ("icmp4", "u32"), ("tcp6", "u32"), ("udp6", "u32"), ("icmp6", "u32")],
+)
+
+#: conntrack table (CLI name) -> its field in struct lace_ct_endpoint
+CT_ENDPOINT_FIELDS: dict[str, str] = {
+    "ct-tcp-v4": "tcp4", "ct-udp-v4": "udp4", "ct-icmp-v4": "icmp4",
+    "ct-tcp-v6": "tcp6", "ct-udp-v6": "udp6", "ct-icmp-v6": "icmp6",
+}
+
 C_MACROS: dict[str, int] = {
+    "LACE_CT_ENDPOINT_MAX": CT_ENDPOINT_MAX,
+    "LACE_CT_ENDPOINT_DEFAULT": CT_ENDPOINT_DEFAULT,
     "LACE_CT_TCP_MAX": CT_TCP_MAX,
     "LACE_CT_UDP_MAX": CT_UDP_MAX,
     "LACE_CT_ICMP_MAX": CT_ICMP_MAX,
@@ -249,3 +274,25 @@ def decode_ct4_entry(raw: bytes) -> dict[str, Any]:
 
 def decode_ct6_entry(raw: bytes) -> dict[str, Any]:
     return decode_ct_entry(raw, Family.IPV6)
+
+
+def ct_endpoint_key(ifindex: int) -> bytes:
+    return CT_ENDPOINT_KEY.pack(ifindex=check_u32(ifindex, "ifindex"))
+
+
+def ct_endpoint_value(counts: dict[str, int]) -> bytes:
+    """Pack an endpoint's flow counts, given by table (``ct-tcp-v4``: n); tables not named hold 0."""
+    unknown = set(counts) - set(CT_ENDPOINT_FIELDS)
+    if unknown:
+        raise ValueError(f"no conntrack table {', '.join(sorted(unknown))}; tables: {', '.join(CT_ENDPOINT_FIELDS)}")
+    return CT_ENDPOINT.pack(**{CT_ENDPOINT_FIELDS[t]: check_u32(n, t) for t, n in counts.items()})
+
+
+def decode_ct_endpoint_key(raw: bytes) -> dict[str, Any]:
+    return CT_ENDPOINT_KEY.unpack(raw)
+
+
+def decode_ct_endpoint(raw: bytes) -> dict[str, Any]:
+    """The counts by table (``ct-tcp-v4``: n)."""
+    v = CT_ENDPOINT.unpack(raw)
+    return {table: v[f] for table, f in CT_ENDPOINT_FIELDS.items()}

@@ -31,7 +31,7 @@ ENDPOINT = Layout(
         ("segment", "u32"),
         ("flags", "u32"),
         ("mac", "bytes:6"),
-        ("reserved", "u16"),
+        ("ct_max", "u16"),
         ("ipv4", "bytes:4"),
         ("ipv6", "bytes:16"),
     ],
@@ -50,8 +50,11 @@ def veth_key(ifindex: int) -> bytes:
 
 
 def endpoint_value(*, endpoint_id: int, network: int, segment: int, mac: str | bytes,
-                   ipv4: AddressLike | None = None, ipv6: AddressLike | None = None) -> bytes:
-    """Pack an endpoint; the IPV4/IPV6 flags follow from which addresses are given."""
+                   ipv4: AddressLike | None = None, ipv6: AddressLike | None = None, ct_max: int = 0) -> bytes:
+    """Pack an endpoint; the IPV4/IPV6 flags follow from which addresses are given. ``ct_max`` is the
+    most conntrack flows it may hold in each table (endpoint-ct; 0: no limit)."""
+    if not 0 <= ct_max <= 0xFFFF:
+        raise ValueError(f"conntrack limit {ct_max} out of range 0..65535 (0: no limit)")
     flags = EndpointFlag(0)
     if ipv4 is not None:
         flags |= EndpointFlag.IPV4
@@ -63,6 +66,7 @@ def endpoint_value(*, endpoint_id: int, network: int, segment: int, mac: str | b
         segment=check_u32(segment, "segment"),
         flags=int(flags),
         mac=mac_bytes(mac),
+        ct_max=ct_max,
         ipv4=addr_bytes(ipv4, 4) if ipv4 is not None else None,
         ipv6=addr_bytes(ipv6, 6) if ipv6 is not None else None,
     )
@@ -84,4 +88,5 @@ def decode_endpoint(raw: bytes) -> dict[str, Any]:
         "ipv4": str(ipaddress.IPv4Address(v["ipv4"])) if flags & EndpointFlag.IPV4 else None,
         "ipv6": str(ipaddress.IPv6Address(v["ipv6"])) if flags & EndpointFlag.IPV6 else None,
         "flags": flag_labels(EndpointFlag, flags),
+        "ct_max": v["ct_max"],
     }

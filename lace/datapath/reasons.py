@@ -42,6 +42,7 @@ class DropReason(enum.IntEnum):
     UNKNOWN_DEVICE = 26
     PROBE_DENIED = 27
     MAP_FULL = 28
+    CT_ENDPOINT_LIMIT = 29
 
     @property
     def label(self) -> str:
@@ -98,6 +99,7 @@ _DROP_LABEL: dict[int, str] = {
     26: 'unknown-device',
     27: 'probe-denied',
     28: 'map-full',
+    29: 'ct-endpoint-limit',
 }
 
 _DROP_TEXT: dict[int, str] = {
@@ -130,6 +132,7 @@ _DROP_TEXT: dict[int, str] = {
     26: 'packet on an interface lace does not manage',
     27: 'traffic to a probe address that is not a kubelet probe of its pod',
     28: 'a datapath map is full',
+    29: 'the endpoint holds as many conntrack flows as its limit allows',
 }
 
 _DROP_RESERVED: frozenset[int] = frozenset({25})

@@ -147,6 +147,10 @@ _MAPS: tuple[MapDef, ...] = (
         for proto, cap in (("tcp", conntrack.CT_TCP_MAX), ("udp", conntrack.CT_UDP_MAX),
                            ("icmp", conntrack.CT_ICMP_MAX))
     ),
+    MapDef("endpoint-ct", "lace_ep_ct", "hash", conntrack.CT_ENDPOINT_KEY, conntrack.CT_ENDPOINT,
+           conntrack.CT_ENDPOINT_MAX,
+           "pod interface ifindex -> conntrack flows the endpoint opened per table (against its limit)",
+           decode_key=conntrack.decode_ct_endpoint_key, decode_value=_value(conntrack.decode_ct_endpoint)),
     MapDef("events", "lace_events", "ringbuf", None, trace.TRACE_EVENT, trace.EVENTS_BYTES,
            "ring buffer of flow decisions (struct lace_trace_event records); max_entries is its size in bytes",
            decode_value=_value(trace.decode_trace_event)),

@@ -14,7 +14,8 @@ a Maglev table for two or more active backends) by :meth:`Testbed.service`, whic
 The base topology, reset before every row:
 
   node 1: locator 2001:db8:1::/48, underlay 2001:db8:f::1 and IPv4 198.18.0.1 on up0 (uplink)
-  node 2: locator 2001:db8:2::/48, underlay 2001:db8:f::2, reached through up0
+  node 2: locator 2001:db8:2::/48, underlay 2001:db8:f::2, reached through up0 (its underlay address and origin SID
+          are the only outer sources the uplink decapsulates)
   the outside: 203.0.113.0/24 via 198.18.0.254 and 2001:db8:cafe::/48 via 2001:db8:f::fe, both
                routers with permanent neighbour entries (OUTSIDE_ROUTER_MAC) on up0
   network 1 (default)  10.1.0.0/16, fd10:1::/48     pods a, b here; remote block 10.1.2.0/24 on node 2
@@ -41,7 +42,7 @@ from lace.datapath import maglev
 from lace.datapath import registry
 from lace.datapath import services as svc
 from lace.datapath import trace as trc
-from lace.datapath.common import mac_bytes, Direction
+from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_REMOTE_NODE, mac_bytes, Direction
 from lace.datapath.delivery import DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.node import LoadedDatapath, load_objects
@@ -63,6 +64,11 @@ ROUTER4, ROUTER6 = "198.18.0.254", "2001:db8:f::fe"
 OUTSIDE_ROUTER_MAC = "02:00:00:00:0f:fe"
 OUTSIDE4_NET, OUTSIDE6_NET = "203.0.113.0/24", "2001:db8:cafe::/48"
 NET1, NET2 = 1, 2
+#: node 1's host device (:meth:`Testbed.host_device`): its host addresses (network 1, inside node
+#: 1's block), node 2's (inside node 2's block), and the MACs of the pair's two ends
+HOST = {4: "10.1.1.1", 6: "fd10:1::1"}
+PEER_HOST = {4: "10.1.2.1", 6: "fd10:1:0:2::1"}
+HOST_MAC, NET_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
 
 
 @dataclass
@@ -307,6 +313,30 @@ class Testbed:
                                          segment_value(pod.segment, local=True))
         for fam in ("ipv4", "ipv6"):
             self.m("segment").update(segment_key(NET1, REMOTE[fam]), segment_value(REMOTE["segment"]))
+        # node 2 on the underlay, as its agent would write it: the uplink decapsulates only from
+        # its underlay address and its origin SID
+        for peer in (UNDERLAY2, str(ipaddress.IPv6Address(cfgmod.sid(LOCATOR2, None, NETWORK_OUTSIDE)))):
+            self.m("segment").update(segment_key(NETWORK_OUTSIDE, peer), segment_value(SEGMENT_REMOTE_NODE))
+
+    def host_device(self) -> int:
+        """Node 1's host device as the agent makes it (lace/agent/hostdev.py): a veth pair whose
+        datapath end lace_net is registered as role HOST, host addresses HOST in network 1 (segment
+        HOST, local, and a HOST delivery entry), node 2's host address PEER_HOST inside node 2's block
+        (REMOTE_NODE). Made once, programmed again on every call (a reset clears the maps); returns
+        lace_net's ifindex, where ``lace_from_host`` runs."""
+        from lace.datapath.common import SEGMENT_HOST
+        from lace.datapath.devices import DeviceRole, device_key, device_value
+
+        if "lace_net" not in self.ifindex:
+            netlink.veth_pair("lace_net", "lace_host", netns=self.netns, mac=NET_MAC, peer_mac=HOST_MAC)
+            self.ifindex["lace_net"] = netlink.link("lace_net", self.netns).ifindex   # type: ignore[union-attr]
+        ifindex = self.ifindex["lace_net"]
+        self.m("devices").update(device_key(ifindex), device_value(NET_MAC, DeviceRole.HOST))
+        for fam in (4, 6):
+            self.m("segment").update(segment_key(NET1, HOST[fam]), segment_value(SEGMENT_HOST, local=True))
+            self.m("segment").update(segment_key(NET1, PEER_HOST[fam]), segment_value(SEGMENT_REMOTE_NODE))
+            self.deliver_host(NET1, f"{HOST[fam]}/{32 if fam == 4 else 128}")
+        return ifindex
 
     def configure(self, trace_all: bool = False, addr4: str | None = NODE_ADDR4) -> None:
         """The node's config entry; ``trace_all`` traces every packet, not only new flows and drops;

@@ -77,14 +77,17 @@ def wait_agent(state_dir: str, node: str, timeout: float = 30.0) -> dict:
     raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n{tail}")
 
 
-def register_nodes(store: Store, lab: Any) -> None:
+def register_nodes(store: Store, lab: Any, only: set[str] | None = None) -> None:
+    """Write the lab's Node objects (all, or those named in ``only``: a removed node registering
+    again) with their locator, underlay and node ID, and their addresses as a kubelet reports them."""
+    nodes = [n for n in lab.nodes if only is None or n.name in only]
     objs = []
-    for n in lab.nodes:
+    for n in nodes:
         objs.append({"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": n.name, "labels": {"kubernetes.io/hostname": n.name, K.LAB_LABEL: lab.name},
             "annotations": {ANN_LOCATOR: n.locator, ANN_UNDERLAY: n.underlay_addr, ANN_NODE_ID: str(n.node_id)}}})
     store.apply_all(objs)
-    for n in lab.nodes:
+    for n in nodes:
         # as a kubelet reports them: the addresses NodePorts answer on and IPv4 masquerades to
         store.update_status("nodes", n.name, None, {"addresses": [
             {"type": "InternalIP", "address": a} for a in (n.underlay_addr4, n.underlay_addr) if a]})
@@ -127,9 +130,7 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
             wait_agent(state_dir, n.name)
             progress(f"agent on {n.name} is ready")
         progress("starting the kubelet")
-        procs.spawn([sys.executable, "-m", "lace.lab.kubelet", "--lab", name, "--state-dir", state_dir],
-                    netns=None, name="kubelet", state_dir=state_dir,
-                    log_path=os.path.join(state_dir, "logs", "kubelet.log"))
+        start_kubelet(name, state_dir)
         progress("starting the controllers")
         controllers.start(state_dir)
         progress(f"starting cluster DNS ({dns.SERVICE_REF} at {', '.join(dns.CLUSTER_IPS)})")
@@ -175,6 +176,23 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
             "store": {"backend": store.backend, "spec": str(store), "members": etcd or None},
             "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
             "controllersPid": controllers.pid(state_dir), "dnsFeederPid": dnsfeed.pid(state_dir)}
+
+
+def start_kubelet(name: str, state_dir: str) -> int:
+    """Start the lab's kubelet (``lace.lab.kubelet``); returns its pid."""
+    return procs.spawn([sys.executable, "-m", "lace.lab.kubelet", "--lab", name, "--state-dir", state_dir],
+                       netns=None, name="kubelet", state_dir=state_dir,
+                       log_path=os.path.join(state_dir, "logs", "kubelet.log"))
+
+
+def restart_kubelet(name: str, state_dir: str, *, kill: bool = False) -> int:
+    """Stop the lab's kubelet (SIGKILL with ``kill``: a runtime that crashes, mid-CNI call or not)
+    and start it again; it adopts the sandboxes it recorded and finishes what it left half done.
+    Returns the new pid."""
+    if topology.load(name, state_dir=state_dir) is None:
+        raise LabError(f'lab "{name}" is not running')
+    procs.stop("kubelet", state_dir, sig=signal.SIGKILL if kill else signal.SIGTERM, timeout=5)
+    return start_kubelet(name, state_dir)
 
 
 def restart_agent(name: str, state_dir: str, node: str, *, kill: bool = False) -> int:

@@ -7,8 +7,11 @@ resolv.conf, start what the pod runs and report the pod Running with its address
 probes (below). A Pod deleted
 gracefully (``metadata.deletionTimestamp`` set by the store) is stopped — its processes get SIGTERM
 and, after its grace period, SIGKILL — then gets CNI DEL, loses its namespace and files, and the
-kubelet removes the Pod object (grace period 0). A Pod removed at once is stopped the same way
-afterwards. Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
+kubelet removes the Pod object (grace period 0). A DEL that fails (its agent down, the store
+unavailable) is called again at each relist, and until one succeeds the namespace, the sandbox
+record and the Pod (Terminating) stay, as a runtime retries tearing a sandbox's network down. A
+Pod removed at once is stopped the same way afterwards. Sandboxes are recorded on disk, so a
+restarted kubelet adopts what is running.
 
 The lab has no image registry: the first container's ``image`` names what a pod runs, in the pod's
 network namespace and with the pod's resolv.conf over /etc/resolv.conf (a mount namespace of its
@@ -405,7 +408,11 @@ class Kubelet:
         if rec:
             self.stop_pod(rec)
 
-    def stop_pod(self, rec: dict, grace: float = 2) -> None:
+    def stop_pod(self, rec: dict, grace: float = 2) -> bool:
+        """Stop the pod's processes and tear its sandbox down (CNI DEL, namespace, files, record).
+        False when the DEL failed (the agent down, the store unavailable): the namespace and the
+        record stay, and the next relist calls DEL again, as a runtime retries StopPodSandbox until
+        its network is torn down — dropping the record would orphan the pod's leases and veth."""
         self.prober.remove(rec["uid"])
         self._probe_ctx.pop(rec["uid"], None)
         self._written.pop(rec["uid"], None)
@@ -413,7 +420,8 @@ class Kubelet:
         try:
             self._cni("DEL", rec["node"], rec)
         except Exception as e:
-            log.warning("pod %s/%s: %s", rec["namespace"], rec["name"], e)
+            log.warning("pod %s/%s: %s; the DEL is tried again at the next relist", rec["namespace"], rec["name"], e)
+            return False
         netlink.netns.delete(rec["netns"])
         self._remove_run_files(rec)
         try:
@@ -421,6 +429,7 @@ class Kubelet:
         except FileNotFoundError:
             pass
         self.sandboxes.remove(rec["uid"])
+        return True
 
     def _remove_run_files(self, rec: dict) -> None:
         """What a run of the pod's processes leaves (its ready file, dnsmasq's pid file)."""
@@ -621,8 +630,8 @@ class Kubelet:
         replaced meanwhile by another of the same name)."""
         meta = pod["metadata"]
         rec = self.sandboxes.get(meta["uid"])
-        if rec is not None:
-            self.stop_pod(rec, grace=max(0.1, float(meta.get("deletionGracePeriodSeconds") or 0)))
+        if rec is not None and not self.stop_pod(rec, grace=max(0.1, float(meta.get("deletionGracePeriodSeconds") or 0))):
+            return   # the Pod stays (Terminating) until its sandbox is torn down: the next relist retries
         try:
             self.store.delete("pods", meta["name"], meta["namespace"], grace_period=0, uid=meta["uid"])
         except (NotFound, Conflict):

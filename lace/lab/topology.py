@@ -31,6 +31,13 @@ exec --node``) join it as well as the node's namespace, and the node's agent att
 hooks that translate service addresses to it. Pod processes are never in it: pods reach services
 through the tc path of their own network.
 
+The fabric is the edge of the lab's SR domain, and filters the outside's port as an operator's edge
+router would (source address validation, BCP 38): a frame from the outside whose source is a node's
+underlay address (IPv6 or IPv4) or lies in the locator block is dropped there, counted in the
+fabric's nftables table ``lace-edge`` (``EDGE_TABLE``).  A node's datapath trusts an SRv6 packet
+whose outer source is another node's address; on a real underlay nobody outside the domain can
+forge one, and the lab keeps that true.
+
 Nothing is added to the machine's own namespace, and nothing is bridged to a real interface: the
 lab's traffic never leaves its namespaces.
 ``build`` leaves either a whole lab or nothing; ``destroy`` removes namespaces, processes in
@@ -47,6 +54,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -84,6 +92,8 @@ LOADBALANCER_NODE = 1
 FABRIC_BRIDGE = "br0"
 UPLINK = "eth0"
 OUTSIDE_PORT = "upout"
+#: the fabric's nftables table (family bridge) holding the edge filter on the outside's port
+EDGE_TABLE = "lace-edge"
 
 Progress = Callable[[str], None]
 
@@ -295,6 +305,26 @@ def _attach(lab: str, ns: str, port: str, fabric: str, role: str) -> nl.LinkInfo
     return info
 
 
+def _guard_edge(fabric: str) -> None:
+    """Source address validation on the outside's port: it may not send as a node (see the module
+    docstring). Each rule counts what it drops (``nft list table bridge lace-edge`` in the fabric)."""
+    underlay4 = f"{OUTSIDE_UNDERLAY4.rsplit('.', 1)[0]}.0/{UNDERLAY4_PREFIXLEN}"
+    rules = f"""
+table bridge {EDGE_TABLE} {{
+    chain forward {{
+        type filter hook forward priority 0; policy accept;
+        iifname "{OUTSIDE_PORT}" ip6 saddr {UNDERLAY_PREFIX} ip6 saddr != {OUTSIDE_UNDERLAY} counter drop comment "a node's underlay address"
+        iifname "{OUTSIDE_PORT}" ip6 saddr {LOCATOR_BLOCK} counter drop comment "a node's locator"
+        iifname "{OUTSIDE_PORT}" ip saddr {underlay4} ip saddr != {OUTSIDE_UNDERLAY4} counter drop comment "a node's IPv4 underlay address"
+    }}
+}}
+"""
+    r = subprocess.run(["ip", "netns", "exec", fabric, "nft", "-f", "-"], input=rules, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LabError(f"cannot filter the outside's port in {fabric} (nftables, bridge family): "
+                       f"{r.stderr.strip()}; install nftables (make install)")
+
+
 def _build_outside(lab: str, fabric: str, n: int) -> str:
     ns = netns_name(lab, "outside")
     nl.create_netns(ns)
@@ -303,6 +333,7 @@ def _build_outside(lab: str, fabric: str, n: int) -> str:
     nl.add_address("lo", f"{INTERNET4}/32", ns)
     nl.add_address("lo", f"{INTERNET6}/128", ns)
     _attach(lab, ns, OUTSIDE_PORT, fabric, "outside")
+    _guard_edge(fabric)
     nl.add_address(UPLINK, f"{OUTSIDE_UNDERLAY}/{UNDERLAY_PREFIXLEN}", ns)
     nl.add_address(UPLINK, f"{OUTSIDE_UNDERLAY4}/{UNDERLAY4_PREFIXLEN}", ns)
     nl.set_up(UPLINK, ns)

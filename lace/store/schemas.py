@@ -211,6 +211,7 @@ NETWORK = _object({
         "cidrs": {"type": "array", "minItems": 1, "items": _STR},
         "serviceCIDRs": _STR_LIST,
         "importServices": _STR_LIST,
+        "conntrackLimit": _INT,
         "routes": {"type": "array", "items": {
             "type": "object", "required": ["to"], "additionalProperties": False,
             "properties": {"to": _STR, "cidrs": _STR_LIST, "masquerade": _BOOL}}},

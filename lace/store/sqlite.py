@@ -372,6 +372,11 @@ class SqliteBackend(Backend):
                 raise _translate(err, self.path) from None
 
     def _init_schema(self) -> None:
+        # a store that already has this schema is only read: opening it must not wait for the write
+        # lock, or a writer stuck in its transaction would keep every reader (`lace get`, an agent
+        # starting) from even opening the store, while in WAL mode they could read the last commit
+        if self._schema_current():
+            return
         with self._write() as conn:
             for stmt in _DDL.strip().split(";"):
                 if stmt.strip():
@@ -383,6 +388,21 @@ class SqliteBackend(Backend):
                 raise Unavailable(f"the store {self.path} has schema version {version}, "
                                   f"this lace understands {SCHEMA_VERSION}",
                                   hint="use the lace version that created it, or recreate the lab")
+
+    def _schema_current(self) -> bool:
+        """Whether the file already holds every table and meta row of this schema version."""
+        with self._read() as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"meta", "objects", "events", "liveness"} <= tables:
+                return False
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if not set(_META_DEFAULTS) <= set(meta):
+            return False
+        if meta["schema_version"] != SCHEMA_VERSION:
+            raise Unavailable(f"the store {self.path} has schema version {meta['schema_version']}, "
+                              f"this lace understands {SCHEMA_VERSION}",
+                              hint="use the lace version that created it, or recreate the lab")
+        return True
 
     # ---- bookkeeping (callers hold the lock, inside a transaction) -------------------------
 

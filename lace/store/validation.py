@@ -30,6 +30,9 @@ from lace.store.schemas import SCHEMAS
 from lace.store.selectors import (InvalidSelector, label_key_problem, label_value_problem,
                                   validate_selector)
 
+#: a Network's spec.conntrackLimit fits the datapath's 16-bit per-endpoint limit (lace_endpoint.ct_max)
+CT_ENDPOINT_LIMIT_MAX = 0xFFFF
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -247,6 +250,12 @@ def _check_network(c: _Checker) -> None:
                 if _overlaps(net, theirs):
                     c.fail(f"spec.cidrs[{i}]", f"{net} overlaps the default network ({theirs})",
                            "networks may overlap each other but never default: pick a range outside it")
+    limit = spec.get("conntrackLimit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 0 <= limit <= CT_ENDPOINT_LIMIT_MAX):
+        c.fail("spec.conntrackLimit", f"conntrack limit {limit!r} is out of range",
+               f"use the most flows one pod may hold per conntrack table, 1 to {CT_ENDPOINT_LIMIT_MAX}, "
+               "or 0 for no limit")
     for i, route in enumerate(spec.get("routes") or []):
         to = route["to"]
         if to == name:

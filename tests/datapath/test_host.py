@@ -16,7 +16,6 @@ from scapy.layers.inet6 import ICMPv6DestUnreach, ICMPv6ND_NS, IPv6, IPerror6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from lace import netlink
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_NODE, Direction, Verdict,
                                   mac_bytes)
 from lace.datapath.conntrack import CT_ENTRY, CtState, CtStatus, ct_key
@@ -24,19 +23,15 @@ from lace.datapath.delivery import DeliveryKind
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.policy import HOST_RULE
 from lace.datapath.reasons import DropReason, TracePoint
-from lace.datapath.segment import segment_key, segment_value
-from lace.datapath.testbed import (NEIGH_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
-                                   UNDERLAY1, UPLINK_MAC, icmp_echo)
+from lace.datapath.testbed import (HOST, HOST_MAC, NEIGH_MAC, NET1, NET2, NET_MAC, PEER_HOST, REMOTE, TC_ACT_OK,
+                                   TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, UPLINK_MAC, icmp_echo)
 
 from .test_services import ct_total
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 ING, EGR = Direction.INGRESS, Direction.EGRESS
 
-HOST = {4: "10.1.1.1", 6: "fd10:1::1"}               # node 1's host addresses (network 1)
-PEER_HOST = {4: "10.1.2.1", 6: "fd10:1:0:2::1"}      # node 2's, inside its block
 NODE2_SID = "2001:db8:2:0:1:0:1:0"                   # node 2 locator | function 1 | argument 1
-HOST_MAC, NET_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
 
 
 @dataclass
@@ -61,15 +56,7 @@ class HostDevice:
 @pytest.fixture
 def host(dp) -> HostDevice:
     """The base topology plus node 1's host device and both nodes' host addresses."""
-    netlink.veth_pair("lace_net", "lace_host", netns=dp.netns, mac=NET_MAC, peer_mac=HOST_MAC)
-    ifindex = netlink.link("lace_net", dp.netns).ifindex
-    dp.m("devices").update(device_key(ifindex), device_value(NET_MAC, DeviceRole.HOST))
-    for fam in (4, 6):
-        plen = 32 if fam == 4 else 128
-        dp.m("segment").update(segment_key(NET1, HOST[fam]), segment_value(SEGMENT_HOST, local=True))
-        dp.m("segment").update(segment_key(NET1, PEER_HOST[fam]), segment_value(SEGMENT_REMOTE_NODE))
-        dp.deliver_host(NET1, f"{HOST[fam]}/{plen}")
-    return HostDevice(dp, ifindex)
+    return HostDevice(dp, dp.host_device())
 
 
 def ct_entry(dp, net, src, dst, sport, dport, proto):

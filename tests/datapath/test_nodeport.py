@@ -17,11 +17,12 @@ from scapy.layers.inet6 import ICMPv6DestUnreach, IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from lace.datapath.common import NETWORK_OUTSIDE, Direction, Verdict, addr_str, mac_bytes
+from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_REMOTE_NODE, Direction, Verdict, addr_str, mac_bytes
 from lace.datapath.config import sid
 from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.reasons import DropReason
+from lace.datapath.segment import segment_key, segment_value
 from lace.datapath.services import ServiceFlag
 from lace.datapath.testbed import (LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NODE_ADDR4, OUTSIDE_ROUTER_MAC, REMOTE,
                                    TC_ACT_OK, TC_ACT_REDIRECT, UNDERLAY1, UPLINK_MAC, Backend)
@@ -265,6 +266,8 @@ def test_backend_node_follows_the_flow_to_another_frontend_node(dp):
     dp.from_uplink(from_node2_frontend(dp, inner))
     moved = dp.encap(inner, NET1, NETWORK_OUTSIDE)
     moved[IPv6].src = "2001:db8:3:ffff:ffff::"
+    # node 3's origin SID: a node this node's agent knows (the uplink decapsulates only from nodes)
+    dp.m("segment").update(segment_key(NETWORK_OUTSIDE, moved[IPv6].src), segment_value(SEGMENT_REMOTE_NODE))
     assert_to_pod(dp.from_uplink(moved), dp, "b")
     e = ct(dp, NETWORK_OUTSIDE, CLIENT[4], b.ipv4, 40009, TARGET, 17)
     assert addr_str(6, e["nat_addr"]) == "2001:db8:3:ffff:ffff::"

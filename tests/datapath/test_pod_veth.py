@@ -3,6 +3,8 @@ each for IPv4 and IPv6 where it applies."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import ICMPv6DestUnreach, ICMPv6ND_NS, IPv6, IPv6ExtHdrFragment
@@ -505,10 +507,76 @@ def test_arp_and_neighbour_discovery_go_to_the_stack(dp):
     assert dp.from_pod(a, ns).retval == TC_ACT_OK
     # a multicast listener report from the pod's link-local address is no spoofing attempt
     from scapy.layers.inet6 import ICMPv6MLReport2
-    mld = Ether(src=a.mac, dst="33:33:00:00:00:16") / IPv6(src="fe80::1234", dst="ff02::16", hlim=1) / \
+    mld = Ether(src=a.mac, dst="33:33:00:00:00:16") / IPv6(src=link_local(a.mac), dst="ff02::16", hlim=1) / \
         ICMPv6MLReport2()
     res = dp.from_pod(a, mld)
     assert res.retval == TC_ACT_OK and not res.events
+
+
+def link_local(mac: str) -> str:
+    """The link-local address the kernel derives from mac (EUI-64)."""
+    b = bytes.fromhex(mac.replace(":", ""))
+    iid = bytes([b[0] ^ 2, b[1], b[2], 0xff, 0xfe, b[3], b[4], b[5]])
+    return str(ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + iid))
+
+
+def test_arp_speaks_for_the_pod_alone(dp):
+    """The node's stack learns neighbours from a pod's ARP: it may claim only its own MAC and
+    address (or none, an ARP probe)."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    bcast = "ff:ff:ff:ff:ff:ff"
+    probe = Ether(src=a.mac, dst=bcast) / ARP(psrc="0.0.0.0", pdst=a.ipv4, hwsrc=a.mac)
+    assert dp.from_pod(a, probe).retval == TC_ACT_OK
+    # a gratuitous reply claiming b's address, a request in b's name, another sender MAC, another frame MAC
+    assert_dropped(dp.from_pod(a, Ether(src=a.mac, dst=bcast) / ARP(op=2, psrc=b.ipv4, pdst=b.ipv4, hwsrc=a.mac)),
+                   DropReason.SPOOFED_SOURCE)
+    assert_dropped(dp.from_pod(a, Ether(src=a.mac, dst=bcast) / ARP(psrc=b.ipv4, pdst="169.254.1.1", hwsrc=a.mac)),
+                   DropReason.SPOOFED_SOURCE)
+    assert_dropped(dp.from_pod(a, Ether(src=a.mac, dst=bcast) / ARP(psrc=a.ipv4, pdst="169.254.1.1", hwsrc=b.mac)),
+                   DropReason.SPOOFED_MAC)
+    assert_dropped(dp.from_pod(a, Ether(src=b.mac, dst=bcast) / ARP(psrc=a.ipv4, pdst="169.254.1.1", hwsrc=a.mac)),
+                   DropReason.SPOOFED_MAC)
+
+
+def test_neighbour_discovery_speaks_for_the_pod_alone(dp):
+    """Neighbour discovery from a pod: from its own addresses (or ::), about its own addresses,
+    with its own MAC in link-layer options, and never as a router."""
+    from scapy.layers.inet6 import (ICMPv6ND_NA, ICMPv6ND_RA, ICMPv6ND_Redirect, ICMPv6NDOptDstLLAddr,
+                                    ICMPv6NDOptSrcLLAddr, ICMPv6NDOptUnknown)
+
+    def ICMPv6NDOptNonce():     # noqa: N802 - RFC 3971's nonce option, which scapy does not name
+        return ICMPv6NDOptUnknown(type=14, len=1, data=b"\x5a" * 6)
+    a, b = dp.pods["a"], dp.pods["b"]
+    ll = link_local(a.mac)
+
+    def nd(src, body):
+        return Ether(src=a.mac, dst="33:33:00:00:00:01") / IPv6(src=src, dst="ff02::1", hlim=255) / body
+
+    ok = [nd("::", ICMPv6ND_NS(tgt=ll) / ICMPv6NDOptNonce()),                      # duplicate address detection
+          nd(ll, ICMPv6ND_NA(tgt=a.ipv6, O=1) / ICMPv6NDOptDstLLAddr(lladdr=a.mac)),
+          nd(a.ipv6, ICMPv6ND_NS(tgt="fe80::1") / ICMPv6NDOptSrcLLAddr(lladdr=a.mac))]
+    for pkt in ok:
+        res = dp.from_pod(a, pkt)
+        assert res.retval == TC_ACT_OK and not res.events, pkt.summary()
+    spoofed = [
+        (nd(ll, ICMPv6ND_NA(tgt=b.ipv6, O=1) / ICMPv6NDOptDstLLAddr(lladdr=a.mac)), DropReason.SPOOFED_SOURCE),
+        (nd(b.ipv6, ICMPv6ND_NS(tgt="fe80::1") / ICMPv6NDOptSrcLLAddr(lladdr=a.mac)), DropReason.SPOOFED_SOURCE),
+        (nd(link_local(b.mac), ICMPv6ND_NS(tgt="fe80::1")), DropReason.SPOOFED_SOURCE),
+        (nd(ll, ICMPv6ND_RA() / ICMPv6NDOptSrcLLAddr(lladdr=a.mac)), DropReason.SPOOFED_SOURCE),
+        (nd(ll, ICMPv6ND_Redirect(tgt="fe80::1", dst=b.ipv6)), DropReason.SPOOFED_SOURCE),
+        (nd(ll, ICMPv6ND_NA(tgt=a.ipv6, O=1) / ICMPv6NDOptDstLLAddr(lladdr=b.mac)), DropReason.SPOOFED_MAC),
+        (nd(a.ipv6, ICMPv6ND_NS(tgt="fe80::1") / ICMPv6NDOptNonce() / ICMPv6NDOptSrcLLAddr(lladdr=b.mac)),
+         DropReason.SPOOFED_MAC),
+        # the link-layer option hidden behind more options than the scan reads
+        (nd(a.ipv6, ICMPv6ND_NS(tgt="fe80::1") / ICMPv6NDOptNonce() / ICMPv6NDOptNonce() / ICMPv6NDOptNonce() / ICMPv6NDOptNonce() /
+             ICMPv6NDOptNonce() / ICMPv6NDOptNonce() / ICMPv6NDOptNonce() / ICMPv6NDOptNonce() / ICMPv6NDOptSrcLLAddr(lladdr=b.mac)),
+         DropReason.UNSUPPORTED_L4),
+    ]
+    for pkt, reason in spoofed:
+        assert_dropped(dp.from_pod(a, pkt), reason)
+    frame_mac = Ether(src=b.mac, dst="33:33:00:00:00:01") / IPv6(src=ll, dst="ff02::1", hlim=255) / \
+        ICMPv6ND_NA(tgt=a.ipv6)
+    assert_dropped(dp.from_pod(a, frame_mac), DropReason.SPOOFED_MAC)
 
 
 def test_drop_counters_by_reason(dp):

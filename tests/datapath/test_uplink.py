@@ -164,3 +164,21 @@ def test_cross_network_route_source_network_from_argument(dp):
     res = dp.from_pod(a, dp.l3(a, "10.1.2.30", 4) / TCP(sport=80, dport=2000, flags="SA"))
     assert res.retval == TC_ACT_REDIRECT
     assert ct(dp, NET2, "10.1.2.30", a.ipv4, 2000, 80, 6)["state"] == CtState.SYN_RECV
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encapsulated_packet_from_no_node_is_dropped(dp, family):
+    """A packet crafted to one of this node's SIDs by anyone but another node (the outside, a
+    stranger on the underlay) would be decapsulated into the network its SID names: dropped as
+    spoofed-source, nothing delivered, nothing left in conntrack."""
+    a = dp.pods["a"]
+    inner = remote_inner(dp, a.ip(family), family, UDP(sport=5000, dport=53))
+    for stranger in ("2001:db8:f::99", "2001:db8:cafe::1", UNDERLAY1):
+        pkt = dp.encap(inner, NET1, NET1)
+        pkt[IPv6].src = stranger
+        res = dp.from_uplink(pkt)
+        assert res.retval == TC_ACT_SHOT, (stranger, res.events)
+        assert DropReason(res.events[-1]["reason"]) == DropReason.SPOOFED_SOURCE
+        assert ct(dp, NET1, REMOTE["ipv4" if family == 4 else "ipv6"], a.ip(family), 5000, 53, 17) is None
+    # node 2 itself still gets through
+    assert dp.from_uplink(dp.encap(inner, NET1, NET1)).retval == TC_ACT_REDIRECT

@@ -97,6 +97,23 @@ def wait_for(fn, what: str, timeout: float = 30.0, interval: float = 0.1):
         time.sleep(interval)
 
 
+def status_doc(lab: LabHandle, *nodes: str) -> dict[str, Any]:
+    """``lace status -o json`` (of ``nodes``, else every node): what each agent reports."""
+    argv = ["status", "-o", "json", "--timeout", "30"]
+    for n in nodes:
+        argv += ["--node", n]
+    _, out, _ = lab.lace(*argv, check=False)
+    return json.loads(out)
+
+
+def liveness_of(doc: dict[str, Any], node: str) -> dict[str, Any] | None:
+    """``node``'s ``liveness`` subsystem in a status document, or None when it did not answer."""
+    report = (doc.get("nodes") or {}).get(node)
+    if report is None:
+        return None
+    return next((s for s in report["subsystems"] if s["name"] == "liveness"), None)
+
+
 @contextmanager
 def agent_down(lab: LabHandle, node: str) -> Iterator[None]:
     """``node``'s agent SIGKILLed (and seen down by the lab) for the block; restarted afterwards."""

@@ -30,7 +30,7 @@ from lace.lab import etcd as lab_etcd
 from lace.lab import procs
 from lace.store.config import lab_store
 
-from .conftest import NETCHECK, LabHandle, ips, pod, start_etcd_members, wait_for
+from .conftest import NETCHECK, LabHandle, ips, liveness_of, pod, start_etcd_members, status_doc, wait_for
 
 PARTITIONED = "worker-3"
 #: how long every member stays down in the outage scenario (see its docstring)
@@ -60,23 +60,8 @@ def members_whole(lab: LabHandle) -> Iterator[None]:
         start_etcd_members(lab, list(_members(lab).values()))
 
 
-def _status(lab: LabHandle, *nodes: str) -> dict:
-    argv = ["status", "-o", "json", "--timeout", "30"]
-    for n in nodes:
-        argv += ["--node", n]
-    _, out, _ = lab.lace(*argv, check=False)
-    return json.loads(out)
-
-
-def _liveness_sub(doc: dict, node: str) -> dict | None:
-    report = (doc.get("nodes") or {}).get(node)
-    if report is None:
-        return None
-    return next((s for s in report["subsystems"] if s["name"] == "liveness"), None)
-
-
 def _degraded(lab: LabHandle, node: str) -> dict | None:
-    sub = _liveness_sub(_status(lab, node), node)
+    sub = liveness_of(status_doc(lab, node), node)
     return sub if sub is not None and sub.get("degraded") else None
 
 

@@ -6,24 +6,32 @@ checks what every verdict must satisfy, whatever the frame:
   carries the program's trace point, a known verdict and a drop reason of ``DropReason`` that is
   not reserved; a SHOT ends with a drop event (a drop is never silent);
 * **no crash** — the test run itself succeeds and its events decode;
-* **no state for a dropped packet** — after a drop or a reject the conntrack and affinity tables
-  hold the entries they held before it, with the same values but for what conntrack legitimately
-  updates for any packet it sees (``VOLATILE_FIELDS``);
+* **no state for a dropped packet** — after a drop or a reject the conntrack, affinity and
+  per-endpoint conntrack count (endpoint-ct) tables hold the entries they held before it, with the
+  same values but for what conntrack legitimately updates for any packet it sees
+  (``VOLATILE_FIELDS``);
 * **the emulation agrees** — where ``lace policy trace``'s engine covers the frame
   (:func:`lace.policy.trace.walk_maps`, :func:`~lace.policy.trace.ingress_step` over the test bed's
   own maps), the program's decision is the one it predicts.
 
 The emulation covers the *policy decision of a new flow*: routing in the source network, segment
 resolution, the egress check and, for a local destination, the ingress check (from-pod); the
-ingress check after decapsulation (from-uplink). It covers well-formed frames only: not mutated,
-from a known pod with its own MAC and address (from-pod) or encapsulated to a SID of this node
-that names two configured networks (from-uplink), no fragment, at most four IPv6 extension
-headers, TCP/UDP/SCTP or an ICMP echo request, no VLAN tag, no flow in conntrack (every example
-starts from empty tables), no service frontend. There, the program must drop with NO_ROUTE,
-POLICY_EGRESS or POLICY_INGRESS exactly when the emulation says so, and a forwarded new flow's
-trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
-does. What the emulation does not model (delivery entries, TTL, the FIB) may still drop an
-allowed flow later; such drops are counted as "beyond the emulation", not as disagreements.
+ingress check after decapsulation (from-uplink), which only a packet from another node (its
+underlay address) reaches: from anyone else it is a SPOOFED_SOURCE drop; and what the node's
+host namespace sends (from-host: source segment HOST, no egress policy, the destination's ingress
+policy for a local pod, within the default network's own routes: the host has no route into
+another network, which the emulation, made for pods, does not model). It covers well-formed frames
+only: not mutated, from a known pod with its own MAC and address (from-pod), encapsulated to a SID
+of this node that names two configured networks (from-uplink) or from a host address (from-host),
+no fragment, at most four IPv6 extension headers, TCP/UDP/SCTP or an ICMP echo request, no VLAN
+tag, no flow in conntrack (every example starts from empty tables), no service frontend. There,
+the program must drop with NO_ROUTE, POLICY_EGRESS, POLICY_INGRESS or (from-uplink)
+SPOOFED_SOURCE exactly when the emulation says so, and a forwarded new flow's trace event must name the destination segment the emulation resolved and say AUDIT exactly when it
+does. A world may give the pods a conntrack limit and start them at it: a covered new flow the
+emulation allows must then drop as CT_ENDPOINT_LIMIT (or for what the emulation does not model),
+never be forwarded; and CT_ENDPOINT_LIMIT must never drop the flow of a pod below its limit.
+What the emulation does not model (delivery entries, TTL, the FIB) may still drop an allowed flow
+later; such drops are counted as "beyond the emulation", not as disagreements.
 
 Every example starts from the test bed's base topology plus a drawn *world* (policy markers and
 allow rules, prefix segments, a route to the outside), so the same frame meets different policy.
@@ -50,23 +58,25 @@ from lace.bpf import BPFError
 from lace.datapath import config as cfgmod
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_HOST, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction, Verdict)
-from lace.datapath.conntrack import CT_ENTRY, CtFlag
+from lace.datapath.conntrack import CT_ENDPOINT, CT_ENDPOINT_FIELDS, CT_ENTRY, CtFlag, ct_endpoint_value
+from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.registry import CT_TABLES
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_value
 from lace.datapath.services import AFFINITY
-from lace.datapath.testbed import (LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NET2, OUTSIDE_ROUTER_MAC, REMOTE,
-                                   TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY2, UPLINK_MAC, Testbed)
+from lace.datapath.testbed import (HOST, HOST_MAC, LOCATOR1, LOCATOR2, NEIGH_MAC, NET1, NET2, OUTSIDE_ROUTER_MAC,
+                                   PEER_HOST, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY2,
+                                   UPLINK_MAC, Testbed)
 from lace.policy.emulate import PolicyMaps
 from lace.policy.trace import ingress_step, verdict_of, walk_maps
 
-PROGRAMS = ("pod", "uplink")
-POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK}
-PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink"}
+PROGRAMS = ("pod", "uplink", "host")
+POINT = {"pod": TracePoint.FROM_POD, "uplink": TracePoint.FROM_UPLINK, "host": TracePoint.FROM_HOST}
+PROG_NAME = {"pod": "lace_from_pod", "uplink": "lace_from_uplink", "host": "lace_from_host"}
 #: the maps a dropped (or rejected) packet must leave as they were
-STATE_TABLES = (*CT_TABLES, "affinity")
+STATE_TABLES = (*CT_TABLES, "affinity", "endpoint-ct")
 #: what a packet may change in an entry it does not create, even when it is dropped later in its
 #: walk: conntrack sees the packet before its delivery (ct_advance: counters, state, TCP flags,
 #: last seen, expiry, the SEEN_REPLY flag; ct_related and reply aliases: last seen, expiry), as the
@@ -90,6 +100,8 @@ PORTS = (53, 80, 443, 8080)
 OUTSIDE = {4: "203.0.113.7", 6: "2001:db8:cafe::7"}
 UNROUTED = {4: "192.0.2.9", 6: "2001:db8:dead::9"}
 NO_DELIVERY = {4: "10.1.7.7", 6: "fd10:1:0:7::7"}
+#: the test bed's routes of network 1 into itself (Testbed.reset): where the host's flows stay
+HOST_NETWORK_CIDRS = ("10.1.0.0/16", "fd10:1::/48")
 #: drop reasons the emulation decides; any other drop of a covered frame is beyond it
 EMULATED_REASONS = {DropReason.NO_ROUTE, DropReason.POLICY_EGRESS, DropReason.POLICY_INGRESS}
 
@@ -117,23 +129,32 @@ class World:
     outside_route: bool = False                        # NET1's default routes lead outside
     masquerade: bool = False
     prefixes: tuple[tuple[int, str, int], ...] = ()    # (network, cidr, segment)
+    ct_limit: int = 0                                  # every pod's conntrack limit per table (0: none)
+    ct_full: bool = False                              # every pod starts at its limit in every table
+
+    @property
+    def at_limit(self) -> bool:
+        return bool(self.ct_limit) and self.ct_full
 
     def doc(self) -> dict[str, Any]:
         return {"selected": [list(s) for s in self.selected], "rules": [r.__dict__ for r in self.rules],
                 "outside_route": self.outside_route, "masquerade": self.masquerade,
-                "prefixes": [list(p) for p in self.prefixes]}
+                "prefixes": [list(p) for p in self.prefixes], "ct_limit": self.ct_limit, "ct_full": self.ct_full}
 
     @classmethod
     def from_doc(cls, d: dict[str, Any]) -> World:
         return cls(tuple(tuple(s) for s in d["selected"]), tuple(Rule(**r) for r in d["rules"]),  # type: ignore[misc]
-                   d["outside_route"], d["masquerade"], tuple(tuple(p) for p in d["prefixes"]))  # type: ignore[misc]
+                   d["outside_route"], d["masquerade"], tuple(tuple(p) for p in d["prefixes"]),  # type: ignore[misc]
+                   d.get("ct_limit", 0), d.get("ct_full", False))
 
 
 @dataclass(frozen=True)
 class Covered:
     """A frame the emulation decides: a new flow from src_ip (network, segment) to dst_ip.
     ``dst_local`` says the destination is a pod on this node (its ingress is checked here);
-    ``ingress_only`` is the uplink's case (decapsulated: only the ingress check is on this node)."""
+    ``ingress_only`` is the uplink's case (decapsulated: only the ingress check is on this node);
+    there ``outer_node`` says the outer source is another node's (only a node may send to a SID:
+    anything else is dropped as spoofed-source before any policy)."""
 
     family: int
     src_network: int
@@ -145,6 +166,12 @@ class Covered:
     dst_local: bool
     ingress_only: bool = False
     dst_network: int = 0
+    outer_node: bool = True
+
+    @property
+    def from_pod(self) -> bool:
+        """A pod's own new flow, charged to its conntrack share (not the uplink's, not the host's)."""
+        return not self.ingress_only and self.src_segment != SEGMENT_HOST
 
 
 @dataclass
@@ -194,7 +221,9 @@ def worlds(draw: st.DrawFn) -> World:
         (NET1, "10.1.7.0/24", PREFIX_SEGMENT), (NET1, "10.1.2.0/24", PREFIX_SEGMENT),
         (NET1, "fd10:1:0:2::/64", PREFIX_SEGMENT)]), max_size=3, unique=True))
     outside = draw(st.booleans())
-    return World(tuple(selected), tuple(rules), outside, outside and draw(st.booleans()), tuple(prefixes))
+    ct_limit = draw(st.sampled_from([0, 0, 1, 3]))
+    return World(tuple(selected), tuple(rules), outside, outside and draw(st.booleans()), tuple(prefixes),
+                 ct_limit, bool(ct_limit) and draw(st.booleans()))
 
 
 def _payload(draw: st.DrawFn) -> bytes:
@@ -430,7 +459,8 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
     inner, ip_ok = draw(ip_headers(family, src_ip, dst_ip, proto, clean))
     right_nh = 4 if family == 4 else 41
     nh = right_nh if clean else draw(st.sampled_from([right_nh] * 3 + [4 if family == 6 else 41, 43, 17, 59]))
-    outer = IPv6(src=draw(st.sampled_from([UNDERLAY2, "2001:db8:f::99"])), dst=outer_dst, nh=nh, hlim=64)
+    outer_src = draw(st.sampled_from([UNDERLAY2, "2001:db8:f::99"]))    # node 2, or no node
+    outer = IPv6(src=outer_src, dst=outer_dst, nh=nh, hlim=64)
     if nh == 43:   # a segment routing header in front of the inner packet
         outer = outer / IPv6ExtHdrRouting(type=4, nh=right_nh, addresses=[outer_dst])
     eth, eth_ok = _ether(draw, NEIGH_MAC, UPLINK_MAC, clean)
@@ -439,8 +469,60 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
     if (where == "own" and nh == right_nh and eth_ok and ip_ok and l4_ok and dst_net in (NET1, NET2)
             and src_net in (NET1, NET2) and _local_pod(dp, dst_net, dst_ip)):
         covered = Covered(family, src_net, 0, src_ip, dst_ip, proto, dport, dst_local=True,
-                          ingress_only=True, dst_network=dst_net)
+                          ingress_only=True, dst_network=dst_net, outer_node=outer_src == UNDERLAY2)
     return Frame("uplink", data, kind=f"encap-{where}-v{family}", covered=covered)
+
+
+@st.composite
+def host_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
+    """A frame the node's host namespace sends out of lace_host: mostly from its own addresses, to
+    pods of this node and of node 2, to the outside, to nowhere; sometimes from an address that is
+    not its own (a pod's, node 2's host address, the outside's: what the node's stack would forward
+    to a pod address if it could), with options, extension headers, fragments, VLAN tags."""
+    family = draw(st.sampled_from([4, 6]))
+    if draw(st.integers(0, 9)) == 0:
+        return draw(host_icmp_errors(dp, family))
+    clean = draw(st.booleans())
+    own = HOST[family]
+    src = own if clean else draw(st.sampled_from([own] * 3 + [dp.pods["a"].ip(family), PEER_HOST[family],
+                                                              OUTSIDE[family]]))
+    dst = _pod_destination(draw, dp, family, "host")
+    l4, proto, dport, l4_ok = draw(l4_layers(family, clean))
+    ip, ip_ok = draw(ip_headers(family, src, dst, proto, clean))
+    eth, eth_ok = _ether(draw, HOST_MAC, HOST_MAC, clean)   # NOARP: the stack sends to its own MAC
+    covered = None
+    # the host reaches the default network alone: a route into another network (the outside's
+    # included) is no route for it, which the emulation, made for pods, does not model
+    if l4_ok and ip_ok and eth_ok and src == own and any(ipaddress.ip_address(dst) in ipaddress.ip_network(c)
+                                                         for c in HOST_NETWORK_CIDRS):
+        covered = Covered(family, NET1, SEGMENT_HOST, src, dst, proto, dport, dst_local=_local_pod(dp, NET1, dst))
+    return Frame("host", bytes(eth / ip / l4), kind=f"host-v{family}", covered=covered)
+
+
+@st.composite
+def host_icmp_errors(draw: st.DrawFn, dp: Testbed, family: int) -> Frame:
+    """An ICMP error the node's stack sends a pod about the pod's flow to a host address: the flow
+    opened by a preamble (from the pod), or never opened."""
+    from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+    from scapy.layers.inet6 import ICMPv6DestUnreach, ICMPv6TimeExceeded, IPerror6, IPv6
+    from scapy.layers.l2 import Ether
+
+    pod = dp.pods[draw(st.sampled_from(["a", "b"]))]        # the default network's pods
+    own, udp = HOST[family], draw(st.booleans())
+    sport, dport = draw(st.integers(1024, 65535)), draw(st.sampled_from(PORTS))
+    quoted = (UDPerror(sport=sport, dport=dport) if udp else TCPerror(sport=sport, dport=dport, flags="S"))
+    if family == 4:
+        err = ICMP(type=draw(st.sampled_from([3, 11, 12])), code=draw(st.integers(0, 15)))
+        outer = IP(src=own, dst=pod.ip(4)) / err / IPerror(src=pod.ip(4), dst=own, proto=17 if udp else 6) / quoted
+    else:
+        err = draw(st.sampled_from([ICMPv6DestUnreach(code=4), ICMPv6TimeExceeded()]))
+        outer = IPv6(src=own, dst=pod.ip(6)) / err / IPerror6(src=pod.ip(6), dst=own, nh=17 if udp else 6) / quoted
+    preamble: tuple[Frame, ...] = ()
+    if draw(st.booleans()):
+        l4 = UDP(sport=sport, dport=dport) if udp else TCP(sport=sport, dport=dport, flags="S")
+        preamble = (Frame("pod", bytes(dp.l3(pod, own, family) / l4), pod.name, "open-flow"),)
+    return Frame("host", bytes(Ether(src=HOST_MAC, dst=HOST_MAC) / outer), kind=f"host-icmp-error-v{family}",
+                 preamble=preamble)
 
 
 @st.composite
@@ -479,7 +561,7 @@ def mutations(draw: st.DrawFn, frame: Frame) -> Frame:
 def frames(dp: Testbed, program: str) -> st.SearchStrategy[Frame]:
     """Frames for ``program``: six in ten structured, three in ten structured then mutated, one in
     ten random bytes."""
-    base = pod_frames(dp) if program == "pod" else uplink_frames(dp)
+    base = {"pod": pod_frames, "uplink": uplink_frames, "host": host_frames}[program](dp)
 
     @st.composite
     def pick(draw: st.DrawFn) -> Frame:
@@ -521,6 +603,7 @@ class Harness:
         self.dp = dp
         self.progs = {p: dp.loaded.program(PROG_NAME[p]) for p in PROGRAMS}   # type: ignore[union-attr]
         self._reset = False
+        self.world = World()
 
     def program_world(self, world: World) -> None:
         """The base topology, then the world's routes, prefixes and policy; conntrack empty.
@@ -530,6 +613,7 @@ class Harness:
         dp = self.dp
         if not self._reset:
             dp.reset()
+            dp.host_device()
             self._reset = True
         else:
             for name in (*STATE_TABLES, "policy", "prefix-segment"):
@@ -547,14 +631,24 @@ class Harness:
         for n, r in enumerate(world.rules, start=1):
             for k in policy_keys(r.segment, r.peer, r.direction, r.proto, r.port, r.end_port):
                 dp.m("policy").update(k, policy_entry(91, n))
+        # every pod's conntrack limit (as the agent writes it), and its counts when it starts at it
+        for pod in dp.pods.values():
+            if pod.name == "x":
+                continue
+            dp.m("veth").update(veth_key(pod.ifindex), endpoint_value(
+                endpoint_id=pod.endpoint_id, network=pod.network, segment=pod.segment, mac=pod.mac,
+                ipv4=pod.ipv4, ipv6=pod.ipv6, ct_max=world.ct_limit))
+            if world.at_limit:
+                dp.m("endpoint-ct").update(veth_key(pod.ifindex), ct_endpoint_value(
+                    {table: world.ct_limit for table in CT_ENDPOINT_FIELDS}))
 
     def state(self) -> dict[tuple[str, bytes], tuple[Any, ...]]:
         """Every entry of the state tables, its value without the fields a packet may change on
         its way to a drop (VOLATILE_FIELDS)."""
         out = {}
         for name in STATE_TABLES:
-            layout, volatile = (AFFINITY, VOLATILE_FIELDS["affinity"]) if name == "affinity" else \
-                (CT_ENTRY, VOLATILE_FIELDS["ct"])
+            layout, volatile = {"affinity": (AFFINITY, VOLATILE_FIELDS["affinity"]),
+                                "endpoint-ct": (CT_ENDPOINT, ())}.get(name, (CT_ENTRY, VOLATILE_FIELDS["ct"]))
             for k, v in self.dp.m(name).entries():
                 fields = layout.unpack(v)
                 if layout is CT_ENTRY:
@@ -585,12 +679,15 @@ class Harness:
     def ifindex(self, frame: Frame) -> int:
         if frame.program == "pod":
             return self.dp.pods[frame.ifname or "a"].ifindex
+        if frame.program == "host":
+            return self.dp.ifindex["lace_net"]
         return self.dp.ifindex["up0"]
 
     def run(self, frame: Frame, world: World) -> Outcome:
         """Program ``world``, run the preamble and the frame; the frame's outcome (a preamble's
         problems are the frame's too)."""
         self.program_world(world)
+        self.world = world
         problems: list[str] = []
         for pre in frame.preamble:
             out = self._run_one(pre)
@@ -664,6 +761,8 @@ class Harness:
     def predict(c: Covered, pm: PolicyMaps) -> tuple[str, str | None, int | None]:
         """(verdict, reason name, destination segment) that ``lace policy trace``'s engine gives."""
         src, dst = ipaddress.ip_address(c.src_ip), ipaddress.ip_address(c.dst_ip)
+        if c.ingress_only and not c.outer_node:
+            return "deny", "SPOOFED_SOURCE", None
         if c.ingress_only:
             ing = ingress_step(pm, c.src_network, src, c.dst_network, dst, c.proto, c.dport)
             verdict = ing["verdict"]
@@ -689,6 +788,13 @@ class Harness:
             out.emulation = "disagrees"
             out.problems.append(f"emulation says {verdict}, the program dropped {got.label}")   # type: ignore[union-attr]
             return
+        if got == DropReason.CT_ENDPOINT_LIMIT and not (self.world.at_limit and c.from_pod):
+            out.emulation = "disagrees"
+            out.problems.append("dropped ct-endpoint-limit, but the pod is below its conntrack limit")
+            return
+        if got == DropReason.CT_ENDPOINT_LIMIT:
+            out.emulation = "agrees"     # allowed by policy, refused by the pod's full share
+            return
         if got is not None:
             out.emulation = "beyond"     # allowed by policy, dropped by what the emulation does not model
             return
@@ -697,6 +803,11 @@ class Harness:
             out.emulation = "beyond"     # a reject answer, or a pass the emulation does not model
             return
         ev = new[0]
+        if self.world.at_limit and c.from_pod:
+            out.emulation = "disagrees"
+            out.problems.append(f"a new flow {Verdict(ev['verdict']).label}ed past the pod's conntrack limit "
+                                f"({self.world.ct_limit} in every table)")
+            return
         if dseg is not None and ev["dst_segment"] != dseg:
             out.emulation = "disagrees"
             out.problems.append(f"emulation resolves the destination to segment {dseg}, the program to {ev['dst_segment']}")

@@ -1,11 +1,12 @@
-"""Hostile frames through the from-pod and from-uplink programs (BPF_PROG_TEST_RUN on the datapath
-test bed): a bounded hypothesis budget per program, and the corpus of every input that once
+"""Hostile frames through the from-pod, from-uplink and from-host programs (BPF_PROG_TEST_RUN on the
+datapath test bed): a bounded hypothesis budget per program, and the corpus of every input that once
 crashed or disagreed, replayed.
 
 What each example checks, and which frames the ``lace policy trace`` emulation covers, is
 tests/fuzz/harness.py's docstring: every verdict named, no crash, no conntrack entry for a dropped
 packet, and, for well-formed new flows (from-pod: routing, segments, egress and local ingress
-policy; from-uplink: ingress policy after decapsulation), the program's verdict and destination
+policy; from-uplink: ingress policy after decapsulation; from-host: the default network's routes and
+a local pod's ingress policy for peer HOST), the program's verdict and destination
 segment equal to the emulation's. bench/fuzz.py runs the same harness for minutes.
 """
 
@@ -113,11 +114,14 @@ def test_corpus_replays_clean(harness, frame, world, doc):
     case of a recorded bug is a strict expected failure, so fixing the bug fails it until its
     KNOWN_ISSUES entry and xfail go. A case whose bug was fixed (its "fixed" key) also keeps the
     verdict it was found with: the fix changed what the packet leaves behind, not why it drops, so
-    a later change that drops it earlier for another reason (and so hides the bug) fails here."""
+    a later change that drops it earlier for another reason (and so hides the bug) fails here —
+    unless the verdict was the bug (a packet let through that must drop), when the case names the
+    verdict its fix gave it ("verdict_after_fix")."""
     out = harness.run(frame, world)
     assert not out.problems, f"{doc['found']} -> now {out.verdict}: {out.problems}"
     if "fixed" in doc:
-        assert out.verdict == doc["found"]["verdict"], f"{doc['found']} -> now {out.verdict} ({doc['fixed']})"
+        want = doc.get("verdict_after_fix", doc["found"]["verdict"])
+        assert out.verdict == want, f"{doc['found']} -> now {out.verdict}, not {want} ({doc['fixed']})"
 
 
 def test_corpus_is_not_empty():

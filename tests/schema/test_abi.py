@@ -136,7 +136,7 @@ def test_registry_names() -> None:
         "config", "devices", "routing", "delivery", "veth", "services", "backends", "maglev", "affinity",
         "revnat", "sock-revnat", "policy", "segment",
         "prefix-segment", "probes", "probe-cookie", "ct-tcp-v4", "ct-udp-v4", "ct-icmp-v4", "ct-tcp-v6",
-        "ct-udp-v6", "ct-icmp-v6", "events", "metrics",
+        "ct-udp-v6", "ct-icmp-v6", "endpoint-ct", "events", "metrics",
     ]  # fmt: skip
     assert set(registry.CT_TABLES) == {n for n in registry.MAPS if n.startswith("ct-")}
     assert set(registry.SHOWABLE) <= set(registry.MAPS)

@@ -106,6 +106,17 @@ def test_host_addresses_are_segment_host_here_and_remote_node_elsewhere():
     assert SEGMENT_VALUE.unpack(want[segment_key(1, "10.244.1.1")]) == {"segment": SEGMENT_REMOTE_NODE, "flags": 0}
 
 
+def test_other_nodes_are_the_only_underlay_peers():
+    """The uplink decapsulates only from another node: worker-2's underlay address and origin SID
+    (locator, function OUTSIDE) are REMOTE_NODE in network OUTSIDE; this node's own are not."""
+    want = desired_maps(snapshot())["segment"]
+    peers = {k: SEGMENT_VALUE.unpack(v) for k, v in want.items() if k[:4] == NETWORK_OUTSIDE.to_bytes(4, "little")}
+    origin = str(ia.IPv6Address(sid("fd5e:c000:2::/48", None, NETWORK_OUTSIDE)))
+    assert origin == "fd5e:c000:2:ffff:ffff::"
+    assert peers == {segment_key(NETWORK_OUTSIDE, "fd5e:ff::2"): {"segment": SEGMENT_REMOTE_NODE, "flags": 0},
+                     segment_key(NETWORK_OUTSIDE, origin): {"segment": SEGMENT_REMOTE_NODE, "flags": 0}}
+
+
 def test_diff_updates_deletes_and_leaves_equal_entries():
     desired = {b"k1": b"v1", b"k2": b"v2"}
     actual = {b"k1": b"v1", b"k2": b"old", b"k3": b"gone"}

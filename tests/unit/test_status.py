@@ -123,7 +123,7 @@ def test_assemble_healthy():
     assert doc["endpoints"] == {"ready": 2, "total": 2}
     assert [s["name"] for s in doc["subsystems"]] == ["store-watch", "liveness", "reconcile", "ipam", "segments", "policy",
                                                       "services", "probes", "datapath", "flows", "mtu", "maps",
-                                                      "endpoints"]
+                                                      "endpoints", "conntrack"]
     assert sub(doc, "store-watch")["lastEventAge"] == 2
     assert sub(doc, "datapath")["summary"].endswith("2/2 pod programs attached")
     assert doc["uptime"] == 300 and doc["version"] == "0.1.0"

@@ -1,4 +1,4 @@
-"""``lace lab up|down|status|exec|restart-agent|restart-controllers``: a real multi-node lace
+"""``lace lab up|down|status|exec|restart-agent|restart-kubelet|restart-controllers``: a real multi-node lace
 cluster on one machine."""
 
 from __future__ import annotations
@@ -51,11 +51,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("node")
     p.add_argument("--kill", action="store_true", help="kill -9 instead of a clean stop")
     p.set_defaults(handler=run_restart_agent)
+    p = sub.add_parser("restart-kubelet", help="restart the lab's kubelet (--kill: SIGKILL, as a crash)")
+    cli_args.add_lab_option(p)
+    p.add_argument("--kill", action="store_true", help="kill -9 instead of a clean stop")
+    p.set_defaults(handler=run_restart_kubelet)
     p = sub.add_parser("restart-controllers", help="restart the lab's controllers (EndpointSlices)")
     cli_args.add_lab_option(p)
     p.set_defaults(handler=run_restart_controllers)
     lab.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(UsageError(
-        "say what to do: lace lab up|down|status|exec|restart-agent|restart-controllers")))
+        "say what to do: lace lab up|down|status|exec|restart-agent|restart-kubelet|restart-controllers")))
 
 
 def _selected(args: argparse.Namespace, inv: Invocation, explicit: str | None = None) -> str:
@@ -186,6 +190,19 @@ def run_restart_agent(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     except cluster.LabError as e:
         raise NotFoundError(str(e)) from None
     inv.stdout.write(f"agent on {args.node} restarted (pid {pid})\n")
+    return ExitStatus.OK
+
+
+def run_restart_kubelet(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
+    from lace.lab import cluster, procs
+    name = _selected(args, inv)
+    try:
+        pid = cluster.restart_kubelet(name, str(lab_context(name, inv.env).dir), kill=args.kill)
+    except cluster.LabError as e:
+        raise NotFoundError(str(e), hint="run `lace lab up`") from None
+    except procs.ProcError as e:
+        raise CliError(str(e)) from None
+    inv.stdout.write(f"kubelet restarted (pid {pid})\n")
     return ExitStatus.OK
 
 

@@ -79,6 +79,9 @@ def summary(results: list[NodeStatus]) -> str:
             failing = [s["name"] for s in r.doc["subsystems"] if not s["ok"]]
             parts.append(f"{r.node}: {', '.join(failing) or 'unhealthy'} failing{expired}"
                          if failing or not expired else f"{r.node}: not ready: its liveness record expired")
+        elif r.doc.get("warnings"):
+            warned = [s["name"] for s in r.doc["subsystems"] if s.get("warning")]
+            parts.append(f"{r.node}: {', '.join(warned)} warning")
     return "; ".join(parts)
 
 

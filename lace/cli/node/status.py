@@ -58,7 +58,9 @@ def headline(doc: dict[str, Any]) -> str:
     """``worker-1: healthy (agent 0.1.0, pid 812, up 5m2s, endpoints 3/3 ready)``."""
     eps = doc.get("endpoints") or {}
     up = cli_render.human_duration(doc["uptime"]) if doc.get("uptime") is not None else "?"
-    state = "healthy" if doc.get("healthy") else f"UNHEALTHY ({len(doc.get('problems') or [])} problems)"
+    warned = len(doc.get("warnings") or [])
+    state = ("healthy" + (f", {warned} warning{'' if warned == 1 else 's'}" if warned else "")
+             if doc.get("healthy") else f"UNHEALTHY ({len(doc.get('problems') or [])} problems)")
     return (f"{doc['node']}: {state} (agent {doc.get('version')}, pid {doc.get('pid')}, up {up}, "
             f"endpoints {eps.get('ready', 0)}/{eps.get('total', 0)} ready)")
 
@@ -69,7 +71,12 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     lines = [headline(doc)]
     rows = []
     for s in doc["subsystems"]:
-        rows.append([s["name"], "OK" if s["ok"] else "FAILING", s["summary"] if s["ok"] else s["reason"]])
+        if not s["ok"]:
+            rows.append([s["name"], "FAILING", s["reason"]])
+        elif s.get("warning"):   # not a fault of the node, but to be seen while it lasts
+            rows.append([s["name"], "WARNING", s["warning"]])
+        else:
+            rows.append([s["name"], "OK", s["summary"]])
     width = max(len(r[0]) for r in rows)
     lines += [f"  {n.ljust(width)}  {st.ljust(7)}  {text}" for n, st, text in rows]
     if not verbose:
@@ -93,6 +100,7 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
                     f"{m['entries']}/{m['capacity']} {'tables' if m['type'] == 'tables' else 'entries'} "
                     f"({100.0 * m['entries'] / m['capacity'] if m['capacity'] else 0.0:.1f}%)")
             lines.append(f"    {m['map'].ljust(w)}  {fill}{'' if m['ok'] else '  OVER 90%'}")
+    lines += _conntrack_lines(subs.get("conntrack"))
     mtu = subs.get("mtu")
     if mtu:
         lines.append(f"  mtu: pod {mtu['podMTU']}, underlay {mtu['underlayMTU']} ({mtu.get('ifname', 'uplink')}), "
@@ -107,6 +115,31 @@ def render(doc: dict[str, Any], verbose: bool = False) -> str:
     if doc.get("metrics"):
         lines.append("  metrics: " + ", ".join(f"http://{a}/metrics" for a in doc["metrics"]))
     return "\n".join(lines) + "\n"
+
+
+#: ``--verbose`` lists this many pods, those nearest their conntrack limit first
+NEAREST_LIMIT_SHOWN = 5
+
+
+def _conntrack_lines(ct: dict[str, Any] | None) -> list[str]:
+    """The last conntrack GC pass for ``--verbose``: live entries per table, the pods nearest their
+    limit, the fullest masquerade destinations."""
+    if not ct or ct.get("lastRunAge") is None:
+        return []
+    out = [f"  conntrack: gc {_ago(ct['lastRunAge'])} ({1000 * (ct.get('duration') or 0):.0f} ms), "
+           f"{ct.get('deleted', 0)} expired entries deleted"]
+    tables = ct.get("tables") or []
+    w = max((len(t["table"]) for t in tables), default=0)
+    for t in tables:
+        out.append(f"    {t['table'].ljust(w)}  {t['entries']}/{t['capacity']} live entries ({100 * t['ratio']:.1f}%)")
+    use = sorted(((n / e["limit"], e["pod"], table, n, e["limit"]) for e in ct.get("endpoints") or ()
+                  if e.get("limit") for table, n in (e.get("flows") or {}).items()), reverse=True)
+    if use:
+        out.append("    nearest their limit: " + ", ".join(f"{pod} {table} {n}/{limit}"
+                                                         for _, pod, table, n, limit in use[:NEAREST_LIMIT_SHOWN]))
+    for d in ct.get("masquerade") or ():
+        out.append(f"    masquerade to {d['remote']}:{d['port']}/{d['proto']}: {d['used']}/{d['capacity']} ports")
+    return out
 
 
 def run_status(args: Any, inv: Invocation) -> ExitStatus:

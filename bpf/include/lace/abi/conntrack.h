@@ -109,4 +109,31 @@ struct lace_ct_entry {
 	__u8   reserved;
 };
 
+/* endpoint-ct: how many conntrack flows each local endpoint opened, per table, against the limit
+ * in its veth entry (lace_endpoint.ct_max). The tables are LRU hashes: full means the least
+ * recently used entry is evicted, so without a limit one pod's flood of new flows pushes other
+ * pods' idle established flows out. The datapath adds one when a new flow whose entries it stored
+ * is on its way (one per flow: a service flow's two entries, a masqueraded flow's two, count once;
+ * a flow refused or dropped at its hop writes nothing); nothing in the datapath subtracts, so flows
+ * that expire or are evicted still count until the agent's conntrack GC pass recounts the tables
+ * and writes the true counts (lace/agent/conntrack.py). */
+#define LACE_CT_ENDPOINT_MAX 4096   /* = LACE_VETH_MAX: one entry per local endpoint */
+/* The limit a local endpoint gets when neither its Network nor the agent says otherwise: 1/32 of
+ * the TCP tables, 1/16 of the UDP tables, 1/4 of the ICMP tables. */
+#define LACE_CT_ENDPOINT_DEFAULT 8192
+
+struct lace_ct_endpoint_key {
+	__u32 ifindex;      /* host side of the pod's veth (as the veth map) */
+};
+
+/* Flows the endpoint holds in each conntrack table (SCTP shares the UDP tables). */
+struct lace_ct_endpoint {
+	__u32 tcp4;
+	__u32 udp4;
+	__u32 icmp4;
+	__u32 tcp6;
+	__u32 udp6;
+	__u32 icmp6;
+};
+
 #endif

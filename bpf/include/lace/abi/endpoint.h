@@ -17,7 +17,7 @@ struct lace_endpoint {
 	__u32 segment;
 	__u32 flags;        /* LACE_EP_F_* */
 	__u8  mac[6];       /* the pod's MAC */
-	__u16 reserved;
+	__u16 ct_max;       /* the most conntrack flows it may hold per table (endpoint-ct); 0: no limit */
 	__u8  ipv4[4];
 	__u8  ipv6[16];
 };
