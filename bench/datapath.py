@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Datapath cost per packet, from BPF_PROG_TEST_RUN, net of a trivial pass program measured in
-the same run, for each path (established, new flow allowed, new flow to a service VIP, policy
-drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries. New flows
+the same run, for each path (established, a service flow's established packet, new flow allowed,
+new flow to a service VIP, policy drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries. New flows
 run cold (once per call) and warm (tests/bpf/bench_new_flows.c: a fresh flow every repetition).
 
 Then, at the largest conntrack size, a stage table: where each path's nanoseconds go, from
@@ -103,14 +103,14 @@ def measure(prog, frames: list[bytes], ctx: bytes, netns: str, repeat: int = 1) 
 # the pass program run the same way.
 WARM_REPEAT = 100
 # the measured flows' ports; new flows take source ports below them, one per flow
-EST_SPORT, ENC_SPORT, DENY_SPORT = 60001, 60002, 60003
+EST_SPORT, ENC_SPORT, DENY_SPORT, SVC_EST_SPORT = 60001, 60002, 60003, 60004
 # "service new": a SYN to this VIP:80 of a service with two backends on pod b (ports 80 and 8080,
 # so every flow is delivered locally like "new flow") and a Maglev table
 VIP, SVC_TARGETS = "10.96.0.10", (80, 8080)
 
 
 def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes,
-                svc_new: bytes) -> None:
+                svc_new: bytes, svc_est: bytes) -> None:
     """Fail unless each measured packet takes the path its row is named after, every repetition."""
     from scapy.layers.l2 import Ether
 
@@ -131,6 +131,11 @@ def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: byt
     ttl = Ether(res.data_out)["IP"].ttl
     assert res.retval == TC_ACT_REDIRECT and not events and ttl == 255 - WARM_REPEAT, \
         f"established: verdict {res.retval}, {len(events)} events, TTL {ttl}: not established every repetition"
+    # once per call: a repetition would run on the packet the first one translated already
+    res, events = run(svc_est)
+    out = Ether(res.data_out)["IP"]
+    assert res.retval == TC_ACT_REDIRECT and not events and out.dst == dp.pods["b"].ipv4 and \
+        out.dport in SVC_TARGETS, f"service established: verdict {res.retval}, {len(events)} events: not translated"
     res, events = run(deny, WARM_REPEAT)
     assert res.retval == TC_ACT_SHOT and len(events) == WARM_REPEAT and \
         all(e["reason"] == DropReason.POLICY_INGRESS for e in events), \
@@ -174,7 +179,7 @@ STAGES: dict[str, list[tuple[int | None, str]]] = {
         (3, "conntrack lookup (miss)"),
         (4, "service lookup (hit)"),
         (6, "backend (Maglev), DNAT, segment, policy, delivery lookup"),
-        (7, "conntrack: backend + frontend entries"),
+        (7, "conntrack: the frontend entry"),
         (None, "TTL, MACs, count, trace event, redirect"),
     ],
 }
@@ -242,7 +247,7 @@ def stage_table(dp: Testbed, nf: NewFlows, base, ctx: bytes, est: bytes, new_pkt
                  "service new": range(STAGE_SVC_SPORT, STAGE_SVC_SPORT + calls)}
         tmpl = {"new flow": new_pkt, "service new": svc_pkt}
         dst = {"new flow": (b.ipv4, 80), "service new": (VIP, 80)}
-        created = {"new flow": [(b.ipv4, 80)], "service new": [(VIP, 80)] + [(b.ipv4, p) for p in SVC_TARGETS]}
+        created = {"new flow": [(b.ipv4, 80)], "service new": [(VIP, 80)]}   # a service flow: one entry
         # one template per path, its source port patched in (the datapath checks no TCP checksum)
         pkts = {path: [t[:34] + sp.to_bytes(2, "big") + t[36:] for sp in ports[path]] for path, t in tmpl.items()}
         few = max(10, calls // 20)
@@ -475,6 +480,8 @@ def run(quick: bool, ct_limit: int = 0) -> int:
             est = bytes(dp.l3(a, b.ipv4, 4, ttl=255) / TCP(sport=EST_SPORT, dport=80, flags="A"))
             enc = bytes(dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=ENC_SPORT, dport=80, flags="A"))
             dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=EST_SPORT, dport=80, flags="S"))
+            svc_est = bytes(dp.l3(a, VIP, 4, ttl=255) / TCP(sport=SVC_EST_SPORT, dport=80, flags="A"))
+            dp.from_pod(a, dp.l3(a, VIP, 4) / TCP(sport=SVC_EST_SPORT, dport=80, flags="S"))
             dp.from_pod(a, dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=ENC_SPORT, dport=80, flags="S"))
             deny = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=DENY_SPORT, dport=81, flags="S"))
             flow = 1
@@ -485,15 +492,16 @@ def run(quick: bool, ct_limit: int = 0) -> int:
                 assert flow < STAGE_NEW_SPORT, "more new flows than source ports (check_port_ranges)"
                 return bytes(dp.l3(a, dst, 4) / TCP(sport=flow, dport=80, flags="S"))
 
-            check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP))
+            check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP), svc_est)
             # the warm new-flow rows' templates (NewFlows sets port and destination per repetition)
             new_warm = bytes(dp.l3(a, b.ipv4, 4, ttl=255) / TCP(sport=1, dport=80, flags="S"))
             svc_warm = bytes(dp.l3(a, VIP, 4, ttl=255) / TCP(sport=1, dport=80, flags="S"))
             new_dst, new_made = (b.ipv4, 80), [(b.ipv4, 80)]
-            svc_dst, svc_made = (VIP, 80), [(VIP, 80)] + [(b.ipv4, p) for p in SVC_TARGETS]
+            svc_dst, svc_made = (VIP, 80), [(VIP, 80)]   # a service flow has one entry, its frontend's
             check_new_warm(dp, nf, new_warm, ctx_a, new_dst, new_made, service=False)
             check_new_warm(dp, nf, svc_warm, ctx_a, svc_dst, svc_made, service=True)
-            names = ("pass warm", "pass once", "pass tail", "established", "new flow", "service new",
+            names = ("pass warm", "pass once", "pass tail", "established", "established once",
+                     "service established", "new flow", "service new",
                      "new flow warm", "service new warm", "policy drop", "encap")
             samples: dict[str, list[float]] = {k: [] for k in names}
             for rnd in range(rounds + 1):
@@ -507,6 +515,8 @@ def run(quick: bool, ct_limit: int = 0) -> int:
                 dp.ring.consume()
                 dp.events.clear()
                 samples["pass once"].append(measure(base, [est] * calls, ctx_a, dp.netns))
+                samples["established once"].append(measure(dp.prog_pod, [est] * calls, ctx_a, dp.netns))
+                samples["service established"].append(measure(dp.prog_pod, [svc_est] * calls, ctx_a, dp.netns))
                 samples["new flow"].append(measure(dp.prog_pod, news, ctx_a, dp.netns))
                 samples["service new"].append(measure(dp.prog_pod, svc_news, ctx_a, dp.netns))
                 samples["encap"].append(measure(dp.prog_pod, [enc] * calls, ctx_a, dp.netns))
@@ -522,6 +532,8 @@ def run(quick: bool, ct_limit: int = 0) -> int:
             med = {k: statistics.median(v) for k, v in samples.items()}
             results[size] = {
                 "established": med["established"] - med["pass warm"],
+                "established once": med["established once"] - med["pass once"],
+                "service established": med["service established"] - med["pass once"],
                 "policy drop": med["policy drop"] - med["pass warm"],
                 "new flow": med["new flow"] - med["pass once"],
                 "service new": med["service new"] - med["pass once"],
@@ -541,15 +553,19 @@ def run(quick: bool, ct_limit: int = 0) -> int:
         passobj.close()
         dp.close()
 
-    paths = ["established", "new flow", "service new", "new flow warm", "service new warm", "policy drop", "encap"]
+    paths = ["established", "established once", "service established", "new flow", "service new", "new flow warm", "service new warm",
+             "policy drop", "encap"]
     first = sizes[0]
     print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN; median of {rounds} interleaved rounds; "
           f"policy map {POLICY_FILL:,} entries; per-pod conntrack limit "
           f"{ct_limit if ct_limit else 'off'})")
-    print(f"{'path':<17}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
-    targets = {"established": "<= 60", "new flow": "<= 500", "service new": "", "new flow warm": "",
+    print(f"{'path':<20}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
+    targets = {"established": "<= 60", "established once": "", "service established": "", "new flow": "<= 500",
+               "service new": "", "new flow warm": "",
                "service new warm": "", "policy drop": "", "encap": ""}
     how = {"established": f"warm x{WARM_REPEAT}", "policy drop": f"warm x{WARM_REPEAT}",
+           "established once": "once/call, cold: the established packet",
+           "service established": "once/call, cold: an ACK to the VIP, translated from its conntrack entry",
            "new flow": "once/call, cold (cannot repeat: run 2 would be established)",
            "service new": "once/call, cold: SYN to a VIP, 2 backends, Maglev",
            "new flow warm": f"warm x{WARM_REPEAT}: a fresh flow every repetition (tests/bpf/bench_new_flows.c)",
@@ -558,9 +574,9 @@ def run(quick: bool, ct_limit: int = 0) -> int:
     for p in paths:
         row = "".join(f"{results[s][p]:>12.0f}" for s in sizes)
         ratio = results[sizes[-1]][p] / results[first][p] if results[first][p] > 0 else float("nan")
-        print(f"{p:<17}{row}{ratio:>8.2f}x   {targets[p]:<10} {how[p]}")
+        print(f"{p:<20}{row}{ratio:>8.2f}x   {targets[p]:<10} {how[p]}")
     for k in ("pass warm", "pass once", "pass tail"):
-        print(f"{k + ' (base)':<17}" + "".join(f"{results[s][k]:>12.0f}" for s in sizes))
+        print(f"{k + ' (base)':<20}" + "".join(f"{results[s][k]:>12.0f}" for s in sizes))
     print_stage_table(stages, sizes[-1])
     print(f"  the floor under conntrack: the kernel alone, an LRU hash of the same capacity and fill "
           f"(tests/bpf/bench_ct_floor.c)\n"

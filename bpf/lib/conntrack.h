@@ -254,29 +254,45 @@ ct_reply(struct lace_flow *f, __u32 network, __u64 now)
 	return e;
 }
 
-/* Look the packet up in its original direction under src_network, then as a reply of a flow
- * from the same network. Sets f->ct_status; NULL means new so far (the caller may still try
- * ct_reply under the network the destination is routed into). */
+/* Look the packet up in its original direction under src_network: the entry (advanced, status
+ * ESTABLISHED), or NULL — with *stale set when an entry of the tuple no longer stands for it
+ * (status NEW: ct_create replaces it, and it is no reply either). */
 static __always_inline struct lace_ct_entry *
-ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
+ct_forward(struct lace_flow *f, __u32 src_network, __u64 now, int *stale)
 {
 	union lace_ct_key k;
 	struct lace_ct_entry *e;
 
+	*stale = 0;
 	ct_key(&k, f->family, src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
 	e = ct_lookup(f->family, f->proto, &k);
 	if (e && (e->flags & LACE_CT_F_ALIAS))
 		e = 0;                                  /* an alias answers replies only */
 	if (e && !ct_usable(e, f, 0, now)) {
 		f->ct_status = LACE_CT_STATUS_NEW;   /* ct_create replaces the stale entry */
+		*stale = 1;
 		return 0;
 	}
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_ESTABLISHED;
 		f->ct_network = src_network;
 		ct_advance(e, f, 0, now);
-		return e;
 	}
+	return e;
+}
+
+/* Look the packet up in its original direction under src_network, then as a reply of a flow
+ * from the same network. Sets f->ct_status; NULL means new so far (the caller may still try
+ * ct_reply under the network the destination is routed into). */
+static __always_inline struct lace_ct_entry *
+ct_classify(struct lace_flow *f, __u32 src_network, __u64 now)
+{
+	struct lace_ct_entry *e;
+	int stale;
+
+	e = ct_forward(f, src_network, now, &stale);
+	if (e || stale)
+		return e;
 	e = ct_reply(f, src_network, now);
 	if (!e)
 		f->ct_status = LACE_CT_STATUS_NEW;

@@ -131,6 +131,15 @@ struct {
 	LACE_PIN;
 } lace_affinity SEC(".maps");
 
+/* revnat: the frontends a backend's replies may come from (the agent writes it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LACE_REVNAT_MAX);
+	__type(key, struct lace_revnat_key);
+	__type(value, struct lace_revnat);
+	LACE_PIN;
+} lace_revnat SEC(".maps");
+
 /* sock-revnat: the frontend behind each (host socket, backend) the socket hooks translated. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

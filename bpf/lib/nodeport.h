@@ -3,24 +3,23 @@
  * node's stack sees them.
  *
  * The frontends are keyed in source network OUTSIDE (abi/services.h, NODEPORT / LOADBALANCER); the
- * backend is chosen, the packet translated and the two conntrack entries of a service flow made
- * as for a pod's flow to a ClusterIP (lib/service.h), keyed under OUTSIDE:
- *   frontend entry (SERVICE): (OUTSIDE, client -> frontend:port), nat = backend:port
- *   backend entry  (DNAT):    (OUTSIDE, client -> backend:port),  nat = frontend:port
- * The client's address is kept whatever the traffic policy: the backend sees the real client.
+ * backend is chosen, the packet translated and the flow's one conntrack entry made as for a pod's
+ * flow to a ClusterIP (lib/service.h), keyed under OUTSIDE:
+ *   (OUTSIDE, client -> frontend:port), SERVICE, nat = backend:port
+ * and the agent's revnat entry of each backend names the frontend under OUTSIDE. The client's
+ * address is kept whatever the traffic policy: the backend sees the real client.
  *
  * - A backend on this node: delivered into its pod after its ingress policy (peer: the client's
- *   segment in OUTSIDE, WORLD unless a prefix says otherwise). The backend entry gets its reply
- *   alias in the pod's network (LACE_CT_F_ALIAS), so the pod's replies find it without a route
- *   to the client, get the frontend back as their source and leave through the node's FIB
- *   (lib/forward.h forward_outside).
+ *   segment in OUTSIDE, WORLD unless a prefix says otherwise). The pod's replies find the entry
+ *   through the revnat map without a route to the client, get the frontend back as their source
+ *   and leave through the node's FIB (lib/forward.h forward_outside).
  * - A backend on another node (externalTrafficPolicy Cluster): sent there over SRv6 with source
  *   network OUTSIDE in the SID argument, from this node's *origin SID* — its locator with function
  *   OUTSIDE — instead of its underlay address. The backend's node checks the pod's ingress policy,
  *   and its entry for the flow (keyed under OUTSIDE, no NAT flag, with its reply alias) keeps that
  *   origin SID in nat_addr; the pod's replies are sent back to it encapsulated, with the pod's
- *   network as the argument. This node decapsulates them (function OUTSIDE), finds the backend
- *   entry, writes the frontend back as the source and sends them out through its FIB. So the
+ *   network as the argument. This node decapsulates them (function OUTSIDE), finds the flow's
+ *   entry (revnat), writes the frontend back as the source and sends them out through its FIB. So the
  *   node that holds the translation sees both directions, and no SNAT is needed.
  * - No active backend (externalTrafficPolicy Local on a node without a local endpoint, or no
  *   endpoint at all): refused as a pod's flow to a ClusterIP is — a TCP RST or an ICMP port

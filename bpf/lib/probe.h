@@ -28,9 +28,10 @@
  *   the packet's own socket (skb->sk: the sending socket's reference survives the veth crossing
  *   inside the host namespace, so its cookie is readable at lace_net's ingress) has a cookie entry
  *   for exactly that destination. Then it is translated like a one-backend service (lib/service.h:
- *   frontend = probe address:port, backend = the pod's own address:port in its network): frontend
- *   (SERVICE) and backend (DNAT) entries under the default network, flagged PROBE, and a reply
- *   alias under the pod's network. The pod's ingress policy applies with peer HOST, and the packet
+ *   frontend = probe address:port, backend = the pod's own address:port in its network), but with
+ *   two entries where a service flow has one: frontend (SERVICE) and backend (DNAT) entries under
+ *   the default network, flagged PROBE, and a reply alias under the pod's network (no revnat entry
+ *   names a probe target). The pod's ingress policy applies with peer HOST, and the packet
  *   is handed to that pod's veth only (its delivery entry must be local and name the veth the
  *   probe entry names). Later packets follow the frontend entry (service_forward); the pod's
  *   replies find the backend entry through the alias in pod_veth.c and leave with the probe

@@ -6,31 +6,36 @@
  * destination is rewritten to the backend and the walk continues in the backend's network with
  * the translated packet: segment, egress policy of the source and ingress policy of the backend
  * see the backend's address and port (policy after DNAT, as in Kubernetes). Once it is forwarded,
- * the flow gets two conntrack entries (abi/conntrack.h):
- *   frontend entry (SERVICE): (src network, client -> VIP:port), nat = backend:port,
- *                             dst_network = the backend's network
- *   backend entry  (DNAT):    (src network, client -> backend:port), nat = VIP:port
- * both with rev_nat_id = service ID (and, for a backend in another network delivered here, a reply
- * alias: LACE_CT_F_ALIAS). Later packets to the VIP find the frontend entry and go to its
- * backend whatever the services map says by then (a deleted, changed or terminating backend keeps
- * its established flows); they advance the backend entry, which sees both directions and whose
- * state and expiry the frontend entry follows. Replies find the backend entry (as any reply: under
- * their own network, through an alias, or under the network they are routed into) and leave with
- * the VIP:port as their source — in
- * pod_veth.c for a local backend, in uplink.c after decapsulation for a backend on another node.
- * ICMP errors quoting a client -> backend packet are written back to the frontend too.
+ * the flow gets ONE conntrack entry (abi/conntrack.h), keyed by its frontend:
+ *   (src network, client -> VIP:port), SERVICE, nat = backend:port, dst_network = the backend's
+ *   network, rev_nat_id = service ID
+ * Later packets to the VIP find it and go to its backend whatever the services map says by then
+ * (a deleted, changed or terminating backend keeps its established flows). The entry sees both
+ * directions: a reply comes from backend:port to the client, which names no frontend; after its
+ * own tuple misses, service_classify looks the backend up in the revnat map
+ * (abi/services.h: backend -> the frontends that send flows to it, written by the agent, which
+ * keeps a frontend there while conntrack may still hold flows through it) and tries those
+ * frontends' entries until the one holding this backend. The reply leaves with the frontend as
+ * its source — in pod_veth.c for a local backend, in uplink.c after decapsulation for a backend
+ * on another node. ICMP errors quoting a client -> backend packet are written back to the
+ * frontend the same way (service_ct_related).
  *
- * What a new service flow costs over a plain one is mostly that second entry: the frontend entry's
- * bucket is warm (the conntrack lookup that found nothing just read it), the backend entry's is
- * another cold bucket of a large table, plus a preallocated LRU node (bench/datapath.py's stage
- * table: ~600 of the ~700 ns at 1M entries). Both entries are needed for the behaviour above, as
- * in Cilium (CT_SERVICE and the backend tuple); the rest of the path stays lean: one frontend
- * lookup, one Maglev slot, one backend lookup, no conntrack read-back, and the translation written
- * in place (lib/nat.h).
+ * Why one entry: a second one (the backend's tuple, as Cilium's CT_SERVICE + backend entries) is a
+ * second insert into a large LRU table, another cold bucket and a preallocated LRU node: ~550 ns
+ * of a new service flow (bench/datapath.py's stage table), and every established packet advanced
+ * both. What it bought was a direct reply lookup; the revnat map gives the reply the same in one
+ * small, warm hash lookup plus the frontend entry's (a reply alias for a backend in another
+ * network is not needed either: the revnat entry names the network the flow is keyed under). The
+ * rest of the path stays lean: one frontend lookup, one Maglev slot, one backend lookup, no
+ * conntrack read-back, and the translation written in place (lib/nat.h).
  *
  * Hairpin (the backend is the client pod itself): the translated packet also gets the reserved
- * source LACE_HAIRPIN_* (abi/services.h); the backend entry is keyed by that source, and a reply
- * addressed to it goes back to the pod's own address (its source) from the VIP.
+ * source LACE_HAIRPIN_* (abi/services.h); a reply addressed to it is the pod's own flow (its
+ * frontend entry is keyed by the pod's address) and goes back to the pod's own address from the VIP.
+ *
+ * Kubelet probes into another network (lib/probe.h) are translated as a one-backend service but
+ * keep two entries, frontend (SERVICE) and backend (DNAT), and a reply alias: the agent writes no
+ * revnat entry for a probe target, and a probe's cost does not matter.
  *
  * Trace events of a translated packet carry nat_kind DNAT, and in both directions the event's
  * addresses are the backend side of the flow while nat_addr:nat_port is the frontend it stands
@@ -182,41 +187,35 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
 }
 
-/* The two entries of a new service flow, once it is admitted and translated (f is the backend
- * flow, nat_addr:nat_port the frontend), and its affinity choice. */
+/* The entry of a new service flow, once it is admitted and translated (f is the backend flow,
+ * nat_addr:nat_port the frontend): keyed by the frontend, holding the backend; and its affinity
+ * choice. A kubelet probe (LACE_SVC_FLOW_PROBE) also gets the backend entry and its reply alias
+ * (lib/probe.h: its replies find the frontend through them; the agent writes no revnat entry for
+ * a probe target). */
 __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 {
 	struct lace_ct_entry e = {};
-	union lace_addr seen;
 	int rc;
 
-	if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
-		service_hairpin_addr(f->family, seen.b);
-	else
-		lace_copy16_a8(&seen, f->saddr);
 	ct_init(&e, f, now);
 	e.rev_nat_id = f->service_id;
-	e.flags |= LACE_CT_F_DNAT;
+	e.flags |= LACE_CT_F_SERVICE;
 	if (f->svc_flags & LACE_SVC_FLOW_PROBE)
 		e.flags |= LACE_CT_F_PROBE;
-	lace_copy16_a8(e.nat_addr, f->nat_addr);
-	e.nat_port = f->nat_port;
-	rc = ct_store(f, f->src_network, seen.b, f->daddr, f->sport, f->dport, &e);
-	if (rc)
-		return rc;
-	e.flags = (e.flags & ~LACE_CT_F_DNAT) | LACE_CT_F_SERVICE;
 	lace_copy16_a8(e.nat_addr, f->daddr);
 	e.nat_port = f->dport;
 	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
 	if (rc)
 		return rc;
-	if (ct_needs_alias(f)) {
-		/* a backend in another network (an imported service): its replies find the
-		 * backend entry through the alias (no hairpin here: that is one network) */
-		ct_make_alias(&e, f, now);
-		rc = ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
-		if (rc)
+	if (f->svc_flags & LACE_SVC_FLOW_PROBE) {
+		e.flags = (e.flags & ~LACE_CT_F_SERVICE) | LACE_CT_F_DNAT;
+		lace_copy16_a8(e.nat_addr, f->nat_addr);
+		e.nat_port = f->nat_port;
+		rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+		if (rc || !ct_needs_alias(f))
 			return rc;
+		ct_make_alias(&e, f, now);
+		return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
 	}
 	if (f->svc_flags & LACE_SVC_FLOW_AFFINITY) {
 		struct lace_affinity_key client;
@@ -230,14 +229,13 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 /* Take back the entries a new flow f wrote (ct_create, service_ct_create, masq_new_flow,
  * nodeport_ct_create_remote) when its packet is dropped after all, on its way out: a flow that
  * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
- * from f as its creation left it: translated by a service (DNAT) — the backend entry (under the
- * source the backend sees), the frontend entry and the reply alias; masqueraded (SNAT) — the pod
- * entry and the port reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's
- * identifier as both ports); plain — the entry and the reply alias. A ClientIP affinity choice
- * stays: it is a preference for the client's next flow, not state of this one. */
+ * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe:
+ * also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
+ * reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's identifier as both
+ * ports); plain — the entry and the reply alias. A ClientIP affinity choice stays: it is a
+ * preference for the client's next flow, not state of this one. */
 __lace_subprog int ct_forget_new(const struct lace_flow *f)
 {
-	union lace_addr a;
 	__be16 dport;
 
 	if (f->nat_kind == LACE_NAT_SNAT) {
@@ -247,15 +245,11 @@ __lace_subprog int ct_forget_new(const struct lace_flow *f)
 		return 0;
 	}
 	if (f->nat_kind == LACE_NAT_DNAT) {
-		if (f->svc_flags & LACE_SVC_FLOW_HAIRPIN)
-			service_hairpin_addr(f->family, a.b);
-		else
-			lace_copy16_a8(&a, f->saddr);
-		ct_forget(f, f->src_network, a.b, f->daddr, f->sport, f->dport);
 		ct_forget(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port);
-	} else {
-		ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
+		if (!(f->svc_flags & LACE_SVC_FLOW_PROBE))
+			return 0;
 	}
+	ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
 	if (ct_needs_alias(f))
 		ct_forget(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport);
 	return 0;
@@ -270,7 +264,7 @@ static __always_inline int ct_forget_if_shot(const struct lace_flow *f, int verd
 	return verdict;
 }
 
-/* The frontend entry follows the backend entry, which sees both directions of the flow. */
+/* A probe's frontend entry follows its backend entry, which sees both directions of the flow. */
 static __always_inline void service_follow(struct lace_ct_entry *fe, const struct lace_ct_entry *be)
 {
 	fe->state = be->state;
@@ -279,8 +273,8 @@ static __always_inline void service_follow(struct lace_ct_entry *fe, const struc
 }
 
 /* An established packet to a frontend, found by its frontend entry fe (already advanced): send it
- * to fe's backend and advance the backend entry (rebuilt from fe if it was evicted). Sets the
- * flow's destination network and segment; returns 0 or a drop reason. */
+ * to fe's backend. Sets the flow's destination network and segment; returns 0 or a drop reason.
+ * A probe also advances its backend entry (rebuilt from fe if it was evicted). */
 __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *fe,
 				   __u64 now)
 {
@@ -294,6 +288,8 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	if (rc)
 		return rc;
 	f->dst_segment = fe->dst_segment;
+	if (!(fe->flags & LACE_CT_F_PROBE))
+		return 0;
 	ct_key(&k, f->family, f->src_network, f->proto, seen.b, f->daddr, f->sport, f->dport);
 	be = ct_lookup(f->family, f->proto, &k);
 	if (be) {
@@ -314,9 +310,177 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	return 0;
 }
 
-/* A reply found by entry e under network: for a backend entry, write the frontend back as its
- * source (and the client's own address as the destination of a hairpin flow) and let the frontend
- * entry follow the backend entry. Other entries: nothing to do. Returns 0 or a drop reason. */
+/* The two ends of a service flow as a packet through its backend shows them: for a reply
+ * (related = 0: f's source is the backend, its destination the client, or the hairpin address
+ * when the client is the backend pod itself) or an ICMP error (related = 1: the quoted packet's
+ * source is the client, its destination the backend). Returns the protocol. */
+static __always_inline __u8 service_ends(const struct lace_flow *f, int related, const __u8 **client,
+					 __be16 *cport, const __u8 **backend, __be16 *bport)
+{
+	union lace_addr hairpin;
+
+	if (related) {
+		*client = f->inner_saddr;
+		*cport = f->inner_sport;
+		*backend = f->inner_daddr;
+		*bport = f->inner_dport;
+		return f->inner_proto;
+	}
+	service_hairpin_addr(f->family, hairpin.b);
+	*client = lace_eq16_a8(f->daddr, &hairpin) ? f->saddr : f->daddr;
+	*cport = f->dport;
+	*backend = f->saddr;
+	*bport = f->sport;
+	return f->proto;
+}
+
+/* Which frontend a service flow through its backend was sent to (service_ends: a reply or an
+ * ICMP error): the backend's revnat entry, under backend_net, names the frontends to try
+ * (abi/services.h); the one whose entry of client:port -> frontend has this backend in
+ * nat_addr:nat_port and dst_network is the flow's. only_net, unless NONE, admits the frontends keyed under that
+ * network only. Returns 0 with f's nat_addr:nat_port the frontend, nat_kind DNAT and ct_network
+ * the network the entry is keyed under; -1 when none is.
+ * A global function: the verifier checks its loop once, on its own, instead of in every path
+ * that reaches a call (that cost each program hundreds of thousands of instructions to verify). */
+__attribute__((noinline)) int service_revnat_find(struct lace_flow *f, __u32 backend_net, __u32 only_net,
+						  int related)
+{
+	struct lace_revnat_key rk;
+	struct lace_revnat *r;
+	struct lace_ct_entry *e;
+	union lace_ct_key k;
+	const __u8 *client, *backend;
+	__be16 cport, bport;
+	__u8 family, proto;
+	__u32 i, n;
+
+	if (!f)
+		return -1;
+	/* one of two known values from here on: the verifier follows one family through the whole
+	 * loop (f->family read again in each round, or a value only known "not IPv4", would be
+	 * unknown again: every round two ways more) */
+	family = f->family == LACE_FAMILY_IPV4 ? LACE_FAMILY_IPV4 : LACE_FAMILY_IPV6;
+	proto = service_ends(f, related, &client, &cport, &backend, &bport);
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return -1;
+	__builtin_memset(&rk, 0, sizeof(rk));
+	rk.network = backend_net;
+	lace_copy16(rk.addr, backend);
+	rk.port = bport;
+	rk.proto = proto;
+	rk.family = family;
+	r = bpf_map_lookup_elem(&lace_revnat, &rk);
+	if (!r)
+		return -1;
+	n = r->count;
+	if (n > LACE_REVNAT_FRONTENDS)
+		n = LACE_REVNAT_FRONTENDS;
+	for (i = 0; i < n; i++) {
+		const struct lace_revnat_frontend *fr = &r->frontends[i];
+
+		if (only_net != LACE_NETWORK_NONE && fr->network != only_net)
+			continue;
+		ct_key(&k, family, fr->network, proto, client, fr->addr, cport, fr->port);
+		e = ct_lookup(family, proto, &k);
+		/* the backend in its network: isolated networks may reuse an address and port */
+		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->dst_network != backend_net || e->nat_port != bport ||
+		    !lace_eq16(e->nat_addr, backend))
+			continue;
+		f->ct_network = fr->network;
+		lace_copy16_a8(f->nat_addr, fr->addr);
+		f->nat_port = fr->port;
+		f->nat_kind = LACE_NAT_DNAT;
+		return 0;
+	}
+	return -1;
+}
+
+/* The frontend entry of a service flow through its backend (service_revnat_find), or NULL. */
+__lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 backend_net, __u32 only_net,
+						    int related)
+{
+	union lace_ct_key k;
+	const __u8 *client, *backend;
+	__be16 cport, bport;
+	__u8 proto;
+
+	if (service_revnat_find(f, backend_net, only_net, related))
+		return 0;
+	/* found in there already: this lookup hits a warm bucket */
+	proto = service_ends(f, related, &client, &cport, &backend, &bport);
+	ct_key(&k, f->family, f->ct_network, proto, client, f->nat_addr, cport, f->nat_port);
+	return ct_lookup(f->family, proto, &k);
+}
+
+/* A reply of a service flow, from its backend (f's source, in backend_net) to its client: its
+ * frontend entry, advanced as a reply (service_lookup; only_net as there). NULL: not a reply of a
+ * service flow. Tried after the ordinary reply lookup missed: a service flow's reply has no entry
+ * of its own. */
+static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *f, __u32 backend_net,
+							      __u32 only_net, __u64 now)
+{
+	struct lace_ct_entry *e;
+
+	if (!ct_may_be_reply(f))
+		return 0;
+	e = service_lookup(f, backend_net, only_net, 0);
+	if (e && !ct_usable(e, f, 1, now)) {
+		f->nat_kind = LACE_NAT_NONE;
+		e = 0;
+	}
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_REPLY;
+		ct_advance(e, f, 1, now);
+	}
+	return e;
+}
+
+/* ct_classify for a packet that may be a service flow's reply from its backend (f's source, in
+ * src_network): its original direction, then the revnat map (service_ct_reply; only_net as
+ * there), then the ordinary reversed tuple. The revnat lookup comes before the reversed one: a
+ * service flow's reply would otherwise pay a reversed lookup that always misses, a cold bucket of
+ * a large table; a packet whose source is no backend port pays one small, warm lookup. */
+static __always_inline struct lace_ct_entry *service_classify(struct lace_flow *f, __u32 src_network,
+							      __u32 only_net, __u64 now)
+{
+	struct lace_ct_entry *e;
+	int stale;
+
+	e = ct_forward(f, src_network, now, &stale);
+	if (e || stale)
+		return e;
+	e = service_ct_reply(f, src_network, only_net, now);
+	if (!e)
+		e = ct_reply(f, src_network, now);
+	if (!e)
+		f->ct_status = LACE_CT_STATUS_NEW;
+	return e;
+}
+
+/* An ICMP error sent from backend_net (by a service backend, or a hop on its way) that quotes a
+ * client -> backend packet of a service flow: the flow's frontend entry (service_lookup), the
+ * error RELATED to it. Tried after ct_related missed. */
+static __always_inline struct lace_ct_entry *service_ct_related(struct lace_flow *f, __u32 backend_net,
+								__u64 now)
+{
+	struct lace_ct_entry *e = service_lookup(f, backend_net, LACE_NETWORK_NONE, 1);
+
+	if (e && e->expires_ns < now) {
+		f->nat_kind = LACE_NAT_NONE;
+		e = 0;
+	}
+	if (e) {
+		f->ct_status = LACE_CT_STATUS_RELATED;
+		e->last_seen_ns = now;
+	}
+	return e;
+}
+
+/* A reply found by entry e under network: the frontend written back as its source (and the
+ * client's own address as the destination of a hairpin flow). e is either a frontend entry that
+ * service_ct_reply found (f's nat_addr:nat_port: the frontend; e already advanced) or a probe's
+ * backend entry (DNAT; its frontend entry follows it). Other entries: nothing to do. Returns 0 or
+ * a drop reason. */
 __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *e,
 				 __u32 network, __u64 now)
 {
@@ -325,8 +489,12 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 	union lace_addr hairpin;
 	int rc;
 
-	if (!(e->flags & LACE_CT_F_DNAT))
+	if (e->flags & LACE_CT_F_DNAT) {
+		lace_copy16_a8(f->nat_addr, e->nat_addr);
+		f->nat_port = e->nat_port;
+	} else if (!(e->flags & LACE_CT_F_SERVICE) || f->nat_kind != LACE_NAT_DNAT) {
 		return 0;
+	}
 	service_hairpin_addr(f->family, hairpin.b);
 	if (lace_eq16_a8(f->daddr, &hairpin)) {
 		rc = nat_rewrite_addr(skb, f->family, f->proto, f->l4_off, NAT_DST, hairpin.b, f->saddr);
@@ -334,12 +502,12 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 			return rc;
 		lace_copy16_a8(f->daddr, f->saddr);
 	}
-	rc = nat_rewrite(skb, f, NAT_SRC, f->saddr, e->nat_addr, f->sport, e->nat_port);
+	rc = nat_rewrite(skb, f, NAT_SRC, f->saddr, f->nat_addr, f->sport, f->nat_port);
 	if (rc)
 		return rc;
-	lace_copy16_a8(f->nat_addr, e->nat_addr);
-	f->nat_port = e->nat_port;
 	f->nat_kind = LACE_NAT_DNAT;
+	if (!(e->flags & LACE_CT_F_DNAT))
+		return 0;
 	ct_key(&k, f->family, network, f->proto, f->daddr, f->nat_addr, f->dport, f->nat_port);
 	fe = ct_lookup(f->family, f->proto, &k);
 	if (fe && (fe->flags & LACE_CT_F_SERVICE)) {
@@ -351,19 +519,27 @@ __lace_subprog int service_reply(struct __sk_buff *skb, struct lace_flow *f, str
 	return 0;
 }
 
-/* An ICMP error related to a backend entry e through a quoted client -> backend packet (sent by
- * the backend or a hop on its way): the quoted destination becomes the frontend again, and so does
- * the error's source when the backend itself sent it — the client's socket knows only the VIP.
- * (nat_rewrite_quoted). Hairpin flows' errors are not translated. Returns 0 or a drop reason. */
+/* An ICMP error related to a service flow through a quoted client -> backend packet (sent by the
+ * backend or a hop on its way; e: the frontend entry service_ct_related found, f's nat_addr:nat_port
+ * the frontend, or a probe's backend entry): the quoted destination becomes the frontend again,
+ * and so does the error's source when the backend itself sent it — the client's socket knows only
+ * the VIP (nat_rewrite_quoted). Returns 0 or a drop reason. */
 __lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f, const struct lace_ct_entry *e)
 {
 	union lace_addr vip;
+	__be16 port;
 	int rc;
 
-	if (!(e->flags & LACE_CT_F_DNAT))
+	if (e->flags & LACE_CT_F_DNAT) {
+		lace_copy16_a8(&vip, e->nat_addr);
+		port = e->nat_port;
+	} else if ((e->flags & LACE_CT_F_SERVICE) && f->nat_kind == LACE_NAT_DNAT) {
+		lace_copy16_a8(&vip, f->nat_addr);
+		port = f->nat_port;
+	} else {
 		return 0;
-	lace_copy16_a8(&vip, e->nat_addr);
-	rc = nat_rewrite_quoted(skb, f, NAT_DST, f->inner_daddr, vip.b, f->inner_dport, e->nat_port);
+	}
+	rc = nat_rewrite_quoted(skb, f, NAT_DST, f->inner_daddr, vip.b, f->inner_dport, port);
 	if (rc)
 		return rc;
 	if (lace_eq16_a8(f->saddr, f->inner_daddr)) {
@@ -372,7 +548,7 @@ __lace_subprog int service_icmp_error(struct __sk_buff *skb, struct lace_flow *f
 			return rc;
 	}
 	lace_copy16_a8(f->nat_addr, &vip);
-	f->nat_port = e->nat_port;
+	f->nat_port = port;
 	f->nat_kind = LACE_NAT_DNAT;
 	return 0;
 }

@@ -280,7 +280,8 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 
 	now = ct_now();
 	if (!f->icmp_error) {
-		e = ct_classify(f, src_net, now);
+		/* its own flow, a service flow's reply from its backend (lib/service.h), a reply */
+		e = service_classify(f, src_net, LACE_NETWORK_NONE, now);
 		LACE_BENCH_STAGE(3);    /* conntrack looked up (an entry found is advanced) */
 		if (e) {
 			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
@@ -296,7 +297,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 				 * here goes back to that node */
 				if (f->ct_network == LACE_NETWORK_OUTSIDE && nodeport_from_origin(e))
 					return nodeport_return(skb, f, cfg, e);
-				if (e->flags & LACE_CT_F_DNAT)
+				if (e->flags & (LACE_CT_F_SERVICE | LACE_CT_F_DNAT))
 					rc = service_reply(skb, f, e, f->ct_network, now);
 				f->dst_network = f->ct_network;
 				f->dst_segment = e->src_segment;
@@ -334,10 +335,14 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(5);            /* routed */
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, f->dst_network, now, &quoted_orig);
+		if (!e) {       /* from a service backend, about its flow (lib/service.h) */
+			e = service_ct_related(f, src_net, now);
+			quoted_orig = 1;
+		}
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
 		rc = 0;
-		if (quoted_orig && (e->flags & LACE_CT_F_DNAT))
+		if (quoted_orig && (e->flags & (LACE_CT_F_SERVICE | LACE_CT_F_DNAT)))
 			rc = service_icmp_error(skb, f, e);
 		else if (!quoted_orig && (e->flags & LACE_CT_F_SNAT))
 			rc = masq_icmp_error_out(skb, f, e);   /* about a reply of a masqueraded flow */

@@ -142,21 +142,26 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 	now = ct_now();
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, dst_net, now, &quoted_orig);
+		if (!e) {       /* from a service backend, about its flow (lib/service.h) */
+			e = service_ct_related(f, src_net, now);
+			quoted_orig = 1;
+		}
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
-		if (quoted_orig && (e->flags & LACE_CT_F_DNAT)) {
+		if (quoted_orig && (e->flags & (LACE_CT_F_SERVICE | LACE_CT_F_DNAT))) {
 			rc = service_icmp_error(skb, f, e);
 			if (rc)
 				return lace_drop(skb, f, rc);
 		}
 	} else {
-		e = ct_classify(f, src_net, now);
+		/* its flow, a reply of a service flow this node translated (lib/service.h), a reply */
+		e = service_classify(f, src_net, dst_net, now);
 		if (!e && dst_net != src_net)
 			e = ct_reply(f, dst_net, now);
 	}
 	if (e) {
 		if (f->ct_status == LACE_CT_STATUS_REPLY) {
-			if (e->flags & LACE_CT_F_DNAT) {
+			if (e->flags & (LACE_CT_F_SERVICE | LACE_CT_F_DNAT)) {
 				rc = service_reply(skb, f, e, f->ct_network, now);
 				if (rc)
 					return lace_drop(skb, f, rc);
@@ -173,7 +178,7 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 
 	if (dst_net == LACE_NETWORK_OUTSIDE) {
 		/* only the replies of NodePort and LoadBalancer flows this node translated leave */
-		if (!e || f->ct_status != LACE_CT_STATUS_REPLY || !(e->flags & LACE_CT_F_DNAT))
+		if (!e || f->ct_status != LACE_CT_STATUS_REPLY || f->nat_kind != LACE_NAT_DNAT)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);
 		return forward_outside(skb, f, cfg);
 	}

@@ -1,7 +1,8 @@
 """Conntrack housekeeping the agent does: flushing the entries of an endpoint that went away, and
 the periodic GC pass (:func:`gc_pass`): expired entries deleted, each local endpoint's flows
 recounted against its conntrack limit, table fill and masquerade port use measured for the status
-document and the metrics."""
+document and the metrics; and reading which frontends live service flows still name (the revnat
+entries they need, :func:`revnat_in_use`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from lace.datapath.common import Family, addr_str
 from lace.datapath.conntrack import (CT4_KEY, CT6_KEY, CT_ENDPOINT_KEY, CT_ENTRY, CtFlag, ct_endpoint_key,
                                      ct_endpoint_value)
 from lace.datapath.masquerade import MASQ_PORT_COUNT
+from lace.datapath.services import revnat_key
 from lace.datapath.node import LoadedDatapath
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -28,7 +30,10 @@ if TYPE_CHECKING:
 
 
 def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: list) -> int:
-    """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``.
+    """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``,
+    and every service flow (whatever network its client is in) whose backend is one of them in
+    ``network``: a flow to a pod that is gone goes nowhere, and its client's next packet should
+    meet the service as a new flow and get a backend that exists.
 
     ``datapath`` hands out the loaded maps by CLI name: a :class:`~lace.datapath.node.LoadedDatapath`
     or the agent's ``NodeDatapath`` (which holds one).  The tables are read as raw arrays
@@ -41,17 +46,23 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
         if not wanted:
             continue
         m = datapath.map(name)
-        keys, _, n = m.dump()
+        keys, values, n = m.dump()
         if not n:
             continue
         layout = CT6_KEY if v6 else CT4_KEY
         arr = layout.decode_many(keys, n)
+        val = CT_ENTRY.decode_many(values, n)
         width = 16 if v6 else 4
         sel = np.zeros(n, dtype=bool)
+        backend = np.zeros(n, dtype=bool)
+        nat = val["nat_addr"]
         for ip in wanted:
-            raw = np.frombuffer(ipaddress.ip_address(ip).packed, dtype=f"V{width}")[0]
+            packed = ipaddress.ip_address(ip).packed
+            raw = np.frombuffer(packed, dtype=f"V{width}")[0]
             sel |= (arr["saddr"] == raw) | (arr["daddr"] == raw)
+            backend |= nat == np.frombuffer(packed.ljust(16, b"\0"), dtype="V16")[0]
         sel &= arr["network"] == network
+        sel |= backend & ((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & (val["dst_network"] == network)
         idx = np.nonzero(sel)[0]
         if len(idx):
             kb = bytes(keys)
@@ -64,7 +75,7 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
 
 #: how often the agent walks the conntrack tables (--ct-gc-interval)
 GC_INTERVAL_SECONDS = 10.0
-#: entries the datapath never counts against an endpoint: the second entry of a service flow (DNAT),
+#: entries the datapath never counts against an endpoint: a kubelet probe's backend entry (DNAT),
 #: a masquerade port reservation (MASQ), a reply alias (ALIAS) — one flow counts once, by the entry
 #: keyed with the pod's own address (plain, SERVICE frontend, SNAT pod entry)
 UNCOUNTED = int(CtFlag.DNAT | CtFlag.MASQ | CtFlag.ALIAS)
@@ -232,3 +243,28 @@ def _write_counts(m: Any, endpoints: list[GcEndpoint], held: dict[int, dict[str,
                 m.delete(k)
     for ifindex in limited:
         m.update(ct_endpoint_key(ifindex), ct_endpoint_value(held.get(ifindex, {})))
+
+
+def revnat_in_use(datapath: LoadedDatapath | NodeDatapath) -> set[tuple[bytes, tuple[int, str, int]]]:
+    """(revnat key of the backend, frontend (source network, address, port)) of every live service
+    flow's entry: the frontends the backends' revnat entries must keep (ServiceProgrammer.release_revnat).
+    An entry past its expiry counts no more (the datapath ignores it, the LRU reclaims it later)."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    out: set[tuple[bytes, tuple[int, str, int]]] = set()
+    for name in registry.CT_TABLES:
+        if "icmp" in name:
+            continue   # services are TCP and UDP only
+        v6 = name.endswith("v6")
+        keys, values, n = datapath.map(name).dump()
+        if not n:
+            continue
+        arr = (CT6_KEY if v6 else CT4_KEY).decode_many(keys, n)
+        val = CT_ENTRY.decode_many(values, n)
+        idx = np.nonzero(((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & (val["expires_ns"] >= now))[0]
+        width = 16 if v6 else 4
+        for i in idx:
+            backend = ipaddress.ip_address(bytes(val["nat_addr"][i])[:width])
+            frontend = ipaddress.ip_address(bytes(arr["daddr"][i]))
+            key = revnat_key(int(val["dst_network"][i]), backend, int(val["nat_port"][i]), int(arr["proto"][i]))
+            out.add((key, (int(arr["network"][i]), str(frontend), int(arr["dport"][i]))))
+    return out

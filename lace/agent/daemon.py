@@ -20,13 +20,14 @@ from lace.bpf.cgroup import cgroup_id
 from lace.datapath import registry
 from lace.datapath.config import DEFAULT_POD_MTU
 from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
+from lace.datapath.services import REVNAT_FRONTENDS
 from lace.policy.program import PolicyProgrammer
 from lace.services.program import ServiceProgrammer
 from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
 from .api import ApiServer
-from .conntrack import GC_INTERVAL_SECONDS, GcEndpoint, GcResult, flush_addresses, gc_pass
+from .conntrack import GC_INTERVAL_SECONDS, GcEndpoint, GcResult, flush_addresses, gc_pass, revnat_in_use
 from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, Entries, ct_limit, desired_maps
 from .servicesync import ServiceSync
@@ -81,6 +82,7 @@ class Agent:
         self._watch: Watch | None = None
         self._pressure_logged: tuple[int, int] | None = None
         self._service_pressure_logged: tuple[int, int] | None = None
+        self._revnat_left_out_logged = 0
         self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
                                       "last_reconcile": None, "started": time.time()}
         # lace.agent.status: each loop's last success / error / failures, the watch, the last snapshot
@@ -142,7 +144,7 @@ class Agent:
         self._adopt_pod_links()
         # backend IDs and Maglev tables as a previous agent left them: nothing still right is rewritten
         self.services.adopt(self.datapath.read("services"), self.datapath.read("backends"),
-                            self.datapath.read("maglev"))
+                            self.datapath.read("maglev"), self.datapath.read("revnat"))
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
         self.liveness.renew_once()   # the record exists before the agent says it is ready
         self.liveness.start()
@@ -213,6 +215,8 @@ class Agent:
                     self.loops["host-device"].failed(e)
                     raise
             self.service_sync.take()   # a full pass covers whatever the watch left for it
+            if resync:   # retired revnat frontends whose flows are all gone go (lace.services.program)
+                self.services.release_revnat(revnat_in_use(self.datapath))
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
                                   self.service_sync.cache, self.ct_endpoint_limit)
             self.last_snapshot = snap
@@ -303,6 +307,7 @@ class Agent:
         self.metrics.left_out.labels("prefix-segment").set(pol.prefix_dropped if pol else 0)
         self.metrics.left_out.labels("services").set(svc.frontends - svc.programmed if svc else 0)
         self.metrics.left_out.labels("maglev").set(svc.without_table if svc else 0)
+        self.metrics.left_out.labels("revnat").set(svc.revnat_left_out if svc else 0)
 
     def _log_service_pressure(self) -> None:
         """Warn once per change of what full service maps leave out (MAP_FULL)."""
@@ -315,6 +320,13 @@ class Agent:
             log.warning("node %s: %s: %d of %d service frontends programmed (left out: %s); %d frontends "
                         "without a Maglev table spread new flows over their slots", self.node, pr.reason,
                         pr.programmed, pr.frontends, ", ".join(pr.left_out[:10]) or "none", pr.without_table)
+        if pr is not None and pr.revnat_left_out != self._revnat_left_out_logged:
+            self._revnat_left_out_logged = pr.revnat_left_out
+            if pr.revnat_left_out:
+                log.warning("node %s: %d frontends left out of their backends' revnat entries (at most %d per "
+                            "backend): replies of flows through them leave untranslated; fewer services, "
+                            "networks or external addresses per backend port fix it", self.node,
+                            pr.revnat_left_out, REVNAT_FRONTENDS)
 
     def _reconcile_loop(self) -> None:
         backoff = 0.05

@@ -32,7 +32,7 @@ from .model import Snapshot
 #: at comes before it: backends and Maglev tables before the services that name them); deletes go
 #: in reverse. The datapath owns conntrack, affinity, events, metrics and probe-cookie.
 OWNED_MAPS = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
-              "backends", "maglev", "services", "probes")
+              "backends", "maglev", "revnat", "services", "probes")
 
 Entries = dict[bytes, bytes]
 
@@ -76,6 +76,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     svc = services if services is not None else ServiceProgrammer()
     # node-port frontends answer on this node's own addresses
     out["services"], out["backends"], out["maglev"] = svc.entries(on_node(s.frontends, me.underlay4, me.underlay))
+    out["revnat"] = svc.revnat_entries()
     _service_overflow_routes(s, svc, out["routing"])
     return out
 

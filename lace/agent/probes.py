@@ -19,8 +19,8 @@ the host device only routes the default network. So:
   for``; the socket-release hook removes the entry when the socket closes.
 - **Host device** (``lace_from_host``). A new flow to a probe target of another network passes only
   with its socket's cookie in probe-cookie for that very destination: it is translated to the pod's
-  own address (two conntrack entries as for a service, flagged PROBE, and a reply alias in the
-  pod's network), checked against the pod's ingress policy for peer ``host`` and handed to that
+  own address (two conntrack entries flagged PROBE — a frontend entry as a service flow has, and a
+  backend entry its replies find — and a reply alias in the pod's network), checked against the pod's ingress policy for peer ``host`` and handed to that
   pod's veth. Everything else to a probe address — another port, another process, a raw packet, a
   pod or another node — is dropped as ``probe-denied`` and traced. The pod's replies leave from the
   probe address.

@@ -36,14 +36,21 @@ class Field:
     kind: str
     offset: int
     size: int
+    #: an array of structs (kind ``array:struct NAME[N]``): the element's layout and N
+    element: Layout | None = None
+    count: int = 0
 
     @property
     def is_padding(self) -> bool:
         return self.kind == "pad"
 
 
-def _parse_kind(spec: str) -> tuple[str, int, int]:
-    """``u32`` -> (u32, 4, 4); ``bytes:16`` -> (bytes, 16, 1); ``pad:3`` -> (pad, 3, 1)."""
+def _parse_kind(spec: str | tuple[Layout, int]) -> tuple[str, int, int]:
+    """``u32`` -> (u32, 4, 4); ``bytes:16`` -> (bytes, 16, 1); ``pad:3`` -> (pad, 3, 1);
+    (element layout, N) -> (array:struct NAME[N], N x its size, its alignment)."""
+    if isinstance(spec, tuple):
+        element, n = spec
+        return f"array:{element.c_name}[{n}]", element.size * n, element.align
     if ":" in spec:
         kind, _, n = spec.partition(":")
         if kind not in ("bytes", "pad"):
@@ -58,7 +65,8 @@ def _parse_kind(spec: str) -> tuple[str, int, int]:
 class Layout:
     """The byte layout of one C struct, with explicit padding; see the module docstring."""
 
-    def __init__(self, c_name: str, fields: Sequence[tuple[str, str]], *, packed: bool = False):
+    def __init__(self, c_name: str, fields: Sequence[tuple[str, str | tuple[Layout, int]]], *,
+                 packed: bool = False):
         self.c_name = c_name
         out: list[Field] = []
         offset = 0
@@ -68,9 +76,13 @@ class Layout:
             if packed:
                 align = 1
             offset = (offset + align - 1) // align * align
-            out.append(Field(name, kind, offset, size))
+            if isinstance(spec, tuple):
+                out.append(Field(name, kind, offset, size, spec[0], spec[1]))
+            else:
+                out.append(Field(name, kind, offset, size))
             offset += size
             max_align = max(max_align, align)
+        self.align = max_align
         self.size = (offset + max_align - 1) // max_align * max_align
         self.fields: tuple[Field, ...] = tuple(out)
         self.names = tuple(f.name for f in out if not f.is_padding)
@@ -84,9 +96,9 @@ class Layout:
                 fmt += f"{f.offset - pos}x"
             if f.kind == "pad":
                 fmt += f"{f.size}x"
-            elif f.kind == "bytes":
+            elif f.kind == "bytes" or f.element is not None:
                 fmt += f"{f.size}s"
-                self._conv.append((f.name, f.kind))
+                self._conv.append((f.name, "bytes" if f.element is None else "array"))
             else:
                 fmt += _SCALARS[f.kind][0]
                 self._conv.append((f.name, f.kind))
@@ -99,7 +111,7 @@ class Layout:
             {
                 "names": [f.name for f in out if not f.is_padding],
                 "formats": [
-                    (f"V{f.size}" if f.kind == "bytes" else _SCALARS[f.kind][3])
+                    (f"V{f.size}" if f.kind == "bytes" or f.element is not None else _SCALARS[f.kind][3])
                     for f in out
                     if not f.is_padding
                 ],
@@ -130,6 +142,12 @@ class Layout:
             v = merged.get(name)
             if kind == "bytes":
                 args.append(bytes(v) if v is not None else b"")
+            elif kind == "array":   # a list of the element's records, the rest zero
+                f = self._by_name[name]
+                items = list(v or ())
+                if len(items) > f.count:
+                    raise ValueError(f"{self.c_name}.{name} holds {f.count} records, not {len(items)}")
+                args.append(b"".join(f.element.pack(r) for r in items))   # type: ignore[union-attr]
             elif v is None:
                 args.append(0)
             elif kind == "be16":
@@ -149,6 +167,9 @@ class Layout:
                 v = int.from_bytes(v.to_bytes(2, "little"), "big")
             elif kind == "be32":
                 v = int.from_bytes(v.to_bytes(4, "little"), "big")
+            elif kind == "array":
+                el = self._by_name[name].element
+                v = [el.unpack(v[i:i + el.size]) for i in range(0, len(v), el.size)]   # type: ignore[union-attr]
             out[name] = v
         return out
 

@@ -75,11 +75,11 @@ class CtFlag(enum.IntFlag):
     """Bits of lace_ct_entry.flags (LACE_CT_F_*)."""
 
     SEEN_REPLY = 0x01
-    DNAT = 0x02  # backend entry of a service flow: replies get nat_addr:nat_port as their source
+    DNAT = 0x02  # a kubelet probe's backend entry: replies get nat_addr:nat_port as their source
     SNAT = 0x04  # pod entry of a masqueraded flow: the source leaves as nat_addr:nat_port
     AUDIT = 0x08  # admitted by audit mode
     PROBE = 0x10  # a kubelet probe connection
-    SERVICE = 0x20  # frontend entry of a service flow: established packets go to nat_addr:nat_port
+    SERVICE = 0x20  # a service flow's one entry, keyed by its frontend: packets go to nat_addr:nat_port
     MASQ = 0x40  # masquerade port reservation, keyed in network OUTSIDE by node address:port
     ALIAS = 0x80  # reply alias of a flow between networks: keyed under its destination network, dst_network
     #               names the network the flow's entry is keyed under

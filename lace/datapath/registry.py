@@ -74,6 +74,11 @@ class MapDef:
         return _generic(self.value)(raw)
 
 
+def _revnat_value(raw: bytes, key: bytes) -> dict[str, Any]:
+    family = services.REVNAT_KEY.unpack(key)["family"] if key else Family.IPV6
+    return services.decode_revnat(raw, family)
+
+
 def _probe_value(raw: bytes, key: bytes) -> dict[str, Any]:
     family = probes.PROBE_KEY.unpack(key)["family"] if key else Family.IPV6
     return probes.decode_probe(raw, family)
@@ -109,6 +114,9 @@ _MAPS: tuple[MapDef, ...] = (
     MapDef("affinity", "lace_affinity", "lru_hash", services.AFFINITY_KEY, services.AFFINITY,
            services.AFFINITY_MAX, "(service, client network and address) -> backend (sessionAffinity ClientIP)",
            decode_key=services.decode_affinity_key, decode_value=_value(services.decode_affinity)),
+    MapDef("revnat", "lace_revnat", "hash", services.REVNAT_KEY, services.REVNAT, services.REVNAT_MAX,
+           "(backend network, address, port, protocol) -> the frontends its replies come from",
+           decode_key=services.decode_revnat_key, decode_value=_revnat_value),
     MapDef("sock-revnat", "lace_sk_revnat", "lru_hash", services.SOCK_REVNAT_KEY, services.SOCK_REVNAT,
            services.SOCK_REVNAT_MAX, "(host socket cookie, backend) -> the frontend the socket asked for",
            decode_key=services.decode_sock_revnat_key, decode_value=_value(services.decode_sock_revnat)),
@@ -159,7 +167,7 @@ CT_TABLES: tuple[str, ...] = ("ct-tcp-v6", "ct-udp-v6", "ct-icmp-v6", "ct-tcp-v4
 
 #: the maps ``node bpf show`` accepts
 SHOWABLE: tuple[str, ...] = (
-    "config", "devices", "routing", "delivery", "veth", "services", "policy", "segment",
+    "config", "devices", "routing", "delivery", "veth", "services", "revnat", "policy", "segment",
     "prefix-segment", "probes", "probe-cookie",
 )
 

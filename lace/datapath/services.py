@@ -5,6 +5,9 @@ affinity timeout and the Maglev table); slots 1..backend_count point at backend 
 map, the active ones first (slots 1..active_count take new flows, the rest are terminating).
 A service with two or more active backends owns one Maglev table of MAGLEV_SIZE backend IDs at
 [table * MAGLEV_SIZE, (table + 1) * MAGLEV_SIZE) of the maglev array; table 0 means none.
+revnat (the agent writes it): for each backend (its network, address, port, protocol), the frontends
+its replies may come from — a service flow's one conntrack entry is keyed by its frontend, and a
+reply finds it through these (lace/abi/services.h).
 sock-revnat is written by the cgroup socket hooks only: for each host socket they translated, the
 backend it was sent to and the frontend it asked for.
 """
@@ -32,13 +35,15 @@ SERVICES_MAX = 262144
 BACKENDS_MAX = 262144
 AFFINITY_MAX = 65536
 SOCK_REVNAT_MAX = 65536
+REVNAT_MAX = 262144
+REVNAT_FRONTENDS = 8   # frontends one backend answers for
 MAGLEV_SIZE = 1021  # a prime; Maglev balances well while it is > 100x a service's backends
 MAGLEV_TABLES = 1024
 MAGLEV_MAX = MAGLEV_SIZE * MAGLEV_TABLES
 
 
 #: Hairpin sources (LACE_HAIRPIN_*): a pod balanced to itself receives its service flow from
-#: these instead of its own address; backend conntrack entries of hairpin flows show them as the client.
+#: these instead of its own address (its flow's conntrack entry is keyed by its own address).
 HAIRPIN_IPV4_INT = 0xA9FE2A01
 HAIRPIN_IPV6_HIGH = 0x0100000000000000
 HAIRPIN_IPV6_LOW = 0x00000000A9FE2A01
@@ -158,11 +163,46 @@ SOCK_REVNAT = Layout(
     ],
 )
 
+#: struct lace_revnat_key (services.h)
+REVNAT_KEY = Layout(
+    "struct lace_revnat_key",
+    [
+        ("network", "u32"),
+        ("addr", "bytes:16"),
+        ("port", "be16"),
+        ("proto", "u8"),
+        ("family", "u8"),
+    ],
+)
+
+#: struct lace_revnat_frontend (services.h)
+REVNAT_FRONTEND = Layout(
+    "struct lace_revnat_frontend",
+    [
+        ("addr", "bytes:16"),
+        ("network", "u32"),
+        ("port", "be16"),
+        ("reserved", "u16"),
+    ],
+)
+
+#: struct lace_revnat (services.h)
+REVNAT = Layout(
+    "struct lace_revnat",
+    [
+        ("count", "u32"),
+        ("reserved", "u32"),
+        ("frontends", (REVNAT_FRONTEND, REVNAT_FRONTENDS)),
+    ],
+)
+
 C_MACROS: dict[str, int] = {
     "LACE_SERVICES_MAX": SERVICES_MAX,
     "LACE_BACKENDS_MAX": BACKENDS_MAX,
     "LACE_AFFINITY_MAX": AFFINITY_MAX,
     "LACE_SOCK_REVNAT_MAX": SOCK_REVNAT_MAX,
+    "LACE_REVNAT_MAX": REVNAT_MAX,
+    "LACE_REVNAT_FRONTENDS": REVNAT_FRONTENDS,
     "LACE_MAGLEV_SIZE": MAGLEV_SIZE,
     "LACE_MAGLEV_TABLES": MAGLEV_TABLES,
     "LACE_MAGLEV_MAX": MAGLEV_MAX,
@@ -283,3 +323,33 @@ def decode_sock_revnat(raw: bytes) -> dict[str, Any]:
     v = SOCK_REVNAT.unpack(raw)
     return {"family": enum_label(Family, v["family"]), "frontend": addr_str(v["family"], v["addr"]),
             "port": v["port"], "service_id": v["service_id"]}
+
+
+def revnat_key(network: int, backend: AddressLike, port: int, proto: int) -> bytes:
+    """Key of a backend's revnat entry: the backend pod's network, address, port and protocol."""
+    family, raw = addr16(backend)
+    return REVNAT_KEY.pack(network=check_u32(network, "network"), addr=raw, port=check_port(port),
+                           proto=int(proto), family=family)
+
+
+def revnat_value(frontends: list[tuple[int, AddressLike, int]]) -> bytes:
+    """The frontends (source network, address, port) a backend's replies may come from, at most
+    REVNAT_FRONTENDS (the caller decides which stay when there are more)."""
+    if len(frontends) > REVNAT_FRONTENDS:
+        raise ValueError(f"a revnat entry holds {REVNAT_FRONTENDS} frontends, not {len(frontends)}")
+    recs = [{"network": check_u32(net, "network"), "addr": addr16(addr)[1], "port": check_port(port)}
+            for net, addr, port in frontends]
+    return REVNAT.pack(count=len(recs), frontends=recs)
+
+
+def decode_revnat_key(raw: bytes) -> dict[str, Any]:
+    k = REVNAT_KEY.unpack(raw)
+    return {"network": k["network"], "family": enum_label(Family, k["family"]),
+            "backend": addr_str(k["family"], k["addr"]), "port": k["port"], "proto": enum_label(Proto, k["proto"])}
+
+
+def decode_revnat(raw: bytes, family: int) -> dict[str, Any]:
+    """The value, its frontends' addresses read in the key's family."""
+    v = REVNAT.unpack(raw)
+    return {"frontends": [{"network": f["network"], "addr": addr_str(family, f["addr"]), "port": f["port"]}
+                          for f in v["frontends"][:min(v["count"], REVNAT_FRONTENDS)]]}

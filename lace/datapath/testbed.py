@@ -388,6 +388,18 @@ class Testbed:
         self.m("maglev").update_batch(keys, struct.pack(f"<{svc.MAGLEV_SIZE}I", *entries), svc.MAGLEV_SIZE)
         self._maglev_tables.add(table)
 
+    def revnat(self, b: Backend, proto: int, network: int, frontend: str, port: int) -> None:
+        """Add frontend:port of source network ``network`` to backend b's revnat entry (once)."""
+        m, key = self.m("revnat"), svc.revnat_key(b.network, b.addr, b.port, proto)
+        raw = m.lookup(key)
+        have = []
+        if raw is not None:
+            family = svc.REVNAT_KEY.unpack(key)["family"]
+            have = [(f["network"], f["addr"], f["port"]) for f in svc.decode_revnat(raw, family)["frontends"]]
+        want = (network, str(ipaddress.ip_address(frontend)), port)
+        if want not in have:
+            m.update(key, svc.revnat_value([*have, want]))
+
     def service(self, vip: str, port: int, active: Sequence[Backend], *, terminating: Sequence[Backend] = (),
                 network: int = NET1, proto: int = 6, service_id: int = 1, maglev_table: int | None = None,
                 affinity_timeout: int = 0, flags: int = 0) -> Service:
@@ -395,8 +407,12 @@ class Testbed:
         slots (``active`` first, then ``terminating``) and slot 0 last; a Maglev table (number
         ``maglev_table``, default ``service_id``; 0 for none) when two or more are active.
         ``affinity_timeout`` > 0 turns on ClientIP affinity. Reprogramming a frontend with fewer
-        backends leaves its old slots behind (the datapath never reads past backend_count)."""
+        backends leaves its old slots behind (the datapath never reads past backend_count), and
+        every backend keeps the frontend in its revnat entry (as the agent keeps it while
+        conntrack may hold a flow to it)."""
         ids = {b: self.backend_id(b, proto) for b in [*active, *terminating]}
+        for b in [*active, *terminating]:
+            self.revnat(b, proto, network, vip, port)
         for b in active:
             self.m("backends").update(svc.backend_key(ids[b]), svc.backend_value(
                 b.addr, b.port, proto, b.network, svc.BackendFlag.ACTIVE))

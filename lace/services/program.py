@@ -1,5 +1,5 @@
-"""The service programmer: one node's ``services``, ``backends`` and ``maglev`` entries from its
-frontends.
+"""The service programmer: one node's ``services``, ``backends``, ``maglev`` and ``revnat`` entries
+from its frontends.
 
 The agent owns one ``ServiceProgrammer`` and hands it to ``desired_maps``. Two things must stay
 stable across reconciles and agent restarts, so the programmer keeps them (and ``adopt`` reads
@@ -15,6 +15,16 @@ them back from the pinned maps after a restart):
 
 Maglev entries are handled as whole tables: key = table number (u32), value = MAGLEV_SIZE backend
 IDs; the agent's datapath writer spreads a table over its slice of the ``maglev`` array.
+
+``revnat`` (lace/abi/services.h): a service flow has one conntrack entry, keyed by its frontend;
+its replies come from the backend and find that entry through the backend's revnat entry, which
+names the frontends (source network, address, port) that send flows to it. A frontend that stops
+using a backend (a backend deleted, a service gone) does not take itself out of the entry at once:
+conntrack may still hold flows through it, whose replies need it. It is *retired* — kept in the
+entry — until :meth:`ServiceProgrammer.release_revnat`, which the agent calls on its periodic
+resync with the frontends live conntrack entries still name, drops the others. At most
+REVNAT_FRONTENDS frontends per backend: the programmed ones first, in a stable order; the ones
+left out are counted (``ServicePressure.revnat_left_out``).
 """
 
 from __future__ import annotations
@@ -29,12 +39,15 @@ from dataclasses import dataclass, field
 from lace.datapath import registry
 from lace.datapath.common import Family
 from lace.datapath.maglev import table_bytes as maglev_table
-from lace.datapath.services import (BACKEND, SERVICE, SERVICE_KEY, MAGLEV_SIZE, BackendFlag, backend_key,
-                                    backend_value, service_key, service_value)
+from lace.datapath.services import (BACKEND, REVNAT, REVNAT_FRONTENDS, REVNAT_KEY, SERVICE, SERVICE_KEY,
+                                    MAGLEV_SIZE, BackendFlag, backend_key, backend_value, revnat_key,
+                                    revnat_value, service_key, service_value)
 
 from .model import Backend, Frontend
 
 Entries = dict[bytes, bytes]
+#: a frontend in a revnat entry: (source network, address, port)
+Ref = tuple[int, str, int]
 
 def table_key(table: int) -> bytes:
     """Key of a whole Maglev table in the programmer's ``maglev`` entries."""
@@ -49,6 +62,8 @@ class _Built:
 
     identities: tuple[str, ...]
     services: Entries = field(default_factory=dict)
+    #: revnat key of each backend -> the frontend refs this frontend puts there
+    revnat: dict[bytes, tuple[Ref, ...]] = field(default_factory=dict)
     backends: Entries = field(default_factory=dict)
     members: tuple[str, ...] | None = None
     table: int = 0
@@ -67,6 +82,8 @@ class ServicePressure:
     tables_capacity: int = 0
     tables_used: int = 0
     without_table: int = 0
+    #: frontends a backend's revnat entry had no room for (their flows' replies are not translated)
+    revnat_left_out: int = 0
     left_out: list[str] = field(default_factory=list)
     #: the frontends left out (for the datapath's map-full routes)
     left_out_frontends: list[Frontend] = field(default_factory=list)
@@ -83,7 +100,8 @@ class ServicePressure:
         return {"frontends": self.frontends, "programmed": self.programmed,
                 "entriesDesired": self.entries_desired, "capacity": self.capacity,
                 "maglevTables": self.tables_used, "maglevCapacity": self.tables_capacity,
-                "withoutTable": self.without_table, "leftOut": self.left_out[:20], "reason": self.reason}
+                "withoutTable": self.without_table, "revnatLeftOut": self.revnat_left_out,
+                "leftOut": self.left_out[:20], "reason": self.reason}
 
 
 class ServiceProgrammer:
@@ -124,6 +142,12 @@ class ServiceProgrammer:
         self._table_users: dict[tuple[str, ...], int] = {}
         #: programmed frontends that want a Maglev table and got none (none was free)
         self._without_table = 0
+        #: the revnat map's desired contents; per key, how many programmed frontends put each ref
+        #: there, and the refs retired (no frontend puts them there, conntrack may still need them)
+        self._revnat: Entries = {}
+        self._revnat_users: dict[bytes, dict[Ref, int]] = {}
+        self._revnat_retired: dict[bytes, set[Ref]] = {}
+        self._revnat_left_out: dict[bytes, int] = {}
         self._lock = threading.Lock()
 
     def scratch(self) -> ServiceProgrammer:
@@ -138,6 +162,8 @@ class ServiceProgrammer:
             c._out = tuple(dict(x) for x in self._out)
             c.pressure = copy.copy(self.pressure)   # a pass updates its counts in place
             c._backend_users = {k: dict(v) for k, v in self._backend_users.items()}
+            c._revnat_users = {k: dict(v) for k, v in self._revnat_users.items()}
+            c._revnat_retired = {k: set(v) for k, v in self._revnat_retired.items()}
             c._owners = {k: list(v) for k, v in self._owners.items()}
         c._lock = threading.Lock()
         return c
@@ -168,12 +194,21 @@ class ServiceProgrammer:
         self._tables[members] = t
         return t
 
-    def adopt(self, services: Entries, backends: Entries, tables: Entries | None = None) -> None:
+    def adopt(self, services: Entries, backends: Entries, tables: Entries | None = None,
+              revnat: Entries | None = None) -> None:
         """Take over the IDs and tables found in the pinned maps (after an agent restart), so the
         first reconcile rewrites nothing that is still right. A table's content (``tables``, whole
         tables as the agent writes them) is kept when it names exactly the frontend's active
-        backends, so a restart computes no Maglev table again."""
+        backends, so a restart computes no Maglev table again. The frontends in ``revnat`` entries
+        are kept as retired ones: a frontend gone while no agent ran may still have flows."""
         with self._lock:
+            for k, v in (revnat or {}).items():
+                family = REVNAT_KEY.unpack(k)["family"]
+                val = REVNAT.unpack(v)
+                refs = {_ref(r, family) for r in val["frontends"][:min(val["count"], REVNAT_FRONTENDS)]}
+                if refs:
+                    self._revnat_retired.setdefault(k, set()).update(refs)
+                    self._revnat_set(k)
             identity: dict[int, str] = {}
             for k, v in backends.items():
                 bid = struct.unpack_from("<I", k)[0]
@@ -226,6 +261,9 @@ class ServiceProgrammer:
                 if t not in self._blobs:
                     pair = tuple(sorted((b.identity, bid) for b, bid in zip(f.active, ids)))
                     self._blobs[t] = maglev_table(list(pair), MAGLEV_SIZE)
+        refs = tuple((net, str(f.addr), f.port) for net in f.networks)
+        for b in (*f.active, *f.terminating):
+            built.revnat[revnat_key(b.network, b.addr, b.port, b.proto)] = refs
         for net in f.networks:
             built.services[service_key(net, f.addr, f.port, f.proto, 0)] = service_value(
                 service_id=f.service_id, backend_count=len(ids), active_count=len(f.active), flags=f.flags,
@@ -250,6 +288,14 @@ class ServiceProgrammer:
             users = self._backend_users.setdefault(k, {})
             users[v] = users.get(v, 0) + 1
             backends[k] = _shared_value(users)
+        for k, refs in built.revnat.items():
+            users = self._revnat_users.setdefault(k, {})
+            for ref in refs:
+                users[ref] = users.get(ref, 0) + 1
+            retired = self._revnat_retired.get(k)
+            if retired:
+                retired.difference_update(refs)
+            self._revnat_set(k)
         for ident in built.identities:
             self._id_users[ident] = self._id_users.get(ident, 0) + 1
         if built.members and built.table:
@@ -284,6 +330,16 @@ class ServiceProgrammer:
             else:
                 del self._backend_users[k]
                 backends.pop(k, None)
+        for k, refs in built.revnat.items():
+            users = self._revnat_users[k]
+            for ref in refs:
+                users[ref] -= 1
+                if not users[ref]:   # retired: conntrack may still hold flows through it
+                    del users[ref]
+                    self._revnat_retired.setdefault(k, set()).add(ref)
+            if not users:
+                del self._revnat_users[k]
+            self._revnat_set(k)
         for ident in built.identities:
             self._id_users[ident] -= 1
             if not self._id_users[ident]:
@@ -299,6 +355,51 @@ class ServiceProgrammer:
                 tables.pop(table_key(t), None)
         elif built.members:
             self._without_table -= 1
+
+    def _revnat_set(self, k: bytes) -> None:
+        """Recompute the revnat entry of backend key k: its programmed frontends first, then the
+        retired ones, each in a stable order, at most REVNAT_FRONTENDS."""
+        refs = sorted(self._revnat_users.get(k, ())) + sorted(self._revnat_retired.get(k, ()))
+        if not refs:
+            self._revnat.pop(k, None)
+            self._revnat_retired.pop(k, None)
+            self._revnat_left_out.pop(k, None)
+            return
+        over = len(refs) - REVNAT_FRONTENDS
+        if over > 0:
+            self._revnat_left_out[k] = over
+        else:
+            self._revnat_left_out.pop(k, None)
+        self._revnat[k] = revnat_value(refs[:REVNAT_FRONTENDS])
+
+    def revnat_entries(self) -> Entries:
+        """The revnat map's desired entries (after a pass)."""
+        with self._lock:
+            return dict(self._revnat)
+
+    def release_revnat(self, in_use: set[tuple[bytes, Ref]]) -> tuple[Entries, list[bytes]]:
+        """Drop the retired frontends that no live conntrack entry names any more: ``in_use`` holds
+        (revnat key, frontend) of every live service flow (:func:`revnat_in_use`). Returns the
+        revnat map's (updates, deletes)."""
+        with self._lock:
+            updates: Entries = {}
+            deletes: list[bytes] = []
+            for k in list(self._revnat_retired):
+                retired = self._revnat_retired[k]
+                gone = {r for r in retired if (k, r) not in in_use}
+                if not gone:
+                    continue
+                retired -= gone
+                if not retired:
+                    del self._revnat_retired[k]
+                self._revnat_set(k)
+                if k in self._revnat:
+                    updates[k] = self._revnat[k]
+                else:
+                    deletes.append(k)
+            if self.pressure is not None:
+                self.pressure.revnat_left_out = sum(self._revnat_left_out.values())
+            return updates, deletes
 
     def _give_table(self, f: Frontend) -> None:
         """A programmed frontend that got no Maglev table takes one if one is free now: the same
@@ -380,6 +481,7 @@ class ServiceProgrammer:
     def _count_tables(self, pr: ServicePressure) -> None:
         pr.tables_used = len(self._table_users)
         pr.without_table = self._without_table
+        pr.revnat_left_out = sum(self._revnat_left_out.values())
 
     def update(self, changed: dict[str, list[Frontend]]) -> dict[str, tuple[Entries, list[bytes]]] | None:
         """An incremental pass: these services (namespace/name) now have these frontends (none:
@@ -409,10 +511,11 @@ class ServiceProgrammer:
             removes += [f for f in old[key] if f not in now]
         built = [(f, self._build(f)) for f in adds]
         # what every key this pass touches held before it: the changes are the difference
-        before: tuple[dict[bytes, bytes | None], ...] = ({}, {}, {})
+        before: tuple[dict[bytes, bytes | None], ...] = ({}, {}, {}, {})
+        current_maps = (*self._out, self._revnat)
         for b in (*(b for _, b in built), *(self._memo[f] for f in removes)):
-            keys = (b.services, b.backends, (table_key(b.table),) if b.members and b.table else ())
-            for ks, was_map, current in zip(keys, before, self._out):
+            keys = (b.services, b.backends, (table_key(b.table),) if b.members and b.table else (), b.revnat)
+            for ks, was_map, current in zip(keys, before, current_maps):
                 for k in ks:
                     if k not in was_map:
                         was_map[k] = current.get(k)
@@ -430,11 +533,17 @@ class ServiceProgrammer:
         pr.entries_desired += grow
         self._count_tables(pr)
         out: dict[str, tuple[Entries, list[bytes]]] = {}
-        for name, entries, was_map in zip(("services", "backends", "maglev"), self._out, before):
+        for name, entries, was_map in zip(("services", "backends", "maglev", "revnat"), current_maps, before):
             updates = {k: entries[k] for k in was_map if k in entries and entries[k] != was_map[k]}
             deletes = [k for k, v in was_map.items() if v is not None and k not in entries]
             out[name] = (updates, deletes)
         return out
+
+
+def _ref(rec: dict, family: int) -> Ref:
+    """A revnat frontend record as a Ref."""
+    raw = rec["addr"][:4] if family == Family.IPV4 else rec["addr"]
+    return (rec["network"], str(ipaddress.ip_address(raw)), rec["port"])
 
 
 def _same(old: tuple[Frontend, ...] | None, new: list[Frontend]) -> bool:

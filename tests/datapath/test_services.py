@@ -5,6 +5,7 @@ scoping, and policy applied to the backend after translation. IPv4 and IPv6 wher
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import time
 
@@ -106,9 +107,9 @@ def one_backend(dp, family, proto=6, backend: str = "b", **kw):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_a_new_service_flow_dropped_on_delivery_leaves_no_entries(dp, family, where):
-    """Translated and recorded (backend and frontend entries), then dropped by its delivery — at
-    this hop (TTL 1, a local backend) or for want of an underlay route to the backend's node: both
-    entries go with the packet."""
+    """Translated and recorded (its frontend entry), then dropped by its delivery — at this hop
+    (TTL 1, a local backend) or for want of an underlay route to the backend's node: the entry goes
+    with the packet."""
     a = dp.pods["a"]
     if where == "local":
         one_backend(dp, family)
@@ -134,17 +135,14 @@ def test_new_flow_is_translated_to_the_backend(dp, family, proto):
     assert out.src == a.ip(family) and out.dst == b.ip(family)
     assert out.sport == 40000 and out.dport == TARGET and bytes(out.payload.payload) == b"hello"
     assert checksums_valid(bytes(out)), "address and port rewrite keep every checksum valid"
-    # the frontend entry (client -> VIP) holds the backend, the backend entry the frontend
+    # one entry, the frontend's (client -> VIP), holding the backend; none keyed by the backend
     fe = ct(dp, NET1, a.ip(family), VIP[family], 40000, PORT, proto)
-    be = ct(dp, NET1, a.ip(family), b.ip(family), 40000, TARGET, proto)
-    assert fe and be
+    assert fe and ct(dp, NET1, a.ip(family), b.ip(family), 40000, TARGET, proto) is None
+    assert ct_count(dp) == 1
     assert fe["flags"] & CtFlag.SERVICE and not fe["flags"] & CtFlag.DNAT
-    assert be["flags"] & CtFlag.DNAT and not be["flags"] & CtFlag.SERVICE
-    assert nat_of(fe, family) == (b.ip(family), TARGET) and nat_of(be, family) == (VIP[family], PORT)
-    assert fe["rev_nat_id"] == be["rev_nat_id"] == 42
-    assert fe["dst_network"] == be["dst_network"] == NET1
-    assert fe["dst_segment"] == be["dst_segment"] == b.segment
-    assert be["state"] == (CtState.SYN_SENT if proto == 6 else CtState.UNREPLIED)
+    assert nat_of(fe, family) == (b.ip(family), TARGET)
+    assert fe["rev_nat_id"] == 42 and fe["dst_network"] == NET1 and fe["dst_segment"] == b.segment
+    assert fe["state"] == (CtState.SYN_SENT if proto == 6 else CtState.UNREPLIED)
     # the event: backend side of the flow, the frontend in nat_*
     ev = res.events[-1]
     assert ev["verdict"] == Verdict.FORWARD and ev["ct_status"] == CtStatus.NEW
@@ -179,11 +177,10 @@ def test_reply_from_a_local_backend_leaves_from_the_vip(dp, family):
     assert ev_addr(ev, "saddr") == b.ip(family) and ev["sport"] == TARGET       # backend side ...
     assert ev_addr(ev, "daddr") == a.ip(family) and ev["dport"] == 41000
     assert ev_addr(ev, "nat_addr") == VIP[family] and ev["nat_port"] == PORT    # ... for the frontend
-    # both entries move on: the frontend entry follows the backend entry
-    be = ct(dp, NET1, a.ip(family), b.ip(family), 41000, TARGET, 6)
+    # the flow's one entry sees the reply too (found through the backend's revnat entry)
     fe = ct(dp, NET1, a.ip(family), VIP[family], 41000, PORT, 6)
-    assert be["state"] == fe["state"] == CtState.SYN_RECV
-    assert fe["flags"] & CtFlag.SEEN_REPLY and fe["packets_rev"] == be["packets_rev"] == 1
+    assert fe["state"] == CtState.SYN_RECV
+    assert fe["flags"] & CtFlag.SEEN_REPLY and fe["packets_rev"] == 1 and fe["packets_fwd"] == 1
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41000, dport=PORT, flags="A", seq=8, ack=100))
     assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
     assert ct(dp, NET1, a.ip(family), VIP[family], 41000, PORT, 6)["state"] == CtState.ESTABLISHED
@@ -259,23 +256,33 @@ def test_established_flow_survives_the_service_changing_and_going(dp, family):
     res = dp.from_pod(a, ack)
     out = fam_ip(family)(assert_to_pod(res, dp, "b"))
     assert out.dst == b.ip(family) and out.dport == TARGET and checksums_valid(bytes(out))
-    assert ct(dp, NET1, a.ip(family), b.ip(family), 43000, TARGET, 6)["packets_fwd"] == 3
+    assert ct(dp, NET1, a.ip(family), VIP[family], 43000, PORT, 6)["packets_fwd"] == 3
+    # and its replies still come from the VIP: the backend's revnat entry outlives the service
+    res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=43000, flags="A"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert (out.src, out.sport) == (VIP[family], PORT) and checksums_valid(bytes(out))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_lost_backend_entry_is_rebuilt_from_the_frontend_entry(dp, family):
+def test_backend_of_two_frontends_answers_each_flow_from_its_own(dp, family):
+    """One pod port behind two services: its revnat entry names both frontends, and each flow's
+    replies leave from the frontend that flow was sent to (the entry whose backend is this one)."""
     a, b = dp.pods["a"], dp.pods["b"]
+    other = {4: "10.96.0.77", 6: "fd00:10:96::77"}[family]
     one_backend(dp, family, 17)
-    dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=6000, dport=PORT))
-    fam, key = ct_key(NET1, a.ip(family), b.ip(family), 6000, TARGET, 17)
-    assert dp.m(f"ct-udp-v{family}").delete(key)
-    assert_to_pod(dp.from_pod(a, dp.l3(a, VIP[family], family) / UDP(sport=6000, dport=PORT)), dp, "b")
-    be = ct(dp, NET1, a.ip(family), b.ip(family), 6000, TARGET, 17)
-    assert be and be["flags"] & CtFlag.DNAT and not be["flags"] & CtFlag.SERVICE
-    assert nat_of(be, family) == (VIP[family], PORT)
-    out = fam_ip(family)(assert_to_pod(
-        dp.from_pod(b, dp.l3(b, a.ip(family), family) / UDP(sport=TARGET, dport=6000)), dp, "a"))
-    assert out.src == VIP[family] and out.sport == PORT
+    dp.service(other, 53, [Backend(b.ip(family), TARGET)], proto=17, service_id=2)
+    for vip, port, sport in ((VIP[family], PORT, 6000), (other, 53, 6001)):
+        assert_to_pod(dp.from_pod(a, dp.l3(a, vip, family) / UDP(sport=sport, dport=port)), dp, "b")
+    assert ct_count(dp) == 2, "one entry per flow"
+    for vip, port, sport in ((VIP[family], PORT, 6000), (other, 53, 6001)):
+        res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / UDP(sport=TARGET, dport=sport))
+        out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+        assert (out.src, out.sport, out.dport) == (vip, port, sport) and checksums_valid(bytes(out))
+        assert ct(dp, NET1, a.ip(family), vip, sport, port, 17)["state"] == CtState.REPLIED
+    # a packet from the backend port to a client port no flow uses is no reply: a new flow, untouched
+    res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / UDP(sport=TARGET, dport=6002))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert out.src == b.ip(family) and res.events[-1]["ct_status"] == CtStatus.NEW
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -522,9 +529,9 @@ def test_hairpin_flow_comes_back_from_the_reserved_address(dp, family, proto):
     ev = res.events[-1]
     assert ev_addr(ev, "saddr") == a.ip(family) and ev_addr(ev, "daddr") == a.ip(family)
     assert ev_addr(ev, "nat_addr") == VIP[family] and ev["delivery_ifindex"] == a.ifindex
-    be = ct(dp, NET1, HAIRPIN[family], a.ip(family), 48000, TARGET, proto)
-    assert be and be["flags"] & CtFlag.DNAT and nat_of(be, family) == (VIP[family], PORT)
-    assert ct(dp, NET1, a.ip(family), VIP[family], 48000, PORT, proto)["flags"] & CtFlag.SERVICE
+    fe = ct(dp, NET1, a.ip(family), VIP[family], 48000, PORT, proto)
+    assert fe["flags"] & CtFlag.SERVICE and nat_of(fe, family) == (a.ip(family), TARGET)
+    assert ct_count(dp) == 1, "one entry, keyed by the client's own address, not the reserved one"
     # the pod answers the reserved address: back to itself, from the VIP
     reply = dp.l3(a, HAIRPIN[family], family) / l4(proto, TARGET, 48000, flags="SA")
     out = fam_ip(family)(assert_to_pod(dp.from_pod(a, reply), dp, "a"))
@@ -573,7 +580,8 @@ def test_same_vip_in_two_networks_reaches_each_networks_backend(dp, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vip_offered_to_another_network_goes_there_and_its_replies_come_back(dp, family):
     # network 2 imports network 1's service: no route between the networks either way; the
-    # backend's network decides the way there, a reply alias the way back
+    # backend's network decides the way there, its revnat entry (frontend VIP:PORT of network 2)
+    # the way back
     a, b, c = dp.pods["a"], dp.pods["b"], dp.pods["c"]
     dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET2, service_id=3)
     res = dp.from_pod(c, dp.l3(c, VIP[family], family) / TCP(sport=51000, dport=PORT, flags="S"))
@@ -581,17 +589,15 @@ def test_vip_offered_to_another_network_goes_there_and_its_replies_come_back(dp,
     ev = res.events[-1]
     assert ev["src_network"] == NET2 and ev["dst_network"] == NET1
     fe = ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)
-    assert fe["dst_network"] == NET1 and ct(dp, NET2, c.ip(family), b.ip(family), 51000, TARGET, 6)
-    alias = ct(dp, NET1, c.ip(family), b.ip(family), 51000, TARGET, 6)
-    assert alias["flags"] == CtFlag.ALIAS and alias["dst_network"] == NET2
-    # b answers c's address, which in network 1 is a's: the alias sends it to c, from the VIP
+    assert fe["dst_network"] == NET1 and ct_count(dp) == 1, "the frontend entry alone, no reply alias"
+    # b answers c's address, which in network 1 is a's: the flow's entry sends it to c, from the VIP
     res = dp.from_pod(b, dp.l3(b, c.ip(family), family) / TCP(sport=TARGET, dport=51000, flags="SA"))
     out = fam_ip(family)(assert_to_pod(res, dp, "c"))
     assert out.src == VIP[family] and out.sport == PORT and checksums_valid(bytes(out))
-    assert ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)["state"] == CtState.SYN_RECV
-    assert ct(dp, NET2, c.ip(family), b.ip(family), 51000, TARGET, 6)["packets_rev"] == 1
-    # the alias answers replies only: a (c's address in network 1) sending the same tuple to b is a
-    # flow of its own and meets b's policy
+    fe = ct(dp, NET2, c.ip(family), VIP[family], 51000, PORT, 6)
+    assert fe["state"] == CtState.SYN_RECV and fe["packets_rev"] == 1
+    # a (c's address in network 1) sending the same tuple to b is a flow of its own and meets b's
+    # policy
     dp.select(b.segment, ING)
     res = dp.from_pod(a, dp.l3(a, b.ip(family), family) / TCP(sport=51000, dport=TARGET, flags="A"))
     assert_dropped(res, DropReason.POLICY_INGRESS)
@@ -614,11 +620,11 @@ def test_flow_from_another_networks_remote_pod_gets_its_replies_without_a_route(
     assert ct(dp, NET2, far, a.ip(family), 7777, TARGET, 17)["state"] == CtState.REPLIED
 
 
-def test_no_alias_within_one_network(dp):
+def test_a_service_flow_has_one_entry(dp):
     a, b = dp.pods["a"], dp.pods["b"]
     one_backend(dp, 4)
     dp.from_pod(a, dp.l3(a, VIP[4], 4) / TCP(sport=52500, dport=PORT, flags="S"))
-    assert ct_count(dp) == 2, "a frontend and a backend entry, no alias"
+    assert ct_count(dp) == 1, "the frontend entry: no backend entry, no alias"
 
 
 # -- policy applies to the backend ---------------------------------------------------------------
@@ -720,3 +726,22 @@ def test_frontend_left_out_of_a_full_map_drops_as_map_full(dp, family):
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=41001, dport=PORT, flags="S"))
     out = fam_ip(family)(assert_to_pod(res, dp, "b"))
     assert out.dst == b.ip(family)
+
+
+# -- the agent's conntrack housekeeping of service flows ------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_live_service_flows_name_their_frontends_and_go_with_their_backend(dp, family):
+    """revnat_in_use reads which frontend each live service flow went through (the agent keeps
+    those in the backends' revnat entries); flush_addresses, for a backend pod that is gone, takes
+    its service flows too, so the client's next packet meets the service as a new flow."""
+    from lace.agent.conntrack import flush_addresses, revnat_in_use
+    from lace.datapath.services import revnat_key
+
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family)
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=45000, dport=PORT, flags="S"))
+    assert revnat_in_use(dp.loaded) == {
+        (revnat_key(NET1, b.ip(family), TARGET, 6), (NET1, str(ipaddress.ip_address(VIP[family])), PORT))}
+    assert flush_addresses(dp.loaded, NET1, [ipaddress.ip_address(b.ip(family))]) == 1
+    assert ct_count(dp) == 0 and revnat_in_use(dp.loaded) == set()

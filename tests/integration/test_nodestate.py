@@ -57,6 +57,8 @@ def fill(maps: dict[str, Any]) -> None:
     m("services").update(S.service_key(1, "10.96.0.10", 53, 17), S.service_value(service_id=5, backend_count=1, active_count=1))
     m("services").update(S.service_key(1, "10.96.0.10", 53, 17, 1), S.service_value(service_id=5, backend_id=100))
     m("backends").update(S.backend_key(100), S.backend_value("10.244.1.10", 5353, 17, 1))
+    m("revnat").update(S.revnat_key(1, "10.244.1.10", 5353, 17),
+                       S.revnat_value([(1, "10.96.0.10", 53), (7, "10.96.0.10", 53)]))
     m("policy").update(selected_key(256, Direction.INGRESS), policy_entry(3, 0, PolicyFlag.SELECTED))
     for k in policy_keys(256, 257, Direction.INGRESS, 6, 8080):
         m("policy").update(k, policy_entry(3, 1))
@@ -162,6 +164,12 @@ def test_names_and_unresolved(node_env: dict[str, str]) -> None:
     assert "ingress" not in out.split("\n", 1)[1].split("policy (egress)")[0]
     rc, out, _ = node(node_env, "bpf", "show", "services", "--endpoints", "-n")
     assert "10.244.1.10:5353" in out
+    # each backend with the frontends its replies leave from, one per line
+    rc, out, _ = node(node_env, "bpf", "show", "revnat", "-n")
+    assert rc == 0 and "10.244.1.10:5353" in out and "10.96.0.10:53 in 1" in out and "10.96.0.10:53 in 7" in out
+    rc, out, _ = node(node_env, "bpf", "show", "revnat", "-n", "-o", "json")
+    (entry,) = json.loads(out)["entries"]
+    assert entry["backend"] == "10.244.1.10" and [f["network"] for f in entry["frontends"]] == [1, 7]
 
 
 def test_limit(node_env: dict[str, str]) -> None:

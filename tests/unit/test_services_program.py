@@ -9,7 +9,7 @@ import pytest
 
 from lace.datapath.common import Proto
 from lace.datapath.services import (BACKEND, MAGLEV_SIZE, SERVICE, SERVICE_KEY, BackendFlag, ServiceFlag,
-                                    service_key)
+                                    revnat_key, service_key)
 from lace.services.model import frontends, imports_by_service
 from lace.services.program import ServiceProgrammer, table_key
 
@@ -167,3 +167,70 @@ def test_programmer_pressure_when_maps_are_full():
     assert pr.programmed == 1 and pr.frontends == 2 and pr.reason == "services map full"
     assert pr.left_out == ["default/web:80"]
     assert pr.without_table == 1
+
+
+# -- revnat: the frontends each backend's replies leave from -----------------------------------------
+
+def _revnat(entries):
+    """revnat entries as {(backend network, backend, port): [(network, frontend, port), ...]}."""
+    from lace.datapath import registry
+    mdef = registry.get("revnat")
+    out = {}
+    for k, v in entries.items():
+        key = mdef.key_dict(k)
+        out[(key["network"], key["backend"], key["port"])] = [
+            (f["network"], f["addr"], f["port"]) for f in mdef.value_dict(v, k)["frontends"]]
+    return out
+
+
+def test_revnat_names_every_frontend_of_each_backend_in_each_network():
+    p = ServiceProgrammer()
+    web = _fronts(2, networks=(1, 7))                       # offered to network 7 too
+    dns = _fronts(1, sid=11, vip="10.96.0.53")              # another service, the same pod port
+    p.entries(web + dns)
+    assert _revnat(p.revnat_entries()) == {
+        (1, "10.244.1.1", 8080): [(1, "10.96.0.10", 80), (1, "10.96.0.53", 80), (7, "10.96.0.10", 80)],
+        (1, "10.244.1.2", 8080): [(1, "10.96.0.10", 80), (7, "10.96.0.10", 80)],
+    }
+
+
+def test_revnat_keeps_a_removed_frontend_until_conntrack_no_longer_names_it():
+    """A backend taken out of a service keeps its frontend in its revnat entry (its established
+    flows' replies need it) until release_revnat sees no live flow through it."""
+    p = ServiceProgrammer()
+    p.entries(_fronts(2))
+    changes = p.update({"default/web": _fronts(1)})        # 10.244.1.2 leaves the service
+    assert changes is not None and changes["revnat"] == ({}, []), "nothing written: the frontend is retired"
+    backend2, key2 = (1, "10.244.1.2", 8080), revnat_key(1, "10.244.1.2", 8080, Proto.TCP)
+    assert _revnat(p.revnat_entries())[backend2] == [(1, "10.96.0.10", 80)]
+    # a live flow still goes there: it stays
+    assert p.release_revnat({(key2, (1, "10.96.0.10", 80))}) == ({}, [])
+    assert backend2 in _revnat(p.revnat_entries())
+    # no flow any more: it goes; the backend still in the service keeps its frontend
+    assert p.release_revnat(set()) == ({}, [key2])
+    assert list(_revnat(p.revnat_entries())) == [(1, "10.244.1.1", 8080)]
+    # the audit's scratch copy agrees with what was written
+    assert p.scratch().revnat_entries() == p.revnat_entries()
+
+
+def test_revnat_adopted_after_a_restart_is_retired_not_deleted():
+    first = ServiceProgrammer()
+    first.entries(_fronts(2))
+    kernel = first.revnat_entries()
+    second = ServiceProgrammer()
+    second.adopt({}, {}, {}, kernel)
+    second.entries(_fronts(1))                              # 10.244.1.2 went while no agent ran
+    assert second.revnat_entries() == kernel, "both backends keep their frontend until conntrack says"
+    second.release_revnat(set())
+    assert list(_revnat(second.revnat_entries())) == [(1, "10.244.1.1", 8080)]
+
+
+def test_revnat_holds_at_most_its_capacity_and_counts_the_rest():
+    from lace.datapath.services import REVNAT_FRONTENDS
+    p = ServiceProgrammer()
+    fronts = [f for i in range(REVNAT_FRONTENDS + 2) for f in _fronts(1, sid=20 + i, vip=f"10.96.1.{i + 1}")]
+    p.entries(fronts)
+    (only,) = _revnat(p.revnat_entries()).values()
+    assert len(only) == REVNAT_FRONTENDS
+    assert p.pressure is not None and p.pressure.revnat_left_out == 2
+    assert p.pressure.as_dict()["revnatLeftOut"] == 2

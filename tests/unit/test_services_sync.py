@@ -90,6 +90,7 @@ def test_incremental_passes_program_what_a_full_pass_would():
     cache.set_context(NET, {}, ADDR4, None)
     p = ServiceProgrammer()
     kernel = [dict(x) for x in p.entries(cache.frontends())]
+    revnat = p.revnat_entries()
     rv = 2
     for _ in range(60):
         keys = set()
@@ -104,10 +105,12 @@ def test_incremental_passes_program_what_a_full_pass_would():
                 objs[i] = (s, sl)
         changes = p.update(cache.frontends_of(keys))
         assert changes is not None
-        for m, (name, (updates, deletes)) in zip(kernel, changes.items()):
+        for m, (name, (updates, deletes)) in zip([*kernel, revnat], changes.items()):
             m.update(updates)
             for k in deletes:
                 del m[k]
+        # revnat: what the programmer wants (retired frontends included: a fresh pass has none)
+        assert revnat == p.revnat_entries()
         # what the maps now hold is what the programmer wants, and what a fresh full pass wants
         assert tuple(kernel) == p._out
         fresh = ServiceProgrammer()

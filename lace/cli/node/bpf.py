@@ -255,6 +255,30 @@ def view_services(entries: list[Entry], res: NumericResolver, names: Names, args
     return v
 
 
+def view_revnat(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    """Each backend (network, address:port, protocol) with the frontends its replies leave from: a
+    service flow's one conntrack entry is keyed by its frontend, and its replies find it through
+    these. A frontend whose service no longer uses the backend stays while its flows may live."""
+    v = View(["NETWORK", "BACKEND", "PROTO", "POD", "FRONTENDS"])
+    for e in sorted(entries, key=lambda e: (e.key["network"], _pfx_sort(e.key["backend"]), e.key["port"],
+                                            e.key["proto"])):
+        k, fronts = e.key, e.value["frontends"]
+        host = f'[{k["backend"]}]' if ":" in k["backend"] else k["backend"]
+        pod = res.pod_for_ip(k["network"], k["backend"])
+        texts = []
+        for f in fronts:
+            addr = f'[{f["addr"]}]' if ":" in f["addr"] else f["addr"]
+            texts.append(f'{addr}:{f["port"]} in {_net(res, f["network"])}')
+            _names(res, f, network=f["network"])
+        v.rows.append([_net(res, k["network"]), f'{host}:{k["port"]}', k["proto"], pod, texts[0] if texts else "(none)"])
+        for t in texts[1:]:
+            v.rows.append([render.BLANK] * 4 + [t])
+        doc = {**k, "pod": pod, "frontends": fronts}
+        _names(res, doc, network=k["network"])
+        v.docs.append(doc)
+    return v
+
+
 def view_policy(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
     v = View(["SEGMENT", "DIRECTION", "PEER", "PROTO", "PORTS", "POLICY", "RULE", "HITS"])
     want = "egress" if args.egress else "ingress" if args.ingress else None
@@ -370,7 +394,8 @@ def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, 
 
 VIEWS: dict[str, Callable[..., View]] = {
     "config": view_config, "devices": view_devices, "routing": view_routing, "delivery": view_delivery,
-    "veth": view_veth, "services": view_services, "policy": view_policy, "segment": view_segment,
+    "veth": view_veth, "services": view_services, "revnat": view_revnat, "policy": view_policy,
+    "segment": view_segment,
     "prefix-segment": view_prefix_segment, "probes": view_probes, "probe-cookie": view_probe_cookie,
 }
 assert tuple(VIEWS) == registry.SHOWABLE

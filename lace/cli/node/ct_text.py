@@ -51,9 +51,9 @@ def entry_lines(t: CtDump, now: int, res: NumericResolver) -> list[str]:
         dst = _ep(daddr[i], kk["dport"], t.family, proto)
         flags = vv["flags"]
         nat = _ep(nat_addr[i], vv["nat_port"], t.family, proto)
-        if flags & CtFlag.SERVICE:     # keyed by the frontend: the backend it was sent to
+        if flags & CtFlag.SERVICE:     # a service flow, keyed by the frontend: the backend it was sent to
             tup = f"{src} → {dst} → {nat}"
-        elif flags & CtFlag.DNAT:      # keyed by the backend: the frontend replies come from
+        elif flags & CtFlag.DNAT:      # a probe's backend entry: the frontend replies come from
             tup = f"{src} → {nat} → {dst}"
         elif flags & CtFlag.SNAT:
             tup = f"{src} → {dst} (snat as {nat})"

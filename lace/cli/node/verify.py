@@ -35,7 +35,7 @@ if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command r
 
 #: the maps the agent owns and the audit compares (lace.agent.desired.OWNED_MAPS), in its order
 AUDITED = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
-           "backends", "maglev", "services", "probes")
+           "backends", "maglev", "revnat", "services", "probes")
 #: written by the datapath itself: no desired state to compare with
 NOT_AUDITED_TEXT = "conntrack (ct-*), affinity, events, metrics, probe-cookie and sock-revnat"
 KINDS = ("missing", "stale", "different")

@@ -37,22 +37,23 @@ enum lace_ct_status {
 };
 
 #define LACE_CT_F_SEEN_REPLY 0x01
-/* A service flow has two entries. The frontend entry (SERVICE), keyed client -> VIP:port, holds the
- * chosen backend in nat_addr/nat_port and sends established packets there. The backend entry
- * (DNAT), keyed client -> backend, holds the frontend in nat_addr/nat_port and writes it back as the
- * source of replies. rev_nat_id is the service ID in both. */
-#define LACE_CT_F_DNAT       0x02  /* backend entry: replies get nat_addr:nat_port as their source */
-/* A masqueraded flow has two entries too. The pod's entry (SNAT), keyed by the pod's own tuple,
+/* A service flow has one entry, the frontend entry (SERVICE), keyed client -> VIP:port: it holds
+ * the chosen backend in nat_addr/nat_port, sends established packets there and, found through the
+ * revnat map (abi/services.h), writes the frontend back as the source of replies; rev_nat_id is
+ * the service ID. A kubelet probe (lib/probe.h) also has a backend entry (DNAT), keyed client ->
+ * backend, holding the frontend in nat_addr/nat_port for its replies. */
+#define LACE_CT_F_DNAT       0x02  /* a probe's backend entry: replies get nat_addr:nat_port as source */
+/* A masqueraded flow has two entries. The pod's entry (SNAT), keyed by the pod's own tuple,
  * holds the node address and port it leaves with. The port reservation (MASQ), keyed in network
  * OUTSIDE by node address:port -> remote, holds the pod's address and port; dst_network is the
  * pod's network. Replies find the reservation and are written back to the pod. */
 #define LACE_CT_F_SNAT       0x04  /* pod entry: the source leaves as nat_addr:nat_port */
 #define LACE_CT_F_AUDIT      0x08  /* admitted by audit mode */
 #define LACE_CT_F_PROBE      0x10  /* a kubelet probe connection */
-#define LACE_CT_F_SERVICE    0x20  /* frontend entry: established packets go to nat_addr:nat_port */
+#define LACE_CT_F_SERVICE    0x20  /* a service flow's entry: packets go to nat_addr:nat_port */
 #define LACE_CT_F_MASQ       0x40  /* masquerade port reservation (see above) */
 /* A NodePort or LoadBalancer flow is keyed in network OUTSIDE. The node whose frontend translated
- * it holds the two service entries (SERVICE, DNAT). When the backend is on another node, that node
+ * it holds the flow's service entry (SERVICE). When the backend is on another node, that node
  * holds an entry keyed under OUTSIDE with no NAT flag whose nat_addr is the translating node's
  * origin SID (its locator, function OUTSIDE): the backend's replies are sent back there. */
 /* A flow delivered into another network than its source network (a service a network imports, a

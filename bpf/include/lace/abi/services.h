@@ -1,6 +1,7 @@
 /* services: (source network, frontend address, port, protocol) -> service and its backends by slot;
  * backends: backend ID -> address; maglev: each service's consistent-hash lookup table;
  * affinity: (service, client) -> the backend ClientIP affinity pins it to;
+ * revnat: (backend network, address, port, protocol) -> the frontends its replies may come from;
  * sock-revnat: (socket cookie, backend) -> the frontend a host socket asked for. */
 #ifndef LACE_ABI_SERVICES_H
 #define LACE_ABI_SERVICES_H
@@ -9,6 +10,8 @@
 #define LACE_BACKENDS_MAX 262144
 #define LACE_AFFINITY_MAX 65536
 #define LACE_SOCK_REVNAT_MAX 65536  /* host sockets translated at connect/sendmsg time */
+#define LACE_REVNAT_MAX 262144      /* one per backend (network, address, port, protocol) */
+#define LACE_REVNAT_FRONTENDS 8     /* frontends one backend answers for (lace_revnat) */
 
 /* Maglev: every service with two or more active backends owns one table of LACE_MAGLEV_SIZE
  * backend IDs, stored at [table * SIZE, (table + 1) * SIZE) of the maglev array. Table 0 is never
@@ -88,6 +91,37 @@ struct lace_affinity {
 	__u64 last_used_ns; /* CLOCK_MONOTONIC_COARSE, as conntrack */
 	__u32 backend_id;
 	__u32 reserved;
+};
+
+/* Reverse NAT of a service flow's replies. A service flow has one conntrack entry, keyed by its
+ * frontend (client -> frontend:port under the client's source network, lib/service.h); a reply
+ * comes from the backend, whose address says nothing of the frontend. The agent writes, for every
+ * backend it programs, the frontends that may send flows to it — one per (source network,
+ * frontend address, port): a ClusterIP in each network it is offered to, a node port, a
+ * LoadBalancer or external IP — and keeps a backend's entry while conntrack may still hold a flow
+ * to it (a deleted or terminating backend keeps its established flows). A reply looks its source
+ * up here and tries the frontend entries (client -> each frontend) until one whose nat_addr:nat_port
+ * is this backend: that is its flow. At most LACE_REVNAT_FRONTENDS frontends per backend; the
+ * agent reports the ones it leaves out. */
+struct lace_revnat_key {
+	__u32  network;     /* the backend's network */
+	__u8   addr[16];
+	__be16 port;
+	__u8   proto;
+	__u8   family;
+};
+
+struct lace_revnat_frontend {
+	__u8   addr[16];    /* 8-byte aligned in lace_revnat */
+	__u32  network;     /* the source network its flows are keyed under (OUTSIDE: node port, LB) */
+	__be16 port;
+	__u16  reserved;
+};
+
+struct lace_revnat {
+	__u32 count;        /* frontends[0..count) are used */
+	__u32 reserved;
+	struct lace_revnat_frontend frontends[LACE_REVNAT_FRONTENDS];
 };
 
 /* Socket-level translation (cgroup socket hooks): a host socket's connect or sendmsg to a frontend
