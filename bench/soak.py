@@ -39,7 +39,6 @@ Ctrl-C or SIGTERM too.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -55,12 +54,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from lace import netlink, nsenter  # noqa: E402
-from lace.cli.main import main as lace_main  # noqa: E402
 from lace.cni.client import AgentUnavailable, call  # noqa: E402
+from lab import Bench  # noqa: E402  (bench/lab.py: python puts the script's own directory first)
 
 LAB = "soak"
 NODES = ("worker-1", "worker-2", "worker-3")
@@ -220,30 +218,19 @@ report(final=True)
 """
 
 
-class Lab:
-    """The soak's lab, driven through the lace CLI in-process."""
+class Lab(Bench):
+    """The soak's lab, driven through the lace CLI in-process (bench/lab.py's driver)."""
 
     def __init__(self, state: str) -> None:
-        self.env = dict(os.environ, LACE_STATE_DIR=state, LACE_LAB=LAB, NO_COLOR="1")
+        super().__init__(state)
+        self.env["LACE_LAB"] = LAB
         self.dir = os.path.join(state, "labs", LAB)
 
     def lace(self, *argv: str) -> str:
-        out, err = io.StringIO(), io.StringIO()
-        rc = int(lace_main(list(argv), self.env, stdout=out, stderr=err, stdin=io.StringIO("")))
-        if rc != 0:
-            raise RuntimeError(f"lace {' '.join(argv)} failed: {err.getvalue().strip()}")
-        return out.getvalue()
-
-    def apply(self, docs: list[dict]) -> None:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump_all(docs, f)
         try:
-            self.lace("apply", "-f", f.name)
-        finally:
-            os.unlink(f.name)
-
-    def pods(self) -> dict[str, dict]:
-        return {p["metadata"]["name"]: p for p in json.loads(self.lace("get", "pods", "-o", "json"))["items"]}
+            return super().lace(*argv)
+        except SystemExit as exc:    # a failed command is the soak's to report, not the end of it
+            raise RuntimeError(str(exc)) from None
 
     def wait(self, names: list[str], timeout: float = 120, gone: bool = False) -> dict[str, dict]:
         """The pods once all of ``names`` are Running (or, with ``gone``, none of them exists)."""

@@ -431,7 +431,6 @@ def uplink_frames(draw: st.DrawFn, dp: Testbed) -> Frame:
     of another locator, or with a SID that is no lace SID; the wrong next header for its inner
     packet; or a plain packet from the outside."""
     from scapy.layers.inet6 import IPv6, IPv6ExtHdrRouting
-    from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
     family = draw(st.sampled_from([4, 6]))
