@@ -1,6 +1,6 @@
 """Faults in the shared (SQLite) lab under load: agents SIGKILLed and restarted while long TCP
 streams and new connections run through pods, a Service and a NetworkPolicy; the store's write
-lock held by a stuck writer for a minute (STORE_OUTAGE_SECONDS); the lab kubelet killed in the
+lock held by a stuck writer for two minutes (STORE_OUTAGE_SECONDS); the lab kubelet killed in the
 middle of a CNI ADD and of a CNI DEL; a node removed and registered again.
 
 Load comes from ``tests/e2e/loadgen.py`` running inside a client pod: it holds long streams and
@@ -192,11 +192,11 @@ def test_agent_sigkill_under_load_breaks_no_stream_and_fails_no_new_connection(l
 
 # ---- the store unavailable -----------------------------------------------------------------------
 
-#: how long the store stays unavailable in the outage scenario: the issue's "minutes", at its
-#: lower end (six liveness TTLs, four failed renewals in a row on every agent, the kubelet's and
-#: the controllers' retries many times over); nothing in the agents changes after the first
-#: failed renewal, so longer proves nothing more and would add to every CI run
-STORE_OUTAGE_SECONDS = 60.0
+#: how long the store stays unavailable in the outage scenario: two minutes (twelve liveness TTLs,
+#: every agent's renewals failing in a row, the kubelet's and the controllers' retries many times
+#: over); nothing in the agents changes after the first failed renewal, so this is about what an
+#: operator means by an outage of minutes, not about a threshold inside lace
+STORE_OUTAGE_SECONDS = 120.0
 
 #: a writer stuck inside its transaction: it takes SQLite's write lock (BEGIN IMMEDIATE), writes
 #: without committing, and waits; SIGKILL ends it, and its write never becomes visible
