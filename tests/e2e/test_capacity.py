@@ -116,3 +116,93 @@ def test_a_flood_stops_at_the_pods_limit_named_and_others_keep_their_flows(lab, 
     assert not metric(lab, "lace_conntrack_endpoint_at_limit")
     ok, out = lab.check(flooder, "udp", scene["sink4"], 53)
     assert ok, out
+
+
+# ---- the masquerade port space -------------------------------------------------------------------
+
+#: a destination's masquerade ports (lace.datapath.masquerade.MASQ_PORT_COUNT) and half as many
+#: again: each new flow tries MASQ_TRIES of them, so the space fills to the brim and the rest fail
+MASQ_FLOOD = 24576
+#: a port nothing listens on in the outside: its kernel answers port unreachable, so every flow
+#: stays unreplied and expires after 30 s (LACE_CT_TIMEOUT_UDP)
+DEAD_PORT = 9
+
+# In one process in the pod: a UDP flow to the outside's echo server answered, then MASQ_FLOOD new
+# flows to DEAD_PORT (a raw socket writes each UDP header, one source port each), then the first
+# flow's socket asks again: it must still be answered, through the port its flow was given.
+MASQ_SCRIPT = r"""
+import socket, struct, sys
+dst, echo_port, dead_port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kept = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+kept.settimeout(3)
+kept.sendto(b"before", (dst, echo_port))
+print("before", kept.recvfrom(64)[0].decode())
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+for i in range(n):
+    raw.sendto(struct.pack("!HHHH", 1024 + i, dead_port, 13, 0) + b"flood", (dst, 0))
+kept.sendto(b"after", (dst, echo_port))
+print("after", kept.recvfrom(64)[0].decode())
+"""
+
+
+@pytest.fixture
+def masq_scene(lab):
+    from lace.lab import topology
+    from lace.cli.connectivity.outside import OutsideServer
+
+    ns = f"nat-{uuid.uuid4().hex[:6]}"
+    net = f"natfill{uuid.uuid4().hex[:4]}"
+    nat = network(net, "10.79.0.0/16", "fd79::/64", routes=[{"to": "outside", "masquerade": True}])
+    nat["spec"]["conntrackLimit"] = 0        # no per-pod limit: the port space is what runs out
+    srv = OutsideServer(lab.status()["outside"], topology.INTERNET4, topology.INTERNET6)
+    try:
+        lab.apply([namespace(ns), nat, pod("nat", ns, "worker-1", network=net)])
+        ps = lab.wait(ns, ["nat"])
+        yield {"ns": ns, "pod4": ips(ps["nat"])[0], "internet4": topology.INTERNET4, "echo": srv.udp_port}
+    finally:
+        srv.close()
+        lab.lace("delete", "namespace", ns, check=False)
+        lab.wait_gone(ns, "nat")
+        lab.lace("delete", "network", net, check=False)
+
+
+def test_a_full_masquerade_port_space_drops_named_warns_keeps_flows_and_recovers(lab, masq_scene):
+    from lace.datapath.masquerade import MASQ_PORT_COUNT
+
+    sc = masq_scene
+    client = f"{sc['ns']}/nat"
+    before = sum(s["value"] for s in metric(lab, "lace_datapath_packets") if s["labels"].get("reason") == "nat-failed")
+    rc, out = lab.exec(client, sys.executable, "-c", MASQ_SCRIPT, sc["internet4"], str(sc["echo"]),
+                       str(DEAD_PORT), str(MASQ_FLOOD))
+    # the flow that was there before the port space filled keeps its port: still answered
+    assert rc == 0 and "before before" in out and "after after" in out, out
+
+    # the flows past the port space are dropped, named, in trace and metrics
+    failed = sum(s["value"] for s in metric(lab, "lace_datapath_packets")
+                 if s["labels"].get("reason") == "nat-failed") - before
+    assert failed >= MASQ_FLOOD - MASQ_PORT_COUNT, f"{failed} nat-failed drops for {MASQ_FLOOD} flows"
+    flows = node_json(lab, "worker-1", "trace", "flow", "--last", "200", "--verdict", "drop",
+                      "--ip", sc["pod4"])["flows"]
+    assert any(f["reason"] == "nat-failed" for f in flows), [f["reason"] for f in flows][:10]
+
+    # status warns, naming the destination, while the space is full; the node stays healthy
+    dest = f"masquerade ports to {sc['internet4']}:{DEAD_PORT}/udp"
+    ct = wait_for(lambda: (lambda s: s if dest in (s.get("warning") or "") else None)(conntrack(lab)),
+                  "the masquerade warning", GC_WAIT, 0.5)
+    assert "new flows there drop as nat-failed" in ct["warning"], ct
+    used = [s for s in metric(lab, "lace_masquerade_ports_used")
+            if s["labels"].get("remote") == sc["internet4"] and s["labels"].get("port") == str(DEAD_PORT)]
+    assert used and used[0]["value"] > 0.9 * MASQ_PORT_COUNT, used
+    rc, out, _ = lab.lace("status", "--node", "worker-1", check=False)
+    assert rc == 0 and "worker-1: healthy" in out, out
+
+    # the flows expire, the GC pass frees their ports: the warning clears, a new flow goes out again
+    wait_for(lambda: dest not in (conntrack(lab).get("warning") or ""), "the masquerade warning to clear",
+             EXPIRY_WAIT, 1.0)
+    t0 = failed
+    rc, out = lab.exec(client, sys.executable, "-c", MASQ_SCRIPT, sc["internet4"], str(sc["echo"]),
+                       str(DEAD_PORT), "1")
+    assert rc == 0 and "after after" in out, out
+    again = sum(s["value"] for s in metric(lab, "lace_datapath_packets")
+                if s["labels"].get("reason") == "nat-failed") - before
+    assert again == t0, f"a new flow after recovery failed to get a port ({again - t0} more nat-failed)"
