@@ -338,6 +338,13 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		if (!e) {       /* from a service backend, about its flow (lib/service.h) */
 			e = service_ct_related(f, src_net, now);
 			quoted_orig = 1;
+			/* back into the network the flow is keyed under, as a reply: the client of a
+			 * service another network imports is not in the backend's network, where its
+			 * address may be another pod's */
+			if (e) {
+				f->dst_network = f->ct_network;
+				f->dst_segment = e->src_segment;
+			}
 		}
 		if (!e)
 			return lace_drop(skb, f, LACE_DROP_CT_INVALID);

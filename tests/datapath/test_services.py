@@ -693,6 +693,26 @@ def test_backend_icmp_error_is_written_back_to_the_frontend(dp, family):
     assert res.events == [] or res.events[-1]["ct_status"] == CtStatus.RELATED
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_backend_icmp_error_about_an_imported_services_flow_goes_to_its_client(dp, family):
+    """Network 2 imports network 1's service; c (network 2) has a's address (network 1). b's
+    ICMP error about c's flow goes back to c, from the VIP, never to a."""
+    a, b, c = dp.pods["a"], dp.pods["b"], dp.pods["c"]
+    assert c.ip(family) == a.ip(family), "the test bed gives c a's address in another network"
+    dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET2, service_id=3, proto=17)
+    req = dp.l3(c, VIP[family], family) / UDP(sport=53100, dport=PORT) / Raw(b"ping")
+    forwarded = assert_to_pod(dp.from_pod(c, req), dp, "b")
+    if family == 4:
+        err = dp.l3(b, c.ip(family), 4) / ICMP(type=3, code=3) / Raw(forwarded)
+    else:
+        err = dp.l3(b, c.ip(family), 6) / ICMPv6DestUnreach(code=4) / Raw(forwarded)
+    res = dp.from_pod(b, err)
+    out = fam_ip(family)(assert_to_pod(res, dp, "c"))
+    assert out.src == VIP[family]
+    inner = out[IPerror] if family == 4 else out[IPerror6]
+    assert inner.src == c.ip(family) and inner.dst == VIP[family]
+
+
 def test_icmp_echo_to_a_vip_is_not_translated(dp):
     a = dp.pods["a"]
     one_backend(dp, 4)
