@@ -330,10 +330,16 @@ class Agent:
 
     def _reconcile_loop(self) -> None:
         backoff = 0.05
+        # every RESYNC_SECONDS whatever the watch brings: a node whose store never goes quiet for
+        # that long still gets its repairs and its revnat housekeeping
+        next_resync = time.monotonic() + RESYNC_SECONDS
         while not self.stopping.is_set():
-            resync = not self.dirty.wait(RESYNC_SECONDS)
+            self.dirty.wait(max(0.0, next_resync - time.monotonic()))
+            resync = time.monotonic() >= next_resync
             if self.stopping.is_set():
                 return
+            if resync:
+                next_resync = time.monotonic() + RESYNC_SECONDS
             self.dirty.clear()
             keys, full = self.service_sync.take()
             try:
