@@ -148,6 +148,8 @@ class ServiceProgrammer:
         self._revnat_users: dict[bytes, dict[Ref, int]] = {}
         self._revnat_retired: dict[bytes, set[Ref]] = {}
         self._revnat_left_out: dict[bytes, int] = {}
+        #: per key, the frontends its entry holds, in their slots (never changed in place)
+        self._revnat_refs: dict[bytes, list[Ref]] = {}
         self._lock = threading.Lock()
 
     def scratch(self) -> ServiceProgrammer:
@@ -205,9 +207,10 @@ class ServiceProgrammer:
             for k, v in (revnat or {}).items():
                 family = REVNAT_KEY.unpack(k)["family"]
                 val = REVNAT.unpack(v)
-                refs = {_ref(r, family) for r in val["frontends"][:min(val["count"], REVNAT_FRONTENDS)]}
-                if refs:
-                    self._revnat_retired.setdefault(k, set()).update(refs)
+                ordered = [_ref(r, family) for r in val["frontends"][:min(val["count"], REVNAT_FRONTENDS)]]
+                if ordered:
+                    self._revnat_retired.setdefault(k, set()).update(ordered)
+                    self._revnat_refs[k] = ordered
                     self._revnat_set(k)
             identity: dict[int, str] = {}
             for k, v in backends.items():
@@ -357,20 +360,29 @@ class ServiceProgrammer:
             self._without_table -= 1
 
     def _revnat_set(self, k: bytes) -> None:
-        """Recompute the revnat entry of backend key k: its programmed frontends first, then the
-        retired ones, each in a stable order, at most REVNAT_FRONTENDS."""
-        refs = sorted(self._revnat_users.get(k, ())) + sorted(self._revnat_retired.get(k, ()))
-        if not refs:
+        """Recompute the revnat entry of backend key k, at most REVNAT_FRONTENDS frontends: those it
+        holds already keep their slots (programmed or retired: their flows' replies depend on
+        them), then the others, programmed before retired, each in a stable order. A frontend
+        that finds the entry full is left out (and counted) rather than pushing out one whose
+        established flows would lose their replies."""
+        users, retired = self._revnat_users.get(k, {}), self._revnat_retired.get(k, set())
+        wanted = users.keys() | retired
+        if not wanted:
             self._revnat.pop(k, None)
             self._revnat_retired.pop(k, None)
             self._revnat_left_out.pop(k, None)
+            self._revnat_refs.pop(k, None)
             return
+        kept = [r for r in self._revnat_refs.get(k, ()) if r in wanted]
+        held = set(kept)
+        refs = kept + [r for r in sorted(users) + sorted(retired - users.keys()) if r not in held]
         over = len(refs) - REVNAT_FRONTENDS
         if over > 0:
             self._revnat_left_out[k] = over
         else:
             self._revnat_left_out.pop(k, None)
-        self._revnat[k] = revnat_value(refs[:REVNAT_FRONTENDS])
+        self._revnat_refs[k] = refs[:REVNAT_FRONTENDS]
+        self._revnat[k] = revnat_value(self._revnat_refs[k])
 
     def revnat_entries(self) -> Entries:
         """The revnat map's desired entries (after a pass)."""

@@ -188,7 +188,7 @@ def test_revnat_names_every_frontend_of_each_backend_in_each_network():
     web = _fronts(2, networks=(1, 7))                       # offered to network 7 too
     dns = _fronts(1, sid=11, vip="10.96.0.53")              # another service, the same pod port
     p.entries(web + dns)
-    assert _revnat(p.revnat_entries()) == {
+    assert {k: sorted(v) for k, v in _revnat(p.revnat_entries()).items()} == {
         (1, "10.244.1.1", 8080): [(1, "10.96.0.10", 80), (1, "10.96.0.53", 80), (7, "10.96.0.10", 80)],
         (1, "10.244.1.2", 8080): [(1, "10.96.0.10", 80), (7, "10.96.0.10", 80)],
     }
@@ -234,3 +234,23 @@ def test_revnat_holds_at_most_its_capacity_and_counts_the_rest():
     assert len(only) == REVNAT_FRONTENDS
     assert p.pressure is not None and p.pressure.revnat_left_out == 2
     assert p.pressure.as_dict()["revnatLeftOut"] == 2
+
+
+def test_a_full_revnat_entry_keeps_its_frontends_when_another_comes():
+    """A backend's entry full, a new frontend that sorts before all of them is left out (and
+    counted): none of those already there, whose flows' replies need them, is pushed out."""
+    from lace.datapath.services import REVNAT_FRONTENDS
+    p = ServiceProgrammer()
+    fronts = [f for i in range(REVNAT_FRONTENDS) for f in _fronts(1, sid=30 + i, vip=f"10.96.2.{i + 10}")]
+    p.entries(fronts)
+    (before,) = _revnat(p.revnat_entries()).values()
+    early = _fronts(1, sid=29, vip="10.96.2.1")             # sorts first of all
+    p.entries(fronts + early)
+    (after,) = _revnat(p.revnat_entries()).values()
+    assert after == before and (1, "10.96.2.1", 80) not in after
+    assert p.pressure is not None and p.pressure.revnat_left_out == 1
+    # one of the eight goes (and its flows with it): the newcomer gets the free slot
+    p.entries(fronts[1:] + early)
+    assert p.release_revnat(set()) is not None
+    (last,) = _revnat(p.revnat_entries()).values()
+    assert (1, "10.96.2.1", 80) in last and (1, "10.96.2.10", 80) not in last
