@@ -288,7 +288,7 @@ def pod_traces(lab: LabHandle, ns: str, name: str, uid: str, node: str, addrs: l
     return left
 
 
-def test_store_write_locked_for_a_minute_agents_degrade_forward_and_catch_up(lab: LabHandle, ns: str, tmp_path):
+def test_store_write_locked_for_minutes_agents_degrade_forward_and_catch_up(lab: LabHandle, ns: str, tmp_path):
     """The store file write-locked by a stuck writer (``store_write_locked``) for
     STORE_OUTAGE_SECONDS while a client on worker-1 keeps streams and new connections to a pod and
     through a Service, and a pod was being deleted when the lock came.
