@@ -419,7 +419,7 @@ __lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 b
 static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *f, __u32 backend_net,
 							      __u32 only_net, __u64 now)
 {
-	struct lace_ct_entry *e;
+	struct lace_ct_entry *e, *plain;
 
 	if (!ct_may_be_reply(f))
 		return 0;
@@ -427,6 +427,20 @@ static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *
 	if (e && !ct_usable(e, f, 1, now)) {
 		f->nat_kind = LACE_NAT_NONE;
 		e = 0;
+	}
+	if (e && f->proto == IPPROTO_TCP && e->state >= LACE_CT_FIN_WAIT && e->state <= LACE_CT_CLOSED) {
+		/* A closing service flow may share its backend tuple with a newer connection: the
+		 * client's kernel keeps only its own tuples apart, and client:p -> VIP differs from
+		 * client:p -> backend, so a port the service flow just closed may open a connection
+		 * straight to the backend, whose replies are the same packets. The backend can hold
+		 * one live connection per tuple: when the plain flow has an entry, the reply is its. */
+		plain = ct_reply(f, backend_net, now);
+		if (!plain && only_net != LACE_NETWORK_NONE && only_net != backend_net)
+			plain = ct_reply(f, only_net, now);
+		if (plain) {
+			f->nat_kind = LACE_NAT_NONE;
+			return plain;
+		}
 	}
 	if (e) {
 		f->ct_status = LACE_CT_STATUS_REPLY;

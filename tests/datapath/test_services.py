@@ -299,6 +299,36 @@ def test_closed_flow_reopened_chooses_again(dp, family):
     assert fam_ip(family)(res.data[54:]).dst == R, "a SYN on a closed tuple is a new flow: today's backend"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_port_of_a_closed_service_flow_reused_straight_to_its_backend(dp, family, where):
+    """The client's kernel keeps client:p -> VIP and client:p -> backend apart, so a port whose
+    service flow just closed may open a connection straight to the same backend: the backend's
+    replies are the same packets. They belong to the new connection and keep the backend's
+    address; the service flow's replies still come from the VIP while it is live."""
+    a = dp.pods["a"]
+    backend = dp.pods["b"].ip(family) if where == "local" else remote(family)
+    dp.service(VIP[family], PORT, [Backend(backend, TARGET)])
+
+    def reply(flags):
+        seg = TCP(sport=TARGET, dport=45000, flags=flags)
+        if where == "local":
+            b = dp.pods["b"]
+            return assert_to_pod(dp.from_pod(b, dp.l3(b, a.ip(family), family) / seg), dp, "a")
+        pkt = fam_ip(family)(src=backend, dst=a.ip(family)) / seg
+        return assert_to_pod(dp.from_uplink(dp.encap(pkt, NET1, NET1)), dp, "a")
+
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=45000, dport=PORT, flags="S"))
+    assert fam_ip(family)(reply("SA")).src == VIP[family], "a live service flow's reply"
+    reply("R")
+    assert ct(dp, NET1, a.ip(family), VIP[family], 45000, PORT, 6)["state"] == CtState.CLOSED
+    res = dp.from_pod(a, dp.l3(a, backend, family) / TCP(sport=45000, dport=TARGET, flags="S"))
+    assert res.retval == TC_ACT_REDIRECT and res.events[-1]["nat_kind"] == NatKind.NONE, res.events
+    out = fam_ip(family)(reply("SA"))
+    assert (out.src, out.sport) == (backend, TARGET), "the direct connection's SYN-ACK keeps its source"
+    assert ct(dp, NET1, a.ip(family), backend, 45000, TARGET, 6)["state"] == CtState.SYN_RECV
+
+
 # -- backend choice ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("proto", PROTOS)

@@ -44,26 +44,18 @@ STREAM_TIMEOUT = 10.0
 #: agent to forward: a failure means a SYN and its retransmission 1 s later both went unanswered.
 #: A forwarding gap of D seconds fails about (D - 1) x RATE connections per target, so one longer
 #: than 1.05 s across the three targets fails at least 3; 2 lets a lone timeout of this shared,
-#: loaded 2-core machine (1 in 5,320 measured, to a backend the fault did not touch) pass and
-#: still catches any gap that could cost a connection. Streams have no such allowance.
+#: loaded 2-core machine pass and still catches any gap that could cost a connection. Streams have
+#: no such allowance. (Runs of timeouts to one pod's target, 3 to 7 in two minutes, were a datapath
+#: bug, not load: a client port reused straight to a backend right after a service flow through
+#: the same port closed got its replies from the VIP — tests/datapath/test_services.py.)
 MAX_FAILED = 2
-#: a long window (the store outage: thousands of attempts) may lose one in this many besides: a
-#: connector stalled alone for a few seconds on this loaded machine (3 of 4,812 once, one target,
-#: the other's flows through the same backend unharmed). A forwarding gap fails far more: the
-#: rate times its length, on every target.
-FAILED_PER = 1000
-
-
-def allowed_failures(report: dict, window: tuple[float, float]) -> int:
-    """New connections that may fail in the window: MAX_FAILED, or one in FAILED_PER attempts."""
-    return max(MAX_FAILED, -(-attempts_in(report, *window) // FAILED_PER))
 
 
 def assert_few_failures(report: dict, windows: dict[str, tuple[float, float]], line: str) -> None:
     for what, window in windows.items():
-        assert len(failures(report, *window)) <= allowed_failures(report, window), \
+        assert len(failures(report, *window)) <= MAX_FAILED, \
             f"new connections failed while {what}: {failures(report, *window)}; {line}"
-    assert len(failures(report)) <= sum(allowed_failures(report, w) for w in windows.values()), \
+    assert len(failures(report)) <= MAX_FAILED * len(windows), \
         f"new connections failed: {failures(report)}; {line}"
 
 
@@ -311,7 +303,7 @@ def test_store_write_locked_for_minutes_agents_degrade_forward_and_catch_up(lab:
     While it lasts: every agent reports ``liveness`` degraded (store unavailable) in ``lace status``
     and ``lace_agent_subsystem_healthy{subsystem="liveness"}`` 0; a write (``lace apply``) fails
     with exit 5 naming the locked store; the datapath forwards on what is programmed (established
-    broken 0, new connections failed at most allowed_failures: MAX_FAILED, or one in FAILED_PER in a long window). Afterwards: every agent healthy, the
+    broken 0, new connections failed at most MAX_FAILED). Afterwards: every agent healthy, the
     deleted pod gone with every trace (its DEL met the outage: the kubelet must retry it), a new
     pod starts and is reached, and ``lace verify`` finds the maps as the store says."""
     lab.apply([pod("client", ns, "worker-1", labels={"app": "client"}),
