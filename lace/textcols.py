@@ -26,6 +26,10 @@ and :func:`signed_digits` produce it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -148,13 +152,16 @@ def ndigits(v: int) -> int:
 class Number:
     """A right-aligned integer slot (optionally negative, optionally ``null`` by a mask)."""
 
-    def __init__(self, values: np.ndarray, null: np.ndarray | None = None) -> None:
+    def __init__(self, values: np.ndarray, null: np.ndarray | None = None, *, hi: int | None = None) -> None:
+        """``hi``: the largest value when the caller knows it already (an unsigned column's extreme
+        gathered in one pass with others: each pass over a strided field streams the whole table)."""
         v = np.asarray(values)
         self.values = v
         self.null = null if null is not None and null.any() else None
         signed = v.dtype.kind == "i"
         lo = int(v.min()) if signed and len(v) else 0
-        hi = int(v.max()) if len(v) else 0
+        if hi is None or signed:
+            hi = int(v.max()) if len(v) else 0
         self.neg = lo < 0
         mag = max(hi, -lo)
         self.nd = ndigits(mag)
@@ -535,8 +542,8 @@ class Rows:
         """Anything with ``width`` and ``fill(buf, off, a, b)`` (rows a:b into buf[:b-a])."""
         self._items.append(s)
 
-    def number(self, values: np.ndarray, null: np.ndarray | None = None) -> None:
-        self.slot(Number(values, null))
+    def number(self, values: np.ndarray, null: np.ndarray | None = None, *, hi: int | None = None) -> None:
+        self.slot(Number(values, null, hi=hi))
 
     def tokens(self, codes: np.ndarray | Callable[[int, int], np.ndarray], tokens: Sequence[str | bytes],
                used: np.ndarray | None = None) -> None:
@@ -562,32 +569,156 @@ class Rows:
         tmpl += sep
         return np.frombuffer(bytes(tmpl), np.uint8), slots
 
+    def width(self, sep: bytes = b",\n") -> int:
+        """Bytes per row, ``sep`` included (every row of a table has the same width)."""
+        return len(self._layout(sep)[0])
+
+    def writer(self, sep: bytes = b",\n", chunk: int = CHUNK) -> ChunkWriter:
+        """A :class:`ChunkWriter` over these rows: any chunk of rows, in any order (what
+        :func:`write_ordered`'s workers need; :meth:`chunks` walks it in order)."""
+        return ChunkWriter(self, sep, chunk)
+
     def chunks(self, sep: bytes = b",\n", chunk: int = CHUNK) -> Iterator[memoryview]:
         """Yield memoryviews of consecutive chunks of rows, each row followed by ``sep`` except
         the last row of all; a yielded view is valid until the next one is asked for.
 
         (Formatting chunks on two threads was tried: the GIL between NumPy calls on 4096-row
-        arrays made it slower than one thread.)"""
-        n = self.n
-        if n == 0:
+        arrays made it slower than one thread; :func:`write_ordered` uses processes.)"""
+        if self.n == 0:
             return
-        tmpl, slots = self._layout(sep)
-        W = len(tmpl)
-        rows = min(chunk, n)
-        buf = np.empty((rows, W), np.uint8)
-        buf[:] = tmpl
-        flat = buf.reshape(-1)
-        for a in range(0, n, rows):
-            b = min(a + rows, n)
-            view = buf[: b - a]
-            for off, s in slots:
-                s.fill(view, off, a, b)  # type: ignore[attr-defined]
-            size = (b - a) * W - (len(sep) if b == n else 0)
-            yield memoryview(flat)[:size]
+        w = self.writer(sep, chunk)
+        for a in range(0, self.n, w.rows):
+            yield w.render(a)
 
     def build(self, sep: bytes = b",\n") -> memoryview:
         """All rows in one buffer (small outputs, tests)."""
         return memoryview(b"".join(bytes(c) for c in self.chunks(sep)))  # type: ignore[attr-defined]
+
+
+class ChunkWriter:
+    """Renders any chunk of a :class:`Rows` into one reused buffer: the template is written once,
+    the slots overwrite their bytes for every chunk."""
+
+    def __init__(self, rows: Rows, sep: bytes, chunk: int = CHUNK) -> None:
+        self.n, self.sep = rows.n, sep
+        tmpl, self.slots = rows._layout(sep)
+        self.W = len(tmpl)
+        self.rows = max(1, min(chunk, self.n))
+        self.buf = np.empty((self.rows, self.W), np.uint8)
+        self.buf[:] = tmpl
+        self.flat = self.buf.reshape(-1)
+
+    def render(self, a: int) -> memoryview:
+        """Rows ``a`` to ``a + rows`` (fewer at the end), each followed by ``sep`` except the last
+        row of all; valid until the next call."""
+        b = min(a + self.rows, self.n)
+        view = self.buf[: b - a]
+        for off, s in self.slots:
+            s.fill(view, off, a, b)  # type: ignore[attr-defined]
+        size = (b - a) * self.W - (len(self.sep) if b == self.n else 0)
+        return memoryview(self.flat)[:size]
+
+
+# ---- writing chunks in order from several processes ------------------------------------------
+
+def _write_all(fd: int, data: memoryview | bytes) -> None:
+    mv = memoryview(data).cast("B")
+    while mv:
+        mv = mv[os.write(fd, mv):]
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process of :func:`write_ordered` failed (its message says how)."""
+
+
+def write_ordered(fd: int, jobs: Sequence[Callable[[], memoryview | bytes]], workers: int = 2) -> None:
+    """Write ``jobs[0]()``, ``jobs[1]()``, ... to file descriptor ``fd`` in order, the jobs run
+    round-robin by ``workers`` processes (this one and ``workers - 1`` forked children).
+
+    Why processes: the formatting is NumPy calls on 4096-row chunks, and threads spend their time
+    waiting for the GIL between them (tried: slower than one thread).  Forked children share the
+    parent's arrays without a copy.  Order: a baton (one byte) goes round a ring of pipes; a
+    worker renders its next chunk while the others write, and writes only when the baton arrives,
+    so the output is exactly the serial one, to a file, a pipe or a terminal alike, with one chunk
+    per worker in memory.  A child that fails or finds ``fd`` closed breaks the ring: the parent
+    raises :class:`WorkerFailed` (or BrokenPipeError); the parent's own failure kills its
+    children.  Anything buffered above ``fd`` must be flushed first.
+    """
+    workers = max(1, min(workers, len(jobs)))
+    if workers == 1:
+        for job in jobs:
+            _write_all(fd, job())
+        return
+    ring = [os.pipe() for _ in range(workers)]  # worker w reads ring[w], passes on to ring[w + 1]
+    err_r, err_w = os.pipe()
+    mine = {ring[0][0], ring[1][1], err_r}  # the ends this process keeps once the children run
+    opened = {err_r, err_w, *(end for pair in ring for end in pair)}
+    pids: list[int] = []
+    try:
+        for w in range(1, workers):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child, reported through err_w / exit status
+                code = 1
+                try:
+                    keep = {ring[w][0], ring[(w + 1) % workers][1], err_w}
+                    for end in opened - keep:  # a dead neighbour must read as end of file
+                        os.close(end)
+                    _ring_worker(fd, jobs, w, workers, ring)
+                    code = 0
+                except BrokenPipeError:
+                    code = 32
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent, never a traceback here
+                    with contextlib.suppress(OSError):
+                        os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+                os._exit(code)
+            pids.append(pid)
+        for end in opened - mine:
+            os.close(end)
+        opened &= mine
+        broken = False
+        try:
+            _ring_worker(fd, jobs, 0, workers, ring)
+        except _RingBroken:
+            broken = True  # a child stopped: its exit status says why (below)
+        failed = 0
+        for pid in list(pids):
+            _, status = os.waitpid(pid, 0)
+            pids.remove(pid)
+            failed = failed or os.waitstatus_to_exitcode(status)
+        if failed == 32:
+            raise BrokenPipeError(errno.EPIPE, "output closed")
+        if failed or broken:
+            msg = os.read(err_r, 4096).decode(errors="replace") or f"exit status {failed}"
+            raise WorkerFailed(f"an output worker process failed: {msg}")
+    finally:
+        for pid in pids:  # this process failed: stop the children it started
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        for end in opened:
+            os.close(end)
+
+
+class _RingBroken(Exception):
+    """The ring of batons is broken: a neighbour of this worker stopped."""
+
+
+def _ring_worker(fd: int, jobs: Sequence[Callable[[], memoryview | bytes]], w: int, workers: int,
+                 ring: list[tuple[int, int]]) -> None:
+    """Worker ``w``'s share of :func:`write_ordered`: jobs w, w + workers, ..."""
+    inbox = ring[w][0]
+    outbox = ring[(w + 1) % workers][1]
+    for j in range(w, len(jobs), workers):
+        data = jobs[j]()
+        if j and not os.read(inbox, 1):
+            raise _RingBroken()
+        _write_all(fd, data)
+        if j + 1 < len(jobs):
+            try:
+                os.write(outbox, b"x")
+            except BrokenPipeError:
+                raise _RingBroken() from None
 
 
 
