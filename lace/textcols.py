@@ -351,33 +351,64 @@ def _zero_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return _ZT
 
 
+_PIECES: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+_LOW56 = np.uint64((1 << 56) - 1)
+
+
+def _piece_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_hex` and :func:`_zero_tables` folded so that a group's piece is two gathers and two
+    operations: each piece carries its length in its top byte (pieces are at most 5 bytes).
+
+    (2, 65536): the group's hex text (first group) and ":" + hex (the others); (8, 256) by group
+    and zero pattern: all-ones where the group is printed, else 0; (8, 256): the marker and its
+    length."""
+    global _PIECES
+    if _PIECES is None:
+        hw, hl, hc = _hex()
+        nm, mv, ml, _ = _zero_tables()
+        hx = np.stack([hw | (hl.astype(np.uint64) << np.uint64(56)),
+                       hc | ((hl + 1).astype(np.uint64) << np.uint64(56))])
+        _PIECES = (hx, nm, mv | (ml.astype(np.uint64) << np.uint64(56)))
+    return _PIECES
+
+
 def ipv6_words(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """IPv6 addresses from (m, 8) 16-bit groups as (m, 5) NUL-padded u64 words of RFC 5952 text
     (as ``ipaddress`` prints it), and their lengths: each group's piece (hex, ":" + hex, the
-    marker or nothing, chosen by the row's zero pattern) shifted into place."""
-    hw, hl, hc = _hex()
-    nm, mv, ml, nf = _zero_tables()
+    marker or nothing, chosen by the row's zero pattern) shifted into place.
+
+    All eight pieces, their offsets and their shifted halves are computed for the whole chunk at
+    once; only the OR into the words goes group by group (two groups can share a word)."""
+    hx, zmask, zmark = _piece_tables()
     m = len(groups)
     g = groups.astype(np.intp)
     zb = np.ascontiguousarray(g == 0).view("<u8")[:, 0]
     z = ((zb * _ZMUL) >> np.uint64(56)).astype(np.intp)
+    gt = np.ascontiguousarray(g.T)                     # group-major: every step below is contiguous
+    pieces = hx[1][gt]
+    pieces[0] = hx[0][gt[0]]
+    pieces &= zmask[:, z]
+    pieces |= zmark[:, z]
+    lens = (pieces >> np.uint64(56)).astype(np.intp)
+    pieces &= _LOW56
+    off = np.empty_like(lens)                           # where each piece starts, in bytes
+    off[0] = 0
+    for i in range(1, 8):  # (np.cumsum over 8 rows of a chunk is slower than this loop)
+        np.add(off[i - 1], lens[i - 1], out=off[i])
+    sh = ((off & 7) << 3).astype(np.uint64)
+    halves = np.empty((8, 2, m), np.uint64)             # the piece's part in its word and in the next
+    np.left_shift(pieces, sh, out=halves[:, 0])
+    np.right_shift(pieces, np.uint64(64) - sh, out=halves[:, 1])
+    idx = np.empty((8, 2, m), np.intp)
+    np.add(off >> 3, np.arange(0, 6 * m, 6, dtype=np.intp), out=idx[:, 0])
+    np.add(idx[:, 0], 1, out=idx[:, 1])
     words = np.zeros((m, 6), np.uint64)
     flat = words.reshape(-1)
-    base = np.arange(m, dtype=np.intp) * 6
-    off = np.zeros(m, np.intp)
-    for i in range(8):
-        col = g[:, i]
-        v = ((hw if i == 0 else hc)[col] & nm[i][z]) | mv[i][z]
-        ln = (hl[col] + (1 if i else 0)) * nf[i][z] + ml[i][z]
-        if i == 0:
-            words[:, 0] = v
-        else:
-            sh = ((off & 7) << 3).astype(np.uint64)
-            idx = base + (off >> 3)
-            flat[idx] |= v << sh
-            flat[idx + 1] |= v >> (np.uint64(64) - sh)
-        off += ln
-    return words[:, :5], off
+    flat[idx[0, 0]] = halves[0, 0]                      # the first piece starts every row's text
+    for i in range(1, 8):
+        at = idx[i].reshape(-1)
+        flat[at] |= halves[i].reshape(-1)
+    return words[:, :5], off[7] + lens[7]
 
 
 def _words_text(words: np.ndarray, lens: np.ndarray) -> Text:

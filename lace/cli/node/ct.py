@@ -28,7 +28,7 @@ from lace.cli import render
 from lace.cli.errors import UsageError
 from lace.cli.invocation import Invocation
 from lace.cli.node import ct_json, ct_text
-from lace.cli.node.ct_dump import dump_table, take
+from lace.cli.node.ct_dump import dump_table, keep_freed_memory, take
 from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node
 from lace.cli.status import ExitStatus
@@ -97,6 +97,7 @@ def _parallel(node_env: NodeEnv, names: tuple[str, ...], work: Callable[[str, An
 def run_list(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     names = tables_of(args.table)
     node_env = NodeEnv.from_env(inv.env)
+    keep_freed_memory()
     res = for_node(args.numeric, node_env.require_store)
     tables = _parallel(node_env, names, dump_table, meanwhile=res.preload)
     now = now_coarse()
