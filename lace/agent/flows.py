@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import numpy as np
 import orjson
 
 from lace.datapath.trace import PER_PACKET_BYTES, TRACE_EVENT, decode_trace_event, record_ts, wall_time
@@ -85,6 +86,49 @@ class Block(NamedTuple):
             ev["time"] = wall_time(ts, off)
             ev["node"] = node
             yield ev
+
+
+class History:
+    """The newest ``capacity`` records in one buffer allocated up front (``capacity`` x 128 bytes),
+    written round and round: the history costs the same memory from the agent's start however the
+    traffic comes (a quiet node's records arrive one per read, and a block object each would cost
+    as much again, growing for as long as the history is filling). Not thread-safe: the collector
+    holds its lock around both methods."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self._buf = bytearray(self.capacity * RECORD)
+        self._offsets = np.zeros(self.capacity, dtype=np.int64)   # clock offset each was read with
+        self._next = 0                                            # the slot the next record goes to
+        self.kept = 0
+
+    def add(self, block: Block) -> None:
+        data, n = block.data, block.count
+        if n > self.capacity:                    # only the newest fit
+            data, n = data[(n - self.capacity) * RECORD:], self.capacity
+        first = min(n, self.capacity - self._next)
+        at = self._next
+        self._buf[at * RECORD:(at + first) * RECORD] = data[:first * RECORD]
+        self._offsets[at:at + first] = block.offset_ns
+        if n > first:                            # round to the start
+            self._buf[:(n - first) * RECORD] = data[first * RECORD:n * RECORD]
+            self._offsets[:n - first] = block.offset_ns
+        self._next = (at + n) % self.capacity
+        self.kept = min(self.kept + n, self.capacity)
+
+    def blocks(self) -> list[Block]:
+        """What is kept, oldest first, copied out: one block per run of records read with the
+        same clock offset (it changes rarely) and on each side of the buffer's end."""
+        start = (self._next - self.kept) % self.capacity
+        spans = [(start, min(start + self.kept, self.capacity))]
+        if start + self.kept > self.capacity:
+            spans.append((0, start + self.kept - self.capacity))
+        out: list[Block] = []
+        for lo, hi in spans:
+            cuts = [lo, *(lo + 1 + np.flatnonzero(np.diff(self._offsets[lo:hi]))).tolist(), hi]
+            for a, b in zip(cuts, cuts[1:]):
+                out.append(Block(bytes(self._buf[a * RECORD:b * RECORD]), b - a, int(self._offsets[a])))
+        return out
 
 
 # ---- followers --------------------------------------------------------------------------------
@@ -148,10 +192,8 @@ class FlowCollector:
                  ring_lost_source: Callable[[], int] | None = None) -> None:
         self.node = node
         self.capacity = capacity
-        #: the newest blocks, at least ``capacity`` records when that many came (the oldest block
-        #: may hold some past it: :meth:`history` leaves them out)
-        self.history_buf: collections.deque[Block] = collections.deque()
-        self._history_records = 0
+        #: the newest ``capacity`` records
+        self.history_buf = History(capacity)
         self._followers: set[_Follower] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -182,11 +224,8 @@ class FlowCollector:
             return
         block = Block(data[:n * RECORD] if rest else data, n, self._offset_ns)
         self.received += n
-        hist = self.history_buf
-        hist.append(block)           # deque.append is atomic; history() copies under the lock
-        self._history_records += n
-        while self._history_records - hist[0].count >= self.capacity:
-            self._history_records -= hist.popleft().count
+        with self._lock:
+            self.history_buf.add(block)
         for f in self._followers_now:
             f.offer(block)
 
@@ -295,28 +334,21 @@ class FlowCollector:
     def stats(self) -> dict[str, Any]:
         return {"node": self.node, "received": self.received, "errors": self.errors,
                 "ring_lost": self.ring_lost, "followers": self.followers, "capacity": self.capacity,
-                "kept": min(self._history_records, self.capacity)}
+                "kept": self.history_buf.kept}
 
     # -- readers ---------------------------------------------------------------------------------
 
     def _kept_events(self, blocks: list[Block]) -> list[Event]:
-        """The events of history blocks, decoded, without the oldest past ``capacity``."""
-        skip = max(0, sum(b.count for b in blocks) - self.capacity)
+        """The events of history blocks, decoded."""
         events: list[Event] = []
         for b in blocks:
-            if skip >= b.count:
-                skip -= b.count
-                continue
-            if skip:
-                b = Block(b.data[skip * RECORD:], b.count - skip, b.offset_ns)
-                skip = 0
             events.extend(b.events(self.node))
         return events
 
     def history(self, last: int = 0, filt: FlowFilter | None = None) -> list[Event]:
         """The most recent ``last`` matching events (all kept ones when ``last`` is 0), oldest first."""
         with self._lock:
-            blocks = list(self.history_buf)
+            blocks = self.history_buf.blocks()
         events = self._kept_events(blocks)
         if filt is not None:
             events = [e for e in events if filt(e)]
@@ -326,7 +358,7 @@ class FlowCollector:
         """Add a follower; the ``last`` matching events before it came (under the lock: none is
         both in them and in its queue)."""
         with self._lock:
-            blocks = list(self.history_buf) if last else []
+            blocks = self.history_buf.blocks() if last else []
             self._followers.add(f)
             self._followers_now = tuple(self._followers)
         if not last:

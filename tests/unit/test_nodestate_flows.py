@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -52,6 +53,40 @@ def test_history_is_bounded_by_records_and_has_wall_time() -> None:
     assert c.stats()["kept"] == 5 and c.received == 12
 
 
+def test_history_wraps_round_its_buffer_keeping_order_and_each_records_clock() -> None:
+    c = collector(capacity=7)
+    base = c._offset_ns
+    for start, n in ((0, 1), (1, 3), (4, 1), (5, 4), (9, 2)):   # 11 records: the buffer wraps
+        if start == 5:
+            c._offset_ns = base + 10**9                         # a clock step between reads
+        c.add_records(b"".join(record(i, ts_ns=10**12 + i) for i in range(start, start + n)))
+    h = c.history()
+    assert seqs(h) == [4, 5, 6, 7, 8, 9, 10] and c.stats()["kept"] == 7
+    # records read after the step show it in their wall time, older ones do not
+    assert [round(e["time"] - (10**12 + e["sport"] - 1000) / 1e9 - base / 1e9) for e in h] == [0, 1, 1, 1, 1, 1, 1]
+    # the records are copied out: a later write does not change a history already answered
+    blocks = c.history_buf.blocks()
+    c.add_records(b"".join(record(i) for i in range(11, 18)))
+    assert b"".join(b.data for b in blocks) == b"".join(record(i, ts_ns=10**12 + i) for i in range(4, 11))
+
+
+def test_history_memory_is_allocated_up_front() -> None:
+    """A quiet node's records come one per read; the history's memory does not grow with them."""
+    c = collector(capacity=1000)
+    recs = [record(i % 100) for i in range(1000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for r in recs:
+            c.add_records(r)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # a block object per read would hold ~250 KB here
+    assert grown < 16 * 1024, f"the history grew by {grown} bytes while filling"
+    assert c.stats()["kept"] == 1000 and len(c.history()) == 1000
+
+
 def test_records_of_another_size_are_counted_not_decoded() -> None:
     c = collector()
     c.add_records(record(1) + record(2)[:100], others=2)
@@ -82,7 +117,7 @@ def test_filtering_records_decides_once_per_flow_and_times_per_event() -> None:
     c.add_records(b"".join(recs))
     got = c.history(filt=f)
     assert [(e["sport"], e["pkt_len"]) for e in got] == [(1001, 62), (1001, 63)]
-    sel = f.select(c.history_buf[0])
+    sel = f.select(c.history_buf.blocks()[0])
     assert sel.count == 2 and sel.data == recs[2] + recs[3]
     assert len(f._answers) == 2        # two flows, two decisions
 
