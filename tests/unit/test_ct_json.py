@@ -227,3 +227,31 @@ def test_ordered_writer_order_and_closed_output() -> None:
             C.write_ordered(w, jobs, workers=2)
     finally:
         os.close(w)
+
+
+def test_addresses_taken_by_code_match(tables: list[CtDump], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns of few distinct addresses are formatted once per address and taken by code (here
+    every table is looked at, not only large ones): the same document."""
+    monkeypatch.setattr(C.Address, "MIN_ROWS", 0)
+    res = _resolver()
+    _check(_document(tables, tables, res, to_fd=False), tables, tables, res)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_address_not_among_the_distinct_ones_is_still_right(family: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk holding an address the column's distinct set lacks (the set was taken, then the
+    column changed; or a hash collision) is built as text instead."""
+    monkeypatch.setattr(C.Address, "MIN_ROWS", 0)
+    width = 4 if family == 4 else 16
+    raw = np.tile(np.frombuffer(ipaddress.ip_address("10.0.0.1" if family == 4 else "fd00::1").packed, np.uint8),
+                  (50, 1))
+    src = raw.view(">u4")[:, 0] if family == 4 else raw.view(">u2")
+    null = np.arange(50) % 7 == 0
+    slot = C.Address(src, family, null)
+    assert slot.table is not None  # one distinct address: taken by code
+    raw[10] = np.frombuffer(ipaddress.ip_address("10.9.8.7" if family == 4 else "2001:db8::77").packed, np.uint8)
+    buf = np.zeros((50, slot.width), np.uint8)
+    slot.fill(buf, 0, 0, 50)
+    got = [bytes(r).decode().strip() for r in buf]
+    want = ["null" if null[i] else '"' + str(ipaddress.ip_address(raw[i].tobytes()[:width])) + '"' for i in range(50)]
+    assert got == want
