@@ -58,7 +58,7 @@ def _named_codes(values: np.ndarray, name_of: Callable[[int], str | None]) -> tu
 #: rows per block of :func:`_scan`: a block of entries (~0.8 MB) stays in the L2 cache while every
 #: statistic reads it; a whole-column pass per statistic streams the whole table from memory each
 #: time (the fields are strided), ~4x slower over a million entries
-BLOCK = 8192
+BLOCK = C.BLOCK
 #: more distinct values than this and an ID column is written as numbers (see C.categorize)
 DISTINCT_LIMIT = 4096
 
@@ -137,12 +137,14 @@ def _enum(rows: C.Rows, codes: np.ndarray, table: list[str], used: np.ndarray) -
         rows.tokens(codes, table, used=used)
 
 
-def _pod_codes(t: CtDump, field: str, res: NumericResolver) -> tuple[Callable[[int, int], np.ndarray] | None, list[str]]:
+def _pod_codes(t: CtDump, field: str, res: NumericResolver,
+               networks: np.ndarray | None) -> tuple[Callable[[int, int], np.ndarray] | None, list[str]]:
     """Pod of each row's address (in the key's network), matched by sorted search against the
-    store's known pod addresses of the networks present, a chunk at a time (None: no pod known)."""
+    store's known pod addresses of the ``networks`` present (None: not counted yet), a chunk at a
+    time (None: no pod known)."""
     width = 4 if t.family == 4 else 16
     known: dict[bytes, str] = {}
-    for net in np.unique(t.keys["network"]).tolist():
+    for net in (np.unique(t.keys["network"]) if networks is None else networks).tolist():
         for ip, pod in res.ips_to_pods(int(net)).items():
             a = ipaddress.ip_address(ip)
             if a.version == t.family:
@@ -185,7 +187,7 @@ def json_rows(t: CtDump, now: int, res: NumericResolver) -> C.Rows:
         rows.number(C.field_view(k, port, ">u2"), hi=st.hi[port])
     if not res.numeric:
         for addr, label in (("saddr", "src_pod"), ("daddr", "dst_pod")):
-            codes, toks = _pod_codes(t, addr, res)
+            codes, toks = _pod_codes(t, addr, res, st.distinct["network"])
             rows.key(label)
             if codes is None:
                 rows.lit(toks[0])
