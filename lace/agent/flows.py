@@ -224,10 +224,12 @@ class FlowCollector:
             return
         block = Block(data[:n * RECORD] if rest else data, n, self._offset_ns)
         self.received += n
+        # one hold of the lock for the history and the fan-out: a follower registering meanwhile
+        # gets the block either in its backlog or in its queue, never both, never neither
         with self._lock:
             self.history_buf.add(block)
-        for f in self._followers_now:
-            f.offer(block)
+            for f in self._followers_now:
+                f.offer(block)
 
     _followers_now: tuple[_Follower, ...] = ()
 
@@ -259,8 +261,7 @@ class FlowCollector:
             else:
                 if data or others:
                     read = True
-                    with self._lock:
-                        self.add_records(data, others)
+                    self.add_records(data, others)
                     self._stop.wait(READ_PAUSE_S)
             # under load a read returns at once: read the loss counter (a per-CPU map lookup) once
             # a poll interval, not after every read; and not at all while nothing arrives (a ring

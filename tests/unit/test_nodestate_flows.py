@@ -181,3 +181,38 @@ def test_handler_list_and_follow() -> None:
     assert orjson.loads(head) == {"records": 2, "offset_ns": c._offset_ns, "lost": 0, "ring_lost": 0}
     assert data == sent
     frames.close()
+
+
+def test_records_read_by_the_reader_thread_reach_history_and_followers() -> None:
+    """The agent's path: the ring is read by the collector's own thread, not by the test."""
+    waiting = [record(i) + record(i + 100) for i in range(3)]
+
+    def source(ms: int) -> tuple[bytes, int]:
+        if waiting:
+            return waiting.pop(0), 0
+        time.sleep(ms / 1000)
+        return b"", 0
+
+    c = FlowCollector("n1", source=source)
+    follower = c.follow()
+    got: list[dict] = []
+
+    def take() -> None:
+        for d in follower:
+            if "sport" in d:
+                got.append(d)
+                if len(got) == 6:
+                    return
+
+    t = threading.Thread(target=take)
+    t.start()
+    wait_for(lambda: c.followers == 1)
+    c.start()
+    try:
+        wait_for(lambda: c.received == 6)
+        assert sorted(seqs(c.history())) == [0, 1, 2, 100, 101, 102]
+        t.join(5)
+        assert not t.is_alive() and sorted(seqs(got)) == [0, 1, 2, 100, 101, 102]
+    finally:
+        c.stop()
+        follower.close()
