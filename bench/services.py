@@ -705,6 +705,9 @@ class Lace:
             out["backends"] = backends
         if tables + 1 > svcmod.MAGLEV_TABLES:
             out["maglev"] = (tables + 1) * svcmod.MAGLEV_SIZE
+        revnat = len({(ip, s.target_port) for s in services for ip in s.backends})
+        if revnat > svcmod.REVNAT_MAX:
+            out["revnat"] = revnat
         return out
 
     @staticmethod
@@ -724,6 +727,9 @@ class Lace:
             self._load(need)
         skeys, svals, bkeys, bvals = [], [], [], []
         multi: list[tuple[int, list[tuple[str, int]]]] = []   # (table, [(stable name, backend ID)])
+        # each backend's revnat entry: the frontends its replies may come from (the datapath finds a
+        # service flow's one conntrack entry through it), as the agent's programmer writes them
+        frontends: dict[tuple[str, int], list[tuple[int, str, int]]] = {}
         bid = 0
         for sid, s in enumerate(services, start=1):
             ids = []
@@ -732,6 +738,7 @@ class Lace:
                 ids.append((f"{self.NET}/{ip}/{s.target_port}/tcp", bid))
                 bkeys.append(svcmod.backend_key(bid))
                 bvals.append(svcmod.backend_value(ip, s.target_port, Proto.TCP, self.NET))
+                frontends.setdefault((ip, s.target_port), []).append((self.NET, s.vip, s.port))
                 skeys.append(svcmod.service_key(self.NET, s.vip, s.port, Proto.TCP, slot))
                 svals.append(svcmod.service_value(service_id=sid, backend_id=bid))
             table = 0
@@ -748,8 +755,12 @@ class Lace:
             lo = k * svcmod.MAGLEV_SIZE
             mg_idx[lo:lo + svcmod.MAGLEV_SIZE] = np.arange(table * svcmod.MAGLEV_SIZE, (table + 1) * svcmod.MAGLEV_SIZE)
             mg_val[lo:lo + svcmod.MAGLEV_SIZE] = maglev.table(names)
+        rkeys = [svcmod.revnat_key(self.NET, ip, port, Proto.TCP) for ip, port in frontends]
+        rvals = [svcmod.revnat_value(fes[:svcmod.REVNAT_FRONTENDS]) for fes in frontends.values()]
         m = self.loaded.map
         m("backends").update_batch(b"".join(bkeys), b"".join(bvals), len(bkeys))
+        if rkeys:
+            m("revnat").update_batch(b"".join(rkeys), b"".join(rvals), len(rkeys))
         if multi:
             m("maglev").update_batch(mg_idx.tobytes(), mg_val.tobytes(), len(mg_idx))
         # frontends (slot 0) last: a service is visible only once its backends are there
@@ -758,7 +769,7 @@ class Lace:
 
     def clear(self) -> None:
         if self.loaded is not None:
-            for name in ("services", "backends", "maglev"):
+            for name in ("services", "backends", "maglev", "revnat"):
                 self.loaded.map(name).clear()
 
     def close(self) -> None:
