@@ -284,8 +284,14 @@ def _checksum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
+def _p90(values: list[float]) -> float:
+    """The 90th percentile, interpolated between the closest ranks (statistics' 'inclusive')."""
+    return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+
+
 def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
-    """Apply a pod, then ping its address (from its IPLease, as soon as it exists) every ms."""
+    """Apply a pod, then ping its address every ms from the moment its IPLease is written (a
+    store watch: waiting costs the machine nothing the pod's start could use)."""
     from lace.store import SqliteStore
     store = SqliteStore(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, STORE_FILE))
     sock = icmp_echo_socket(prober_ns)
@@ -295,16 +301,18 @@ def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
             name = f"fresh-{i}"
             doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
                    "spec": {"nodeName": "worker-1", "containers": [{"name": "c", "image": "x"}]}}
+            since = store.revision()
             t0 = time.monotonic()
             store.apply(doc)
             ip = None
-            while ip is None:
-                for lease in store.list("ipleases").items:
-                    if lease["spec"]["pod"] == f"default/{name}" and ":" not in lease["spec"]["ip"]:
-                        ip = lease["spec"]["ip"]
-                if time.monotonic() - t0 > 30:
-                    raise SystemExit(f"{name} got no address")
-                time.sleep(0.001)
+            with store.watch(["ipleases"], since=since, timeout=30) as w:
+                for ev in w:
+                    spec = ev.object["spec"]
+                    if ev.type == "ADDED" and spec["pod"] == f"default/{name}" and ":" not in spec["ip"]:
+                        ip = spec["ip"]
+                        break
+            if ip is None:
+                raise SystemExit(f"{name} got no address in 30 s")
             seq = 0
             while True:
                 seq += 1
@@ -659,7 +667,8 @@ def main() -> int:
         print("targets: same node >= 0.95x TCP and >= 0.85x pps; cross node >= 0.95x TCP")
     if first:
         print(f"\npod creation to first packet answered (ICMP from another node), {len(first)} pods: "
-              f"median {statistics.median(first):.0f} ms, min {min(first):.0f}, max {max(first):.0f}   (target < 100 ms)")
+              f"median {statistics.median(first):.0f} ms, p90 {_p90(first):.0f}, min {min(first):.0f}, "
+              f"max {max(first):.0f}   (target: median < 100 ms, p90 < 150 ms)")
     if rtt is not None:
         print(f"\nkubelet probe round trips from worker-1's host namespace in its kubelet cgroup (CPU 0; pods' servers "
               f"on CPU 1), "

@@ -68,6 +68,8 @@ class Agent:
         self.socket_path = socket_path
         self.uplink = uplink
         self.mtu = mtu
+        #: the node namespace's interfaces, as reconcile passes see them (under _reconcile_lock)
+        self.links = netlink.LinkIndex()
         #: the kubelet's cgroup: its ID goes into the config map (resolved at start, when it must exist)
         self.kubelet_cgroup = kubelet_cgroup
         self.kubelet_cgroup_id = 0
@@ -218,7 +220,7 @@ class Agent:
             if resync:   # retired revnat frontends whose flows are all gone go (lace.services.program)
                 self.services.release_revnat(revnat_in_use(self.datapath))
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
-                                  self.service_sync.cache, self.ct_endpoint_limit)
+                                  self.service_sync.cache, self.ct_endpoint_limit, self.links, fresh=resync)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}

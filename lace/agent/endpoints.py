@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from lace import netlink
+from lace.netlink import LOOPBACK_IFINDEX, LinkInfo
 from lace.cni.spec import (CNI_VERSION, E_INVALID_CONFIG, E_INVALID_ENV, E_IO, E_IPAM_EXHAUSTED, E_POD_UNKNOWN,
                            E_UNKNOWN_CONTAINER, error_result)
 from lace.store.errors import NotFound
@@ -153,8 +154,13 @@ class Endpoints:
                            "create the Network or fix the pod's lace.dev/network annotation") from None
         cidrs = [ipaddress.ip_network(c) for c in network["spec"].get("cidrs") or []]
         labels = (pod.get("metadata") or {}).get("labels") or {}
+        host = host_ifname(req.container_id)
+        mac = pod_mac(req.container_id)
         try:
-            leases = self.ipam.allocate(net_name, cidrs, ref, req.container_id, req.ifname)
+            # the leases name the interfaces from the start (they exist once ADD has made them):
+            # one store write for the pod's addresses, not one more per lease to annotate them
+            leases = self.ipam.allocate(net_name, cidrs, ref, req.container_id, req.ifname,
+                                        {ANN_HOST_IFNAME: host, ANN_POD_MAC: mac})
         except IpamExhausted as e:
             raise CniError(E_IPAM_EXHAUSTED, str(e)) from None
         try:
@@ -165,21 +171,16 @@ class Endpoints:
         self.store.allocate_segment(net_name, req.pod_namespace, labels)
         mark("ipam")
 
-        host = host_ifname(req.container_id)
-        mac = pod_mac(req.container_id)
         try:
-            families, attaching = self._plumb(req, host, mac, leases)
+            families, attaching, host_info = self._plumb(req, host, mac, leases)
             mark("interfaces")
-            for lease in leases:
-                self._annotate(lease.name, host, mac)
-            mark("leases")
             self.reconcile()               # maps for this endpoint (and everyone's view of it)
             mark("maps")
             attaching.join()
             mark("attach")
             # default routes go in last: until now the pod could send nowhere
-            self._default_routes(req, families)
-            result = self._result(req, host, mac, leases, probe_leases)
+            self._default_routes(req, families, host_info.peer_ifindex or req.ifname)
+            result = self._result(req, host_info, mac, leases, probe_leases)
             mark("routes")
             return result
         except CniError:
@@ -210,57 +211,52 @@ class Endpoints:
         return self.ipam.allocate(K.DEFAULT_NETWORK, cidrs, f"probe/{ref}", probe_container_id(container_id),
                                   "probe")
 
-    def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach"]:
+    def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach", LinkInfo]:
         netlink.delete_link(host)   # a leftover of an interrupted ADD of the same container
         # the peer is created inside the pod's namespace, so it can carry its final name at once
-        netlink.veth_pair(host, req.ifname, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
-        host_info = netlink.link(host)
+        host_info = netlink.veth_pair(host, req.ifname, peer_netns=req.netns, peer_mac=mac, mtu=self.mtu)
+        # every later request names its interface by ifindex: a name would cost a lookup each time
+        # (pyroute2 spends ~1 ms of CPU on a request, a dozen of them here). The pod side's index is
+        # the host side's IFLA_LINK; a new namespace's loopback is always ifindex 1.
+        pod_if = host_info.peer_ifindex or req.ifname
         # attaching waits out a kernel RCU grace period (~10-20 ms here): let it run while the pod
         # side is configured; the pod cannot send anywhere before its default routes anyway
         attaching = _Attach(self.datapath, host, host_info.ifindex)
-        netlink.set_up(host)
-        netlink.set_up("lo", netns=req.netns)
+        netlink.set_up(host_info.ifindex)
+        netlink.set_up(LOOPBACK_IFINDEX, netns=req.netns)
         has4 = has6 = False
         for lease in leases:
             plen = 32 if lease.ip.version == 4 else 128
-            netlink.add_address(req.ifname, f"{lease.ip}/{plen}", netns=req.netns)
+            netlink.add_address(pod_if, f"{lease.ip}/{plen}", netns=req.netns)
             has4 |= lease.ip.version == 4
             has6 |= lease.ip.version == 6
         # eth0 must be up for routes through it; only the gateway is reachable until ADD has
         # attached the program and installs the default routes
-        netlink.set_up(req.ifname, netns=req.netns)
+        netlink.set_up(pod_if, netns=req.netns)
         if has4:
-            netlink.add_neighbor(str(GATEWAY4), host_info.mac, req.ifname, netns=req.netns)
-            netlink.add_route(f"{GATEWAY4}/32", netns=req.netns, dev=req.ifname, scope="link")
+            netlink.add_neighbor(str(GATEWAY4), host_info.mac, pod_if, netns=req.netns)
+            netlink.add_route(f"{GATEWAY4}/32", netns=req.netns, dev=pod_if, scope="link")
         if has6:
-            netlink.add_neighbor(str(GATEWAY6), host_info.mac, req.ifname, netns=req.netns)
-        return {v for v, on in ((4, has4), (6, has6)) if on}, attaching
+            netlink.add_neighbor(str(GATEWAY6), host_info.mac, pod_if, netns=req.netns)
+        return {v for v, on in ((4, has4), (6, has6)) if on}, attaching, host_info
 
-    def _default_routes(self, req: CniRequest, families: set[int]) -> None:
+    def _default_routes(self, req: CniRequest, families: set[int], pod_if: int | str) -> None:
         if 4 in families:
-            netlink.add_route("0.0.0.0/0", netns=req.netns, via=str(GATEWAY4), dev=req.ifname)
+            netlink.add_route("0.0.0.0/0", netns=req.netns, via=str(GATEWAY4), dev=pod_if)
         if 6 in families:
-            netlink.add_route("::/0", netns=req.netns, via=str(GATEWAY6), dev=req.ifname)
+            netlink.add_route("::/0", netns=req.netns, via=str(GATEWAY6), dev=pod_if)
 
-    def _annotate(self, lease_name: str, host: str, mac: str) -> None:
-        obj = self.store.get("ipleases", lease_name)
-        ann = obj["metadata"].setdefault("annotations", {})
-        ann[ANN_HOST_IFNAME] = host
-        ann[ANN_POD_MAC] = mac
-        self.store.update(obj)
-
-    def _result(self, req: CniRequest, host: str, mac: str, leases, probe_leases) -> dict[str, Any]:
+    def _result(self, req: CniRequest, hinfo: LinkInfo, mac: str, leases, probe_leases) -> dict[str, Any]:
         """The CNI result. The pod's own addresses are on its interface (index 1, the one with a
         sandbox), as a runtime reads them; its probe addresses, if any, are listed on the node's
         host device (index 2, no sandbox): what a kubelet connects to for the pod's probes."""
-        hinfo = netlink.link(host)
         ips, routes = [], []
         for lease in leases:
             v4 = lease.ip.version == 4
             ips.append({"address": f"{lease.ip}/{32 if v4 else 128}",
                         "gateway": str(GATEWAY4 if v4 else GATEWAY6), "interface": 1})
             routes.append({"dst": "0.0.0.0/0" if v4 else "::/0", "gw": str(GATEWAY4 if v4 else GATEWAY6)})
-        interfaces = [{"name": host, "mac": hinfo.mac},
+        interfaces = [{"name": hinfo.name, "mac": hinfo.mac},
                       {"name": req.ifname, "mac": mac, "mtu": self.mtu, "sandbox": req.netns}]
         if probe_leases:
             interfaces.append({"name": HOST_IFNAME})

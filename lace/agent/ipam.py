@@ -7,6 +7,8 @@ and two nodes never hand out the same address. A container that asks again gets 
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from lace.store.allocate import block_prefixlen
 from lace.store.api import Lease, Store
 from lace.store.errors import IpamExhausted
@@ -27,8 +29,8 @@ class Ipam:
         return self.store.leases_for(self.node, container_id)
 
     def allocate(self, network: str, cidrs: list[IPNet], pod: str, container_id: str,
-                 ifname: str) -> list[Lease]:
-        return self.store.allocate_leases(network, self.node, cidrs, pod, container_id, ifname)
+                 ifname: str, annotations: Mapping[str, str] | None = None) -> list[Lease]:
+        return self.store.allocate_leases(network, self.node, cidrs, pod, container_id, ifname, annotations)
 
     def release(self, container_id: str) -> int:
         return self.store.release_leases(self.node, container_id)

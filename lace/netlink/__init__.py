@@ -15,6 +15,8 @@ from .netns import exists as netns_exists
 from .netns import inode as netns_inode
 from .netns import path as netns_path
 from .links import (
+    LOOPBACK_IFINDEX,
+    LinkIndex,
     LinkInfo,
     RouteInfo,
     add_address,
@@ -47,7 +49,7 @@ __all__ = [
     "NetlinkError", "netns",
     "create_netns", "delete_netns", "netns_exists", "netns_inode", "netns_path", "list_netns",
     "entered", "ipr", "run_in", "sysctl",
-    "LinkInfo", "RouteInfo", "link", "links", "wait_link", "veth_pair", "bridge", "set_master", "set_up",
+    "LOOPBACK_IFINDEX", "LinkIndex", "LinkInfo", "RouteInfo", "link", "links", "wait_link", "veth_pair", "bridge", "set_master", "set_up",
     "set_down", "rename", "set_mtu", "set_mac", "set_arp", "move_link", "delete_link",
     "add_address", "del_address", "addresses", "add_route", "del_route", "routes",
     "add_neighbor", "del_neighbor",

@@ -231,9 +231,10 @@ def lease_of(obj: dict) -> Lease:
 
 
 def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
-                   container_id: str, ifname: str) -> Lease:
+                   container_id: str, ifname: str, annotations: Mapping[str, str] | None = None) -> Lease:
     """One address for a container on ``node`` from the network's ``cidrs`` of one family: the
-    lowest free one in the node's blocks, taking another block when they are full."""
+    lowest free one in the node's blocks, taking another block when they are full. The lease
+    carries ``annotations`` from the start."""
     version = cidrs[0].version
     plen = block_prefixlen(cidrs[0])
     used = {ipaddress.ip_address(o["spec"]["ip"]) for o in w.list("IPLease")
@@ -246,9 +247,11 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                     continue
                 name = K.lease_name(network, str(ip))
                 try:
+                    meta: dict[str, Any] = {"name": name, "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}}
+                    if annotations:
+                        meta["annotations"] = dict(annotations)
                     w.create({
-                        "apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
-                        "metadata": {"name": name, "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}},
+                        "apiVersion": K.LACE_API_VERSION, "kind": "IPLease", "metadata": meta,
                         "spec": {"network": network, "node": node, "block": K.block_name(network, str(blk)),
                                  "ip": str(ip), "pod": pod, "containerID": container_id,
                                  "ifname": ifname}})

@@ -194,10 +194,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def allocate_leases(self, network: str, node: str,
                         cidrs: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network], pod: str,
-                        container_id: str, ifname: str) -> list[Lease]:
+                        container_id: str, ifname: str,
+                        annotations: Mapping[str, str] | None = None) -> list[Lease]:
         """One address per family of ``cidrs`` (the network's ranges) for a container on ``node``,
-        from that node's blocks (taking a new block when they are full); the container's existing
-        leases if it has any. Raises IpamExhausted, naming the network, node and usage."""
+        from that node's blocks (taking a new block when they are full), all in one transaction, each
+        lease carrying ``annotations``; the container's existing leases if it has any. Raises
+        IpamExhausted, naming the network, node and usage."""
 
     @abc.abstractmethod
     def leases_for(self, node: str, container_id: str) -> list[dict]:

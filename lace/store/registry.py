@@ -371,22 +371,20 @@ class RegistryStore(Store):
                                 write=False)
 
     def allocate_leases(self, network: str, node: str, cidrs: Sequence[IPNet], pod: str,
-                        container_id: str, ifname: str) -> list[Lease]:
+                        container_id: str, ifname: str, annotations: Mapping[str, str] | None = None) -> list[Lease]:
         existing = self.leases_for(node, container_id)
         if existing:
+            for o in existing:   # a retried ADD of a container whose leases lack what it asks for now
+                ann = o["metadata"].get("annotations") or {}
+                if annotations and any(ann.get(k) != v for k, v in annotations.items()):
+                    o["metadata"]["annotations"] = {**ann, **annotations}
+                    self.update(o)
             return [allocate.lease_of(o) for o in existing]
-        out: list[Lease] = []
-        try:
-            # one transaction per family, so each address is written with the block it came from
-            for version in sorted({c.version for c in cidrs}):
-                family = [c for c in cidrs if c.version == version]
-                out.append(self.backend.run(
-                    lambda txn: allocate.allocate_lease(Writer(txn), network, family, node, pod,
-                                                        container_id, ifname)))
-        except BaseException:
-            self._delete_leases([lease.name for lease in out])
-            raise
-        return out
+        # every family in one transaction: one commit (and one wake-up of every watcher) per pod
+        return self.backend.run(lambda txn: [
+            allocate.allocate_lease(Writer(txn), network, [c for c in cidrs if c.version == version], node, pod,
+                                    container_id, ifname, annotations)
+            for version in sorted({c.version for c in cidrs})])
 
     def release_leases(self, node: str, container_id: str) -> int:
         names = [o["metadata"]["name"] for o in self.leases_for(node, container_id)]

@@ -251,3 +251,25 @@ def test_no_fd_leak(ns: str) -> None:
         nl.links(ns)
         nl.link("lo", ns)
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def test_link_index_follows_links_as_ip_shows_them(ns: str) -> None:
+    """LinkIndex sees links come and go and a name that comes back with another ifindex at once;
+    details changed in place behind its back (a MAC set by hand) only on a full refresh."""
+    with nl.entered(ns):
+        index = nl.LinkIndex()
+        assert set(index.refresh()) == {"lo"}
+        nl.veth_pair("lx-a", "lx-b", mac="02:00:00:00:0a:01")
+        seen = index.refresh()
+        shown = {link["ifname"]: link for link in ipj(ns, "link", "show")}
+        assert {n: (i.ifindex, i.mac) for n, i in seen.items()} == \
+            {n: (link["ifindex"], link["address"]) for n, link in shown.items()}
+        nl.delete_link("lx-a")
+        nl.veth_pair("lx-a", "lx-b", mac="02:00:00:00:0a:02")
+        again = index.refresh()
+        assert again["lx-a"].ifindex != seen["lx-a"].ifindex and again["lx-a"].mac == "02:00:00:00:0a:02"
+        ip("-n", ns, "link", "set", "lx-a", "address", "02:00:00:00:0a:03")
+        assert index.refresh()["lx-a"].mac == "02:00:00:00:0a:02"   # the same ifindex: not asked again
+        assert index.refresh(full=True)["lx-a"].mac == "02:00:00:00:0a:03"
+        nl.delete_link("lx-a")
+        assert set(index.refresh()) == {"lo"}
