@@ -13,6 +13,9 @@ the other node's SID, ``seg6local End.DX4``/``End.DX6`` there). A kernel path th
 (no seg6local, say) is reported as not measured, and the rest still runs. Then the time from
 applying a pod to the first packet it answers (ICMP echo from a pod on another node).
 
+First, with no pod yet, the idle lab (three nodes then): every lab process's CPU share over
+--idle-window seconds, from the moment every agent reports healthy.
+
 Then kubelet probes. Round trip: a podserver pod of an isolated network (``probed``, 10.77.0.0/16)
 and one of the default network on worker-1, each with an httpGet readiness probe on a named port;
 from worker-1's host namespace in its kubelet cgroup (as the node's prober), --probe-rtts rounds of
@@ -27,13 +30,15 @@ worker-1's prober, beside the same shares idle before the pods. Every pod and th
 deleted afterwards, and the lab torn down.
 
 Run as root after `make install`:
-    .venv/bin/python bench/lab.py [--rounds N] [--seconds S] [--pods N] [--only paths|first-packet|probes]
+    .venv/bin/python bench/lab.py [--rounds N] [--seconds S] [--pods N]
+                                  [--only idle|paths|first-packet|probes] [--idle-window S]
                                   [--paths same,cross,plain,srv6] [--probe-rtts N] [--probe-pods N]
                                   [--probe-window S]
 (--paths: the paths beside the bare veth; with --only paths and no lab path, no lab is built.)
 Everything the bench makes goes at the end, after a failure, Ctrl-C or SIGTERM too.
 Targets: same node >= 0.95x TCP and >= 0.85x packet rate of bare veth; cross node >= 0.95x TCP;
-pod creation to first packet: median under 100 ms; an httpGet probe to a pod of an isolated network
+idle agents and lab kubelet under 0.2 % of a core each; pod creation to first packet: median
+under 100 ms and p90 under 150 ms; an httpGet probe to a pod of an isolated network
 <= 1.1x the round trip of the same probe to a default-network pod; 2 probes/s per pod at a 1 s period
 (200/s for 100 pods) with no failures.
 """
@@ -514,6 +519,16 @@ def _cpu_share(watched: dict[str, int], seconds: float) -> dict[str, float]:
     return {k: (_cpu_ticks(pid) - before[k]) / hz / elapsed * 100 for k, pid in watched.items()}
 
 
+def idle_cpu(b: Bench, window: float) -> dict[str, float]:
+    """Every lab process's share of one CPU over ``window`` seconds in a lab with no pods, from the
+    moment every agent reports healthy (a 60 s window holds two of each agent's 30 s resyncs)."""
+    from lace.lab import procs as labprocs
+    b.lace("status", "--wait", "--timeout", "60")
+    state = os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB)
+    pids = {p.name: p.pid for p in labprocs.list_procs(state) if p.alive}
+    return _cpu_share(pids, window)
+
+
 def probe_load(b: Bench, count: int, window: float) -> dict[str, Any]:
     """``count`` pods of network PROBE_NET on worker-1, readiness and liveness (httpGet) every second;
     over ``window`` seconds once all are Ready: probe runs per second on worker-1 (the kubelet's own
@@ -560,7 +575,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--pods", type=int, default=10, help="pods for the creation-to-first-packet figure")
-    ap.add_argument("--only", choices=("paths", "first-packet", "probes"), help="run this part only")
+    ap.add_argument("--only", choices=("idle", "paths", "first-packet", "probes"), help="run this part only")
+    ap.add_argument("--idle-window", type=float, default=60.0,
+                    help="seconds the idle lab's CPU shares are measured over")
     ap.add_argument("--paths", default=",".join(PATHS),
                     help="paths measured beside the bare veth, comma-separated: " +
                          ", ".join(f"{k} ({v})" for k, v in PATHS.items()) + " (default: all)")
@@ -576,7 +593,7 @@ def main() -> int:
     if unknown := [x for x in chosen if x not in PATHS]:
         ap.error(f"--paths: unknown {', '.join(unknown)} (choose from {', '.join(PATHS)})")
     lab_paths = want("paths") and any(x in ("same", "cross") for x in chosen)
-    need_lab = lab_paths or want("first-packet") or want("probes")
+    need_lab = lab_paths or want("first-packet") or want("probes") or want("idle")
     state = tempfile.mkdtemp(prefix="lace-bench-")
     b = Bench(state)
     results: dict[str, dict[str, list[float]]] = {}
@@ -584,11 +601,15 @@ def main() -> int:
     first: list[float] = []
     rtt: dict | None = None
     load: dict | None = None
+    idle: dict[str, float] | None = None
     # SIGTERM ends the run as Ctrl-C does: through the finally below, which removes everything made
     signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
     try:
         if need_lab:
-            b.lace("lab", "up", "--name", LAB, "--nodes", "2")
+            # three nodes when the idle lab is measured (the shape its target is set for), else two
+            b.lace("lab", "up", "--name", LAB, "--nodes", "3" if want("idle") else "2")
+        if want("idle"):
+            idle = idle_cpu(b, a.idle_window)
         if lab_paths or want("first-packet"):
             pod = lambda n, node: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default"},  # noqa: E731
                                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
@@ -643,6 +664,12 @@ def main() -> int:
             kernel_cleanup()
             subprocess.run(["rm", "-rf", state])
 
+    if idle is not None:
+        print(f"\nidle lab, 3 nodes and no pods: CPU over {a.idle_window:.0f} s (utime + stime from /proc), "
+              "% of one core")
+        for name, share in sorted(idle.items()):
+            goal = "   (target < 0.2 %)" if name.startswith("agent-") or name == "kubelet" else ""
+            print(f"  {name:<22}{share:>7.2f}{goal}")
     if results:
         base = {k: statistics.median(v) for k, v in results["bare veth"].items()}
         med = {name: {k: statistics.median(v) for k, v in res.items()} for name, res in results.items()}

@@ -209,18 +209,21 @@ class Agent:
         reads every map back from the kernel instead of trusting what this agent last wrote."""
         with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time():
             started = time.time()
-            if resync:
+            if resync:   # the interfaces read afresh once, for the host device and the snapshot
+                ifaces = self.links.refresh(full=True)
                 try:
-                    self.hostdev.ensure()
+                    self.hostdev.ensure(ifaces)
                     self.loops["host-device"].ok()
                 except Exception as e:
                     self.loops["host-device"].failed(e)
                     raise
             self.service_sync.take()   # a full pass covers whatever the watch left for it
-            if resync:   # retired revnat frontends whose flows are all gone go (lace.services.program)
+            # retired revnat frontends whose flows are all gone go (lace.services.program); the
+            # conntrack tables are read for it only while some wait
+            if resync and self.services.revnat_retired:
                 self.services.release_revnat(revnat_in_use(self.datapath))
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
-                                  self.service_sync.cache, self.ct_endpoint_limit, self.links, fresh=resync)
+                                  self.service_sync.cache, self.ct_endpoint_limit, self.links)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}

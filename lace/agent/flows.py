@@ -54,6 +54,9 @@ Event = dict[str, Any]
 #: a follower's queue, in records (8 MiB of raw records)
 FOLLOWER_QUEUE = 65536
 POLL_MS = 200
+#: how long the bulk reader waits for records when none come: stop() wakes it at once, and the
+#: loss counter is read only after records arrived, so an idle node's reader wakes once in this
+IDLE_POLL_MS = 5000
 #: after a read that found records, the reader waits this long before the next one: at 200,000
 #: events/s a read then takes ~1,000 records (136 KB of the 4 MiB ring) instead of one per wakeup
 READ_PAUSE_S = 0.005
@@ -251,9 +254,10 @@ class FlowCollector:
         assert self._source is not None
         last_cal = last_lost = time.monotonic()
         read = True   # records arrived since the loss counter was last read
+        wait_ms = IDLE_POLL_MS if self._wakeable() else POLL_MS
         while not self._stop.is_set():
             try:
-                data, others = self._source(POLL_MS)
+                data, others = self._source(wait_ms)
             except Exception as exc:
                 self.errors += 1
                 log.warning("flow reader: %s", exc)
@@ -317,8 +321,15 @@ class FlowCollector:
         self._thread = threading.Thread(target=self._run, name="flows", daemon=True)
         self._thread.start()
 
+    def _wakeable(self) -> bool:
+        """Whether the reader waits on a ring that stop() can wake (the bulk reader)."""
+        from lace.bpf import RingReader
+        return isinstance(self._ring, RingReader)
+
     def stop(self) -> None:
         self._stop.set()
+        if self._wakeable():
+            self._ring.wake()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None

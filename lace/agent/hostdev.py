@@ -29,7 +29,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from lace import netlink
 from lace.store import kinds as K
@@ -91,9 +91,44 @@ def routes_for(addresses: list[IPAddr], cidrs: list[IPNet]) -> dict[str, str]:
     return {str(c): str(by_family[c.version]) for c in cidrs if c.version in by_family}
 
 
-def configure(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str | None = None) -> HostSetup:
+def _as_configured(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str | None,
+                   links: Mapping[str, netlink.LinkInfo] | None) -> HostSetup | None:
+    """The setup as it stands when the device is already what :func:`configure` would leave, else
+    None. Three dumps (links, unless the caller has them, the host end's addresses, routes)
+    instead of a dozen requests that would change nothing: the resync's usual case, and most of an
+    idle agent's netlink work."""
+    by_name = links if links is not None else {i.name: i for i in netlink.links(netns)}
+    host, net = by_name.get(HOST_IFNAME), by_name.get(NET_IFNAME)
+    if host is None or net is None or host.kind != "veth" or net.kind != "veth" \
+            or host.peer_ifindex != net.ifindex or net.peer_ifindex != host.ifindex \
+            or host.mtu != mtu or net.mtu != mtu or host.arp or not host.admin_up or not net.admin_up:
+        return None
+    have_addrs = {c for c in netlink.addresses(host.ifindex, netns)
+                  if ipaddress.ip_interface(c).ip not in _LINK_LOCAL6}
+    if have_addrs != {f"{ip}/{ip.max_prefixlen}" for ip in addresses}:
+        return None
+    routes = routes_for(addresses, cidrs)
+    have_routes = {}
+    for r in netlink.routes(netns):
+        if r.oif != host.ifindex or r.dst in ("", "default"):
+            continue
+        dst = ipaddress.ip_network(r.dst)
+        if not (dst.version == 6 and dst.subnet_of(_LINK_LOCAL6)):
+            have_routes[dst] = r.src and ipaddress.ip_address(r.src)
+    if have_routes != {ipaddress.ip_network(d): ipaddress.ip_address(s) for d, s in routes.items()}:
+        return None
+    return HostSetup(tuple(addresses), tuple(routes), net.ifindex)
+
+
+def configure(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str | None = None,
+              links: Mapping[str, netlink.LinkInfo] | None = None) -> HostSetup:
     """Make (or adopt) the veth pair with ``addresses`` on ``lace_host`` and the routes of ``cidrs``
-    through it, in ``netns`` (None: this thread's namespace); the program is not attached here."""
+    through it, in ``netns`` (None: this thread's namespace); the program is not attached here.
+    A device already in that state is only read (``_as_configured``); ``links``, the namespace's
+    interfaces by name as the caller just read them, spares it a dump."""
+    current = _as_configured(addresses, cidrs, mtu, netns, links)
+    if current is not None:
+        return current
     try:
         netlink.veth_pair(HOST_IFNAME, NET_IFNAME, netns=netns, mtu=mtu)
     except netlink.NetlinkError as exc:
@@ -140,14 +175,15 @@ class HostDevice:
         self.mtu = mtu
         self.setup: HostSetup | None = None
 
-    def ensure(self) -> HostSetup:
+    def ensure(self, links: Mapping[str, netlink.LinkInfo] | None = None) -> HostSetup:
+        """Lease the host addresses and configure the device (``links``: see :func:`configure`)."""
         cidrs = default_cidrs(self.store)
         if not cidrs:
             raise HostDeviceError(f'node {self.node}: the "{K.DEFAULT_NETWORK}" network has no CIDRs, so the '
                                   "host has no address to reach pods from; give it spec.cidrs")
         addresses = lease_host_addresses(self.store, self.node, cidrs)
         try:
-            setup = configure(addresses, cidrs, self.mtu)
+            setup = configure(addresses, cidrs, self.mtu, links=links)
         except netlink.NetlinkError as exc:
             raise HostDeviceError(f"node {self.node}: cannot set up the host device: {exc}") from None
         self.datapath.attach_host(setup.net_ifindex)

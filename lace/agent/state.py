@@ -37,12 +37,12 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0,
                    services: ServiceCache | None = None,
                    ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT, links: netlink.LinkIndex | None = None,
-                   fresh: bool = True) -> Snapshot:
+                   fresh: bool = False) -> Snapshot:
     """Everything a pass needs; ``services``, the agent's service cache, stands in for listing
     Services and EndpointSlices (and keeps every unchanged service's frontends). ``links``: the
-    agent's index of the namespace's interfaces, read afresh with ``fresh`` (a resync) and
-    otherwise only for interfaces it has not seen (one index per pass instead of a request per
-    pod, ~1 ms of CPU each in pyroute2)."""
+    agent's index of the namespace's interfaces, looked at only for interfaces it has not seen
+    (one index per pass instead of a request per pod, ~1 ms of CPU each in pyroute2), or read
+    afresh with ``fresh``; without it every interface is read."""
     ifaces = (links or netlink.LinkIndex()).refresh(full=fresh or links is None)
     net_objs = store.list("networks").items
     ids = by_name(net_objs)

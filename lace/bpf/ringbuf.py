@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
+import os
 import platform
 import select
 from typing import Callable
@@ -128,15 +130,32 @@ class RingReader(Owned):
         self._words: np.ndarray | None = np.frombuffer(self._prod, dtype="<u4", offset=page)
         self._epoll: select.epoll | None = select.epoll()
         self._epoll.register(map.fd, select.EPOLLIN)
+        # wake() ends a wait at once from another thread, so an idle reader can wait long
+        self._wake_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._wake_fd, select.EPOLLIN)
 
     def wait(self, timeout_ms: int) -> bool:
-        """Wait up to ``timeout_ms`` until the ring holds records (level-triggered); True when it does."""
+        """Wait up to ``timeout_ms`` until the ring holds records (level-triggered) or :meth:`wake`
+        is called; True when the ring holds records."""
         if self._epoll is None:
             raise ValueError(f"ring buffer {self.map.name!r} is closed")
         try:
-            return bool(self._epoll.poll(timeout_ms / 1000))
+            ready = self._epoll.poll(timeout_ms / 1000)
         except InterruptedError:
             return False
+        data = False
+        for fd, _ in ready:
+            if fd == self._wake_fd:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(fd)
+            else:
+                data = True
+        return data
+
+    def wake(self) -> None:
+        """End a :meth:`wait` in another thread now (it returns False unless records are waiting)."""
+        if self._wake_fd is not None:
+            os.eventfd_write(self._wake_fd, 1)
 
     def read(self, record_size: int) -> tuple[bytes, int]:
         """Every committed record, consumed: ``(data, others)`` where ``data`` is the records of
@@ -184,6 +203,9 @@ class RingReader(Owned):
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
+        if self._wake_fd is not None:
+            os.close(self._wake_fd)
+            self._wake_fd = None
 
 
 __all__ = ["RingBuffer", "RingReader"]

@@ -23,7 +23,8 @@ _SCOPES = {"universe": 0, "global": 0, "site": 200, "link": 253, "host": 254, "n
 
 @dataclass(frozen=True)
 class RouteInfo:
-    """One route: ``dst`` as a CIDR (``default`` for /0), next hop, output ifindex, table, scope."""
+    """One route: ``dst`` as a CIDR (``default`` for /0), next hop, output ifindex, table, scope,
+    preferred source."""
 
     dst: str
     via: str | None
@@ -31,6 +32,8 @@ class RouteInfo:
     table: int
     scope: int
     family: int
+    #: the preferred source address (RTA_PREFSRC), None when the route has none
+    src: str | None = None
 
 
 def _net(dst: str, op: str, target: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -130,5 +133,6 @@ def routes(netns: str | None = None, *, family: int | None = None, table: int | 
             via = attr(msg, "RTA_GATEWAY")
             if via is None and msg.get("RTA_VIA") is not None:
                 via = msg.get("RTA_VIA").get("addr")
-            out.append(RouteInfo(cidr, via, attr(msg, "RTA_OIF"), int(tbl), int(msg["scope"]), int(fam)))
+            out.append(RouteInfo(cidr, via, attr(msg, "RTA_OIF"), int(tbl), int(msg["scope"]), int(fam),
+                                 attr(msg, "RTA_PREFSRC")))
     return out

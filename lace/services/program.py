@@ -389,6 +389,12 @@ class ServiceProgrammer:
         with self._lock:
             return dict(self._revnat)
 
+    @property
+    def revnat_retired(self) -> bool:
+        """Whether some retired frontend waits for its flows to end (only then is conntrack read)."""
+        with self._lock:
+            return bool(self._revnat_retired)
+
     def release_revnat(self, in_use: set[tuple[bytes, Ref]]) -> tuple[Entries, list[bytes]]:
         """Drop the retired frontends that no live conntrack entry names any more: ``in_use`` holds
         (revnat key, frontend) of every live service flow (:func:`revnat_in_use`). Returns the

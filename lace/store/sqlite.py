@@ -11,12 +11,13 @@ and a rejected write leaves nothing behind.
 
 A watch looks for new events when woken: at once by a commit of its own process, and by another
 process's through inotify on the write-ahead log (``_FileWakes``). A look that finds nothing new
-after a wake-up is tried again a few times over ~0.1 s (the wake-up may come before the commit
-is visible), and an idle watch looks anyway every WAKE_SAFETY (1 s). Without inotify, watches
+after a wake-up, and that saw no commit at all, is tried again a few times over ~0.1 s (the
+wake-up may come before the commit is visible); once a look sees a commit, the wake-up is
+answered. An idle watch looks anyway every WAKE_SAFETY (1 s). Without inotify, watches
 poll every ``poll_interval`` (POLL_INTERVAL, 20 ms, by default). A look first asks ``PRAGMA
 data_version`` (a cheap "did another connection commit?"). Any commit to the file wakes the
 watches, a liveness renewal's too (it appends to the same write-ahead log): their looks then find
-nothing new, which costs a query and a few ``data_version`` checks, not an event.
+nothing new, which costs one query, not an event.
 
 ``SqliteBackend`` is the generic backend (``backend.py``); the Store callers construct over it,
 ``SqliteStore``, lives a layer up (``embedded.py``).
@@ -519,12 +520,13 @@ class SqliteWatch(Watch):
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
 
-    def _fetch(self) -> None:
+    def _fetch(self) -> bool:
+        """Read new events into the buffer; whether a commit became visible since the last look."""
         conn = self._conn
         try:
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version == self._data_version:
-                return
+                return False
             conn.execute("BEGIN")
             try:
                 meta = dict(conn.execute(
@@ -547,6 +549,7 @@ class SqliteWatch(Watch):
         else:
             self._last = max(self._last, int(meta["revision"]))
             self._data_version = version
+        return True
 
     def __next__(self) -> WatchEvent:
         notifier = self._backend._notifier
@@ -559,7 +562,7 @@ class SqliteWatch(Watch):
             with notifier.cond:
                 seen = notifier.counter
             try:
-                self._fetch()
+                visible = self._fetch()
             except BaseException:
                 # the watch ends here (Gone, a store error): give back its connection and its
                 # share of the file wakes now, not whenever the caller drops it
@@ -568,6 +571,10 @@ class SqliteWatch(Watch):
                 raise
             if self._buffer:
                 continue
+            if visible:
+                # a commit showed and brought nothing for this watch (a liveness renewal, another
+                # kind): the one a wake-up announced is in, so no looking again for it
+                self._settle = 0.0
             if self._settle:
                 # woken, and nothing new yet: the commit may not be visible yet (on a busy machine
                 # it can take a while): look again, less and less often

@@ -75,6 +75,12 @@ def test_configure_makes_adopts_and_repairs_the_device(netns: str) -> None:
     assert "NOARP" in host["flags"] and host["mtu"] == MTU
     assert any(a["scope"] == "link" for a in ipj(netns, "addr", "show", "dev", HOST_IFNAME)[0]["addr_info"])
 
+    # a route that lost its preferred source gets it back (the read-only check compares it too)
+    ip("-n", netns, "route", "replace", "10.244.0.0/16", "dev", HOST_IFNAME)
+    assert lace_routes(netns).get("10.244.0.0/16") != "10.244.0.1"
+    assert configure(ADDRS, CIDRS, MTU, netns) == first
+    assert lace_routes(netns)["10.244.0.0/16"] == "10.244.0.1"
+
     # the name taken by a veth that is not the pair (lace_net gone): the pair is made again
     ip("-n", netns, "link", "del", HOST_IFNAME)
     ip("-n", netns, "link", "add", HOST_IFNAME, "type", "veth", "peer", "name", "stray0")

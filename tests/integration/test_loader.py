@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -413,6 +414,22 @@ def test_ring_reader_reads_records_in_bulk_across_the_wrap(private_obj):
         assert rr.read(16) == (b"", 0) and not rr.wait(0)
         bpf.test_run(private_obj.programs["lt_emit"], packet(size=72), repeat=3)
         assert rr.read(8) == (b"", 3)                 # a reader of other records: counted, skipped
+
+
+def test_ring_reader_wait_ends_at_once_when_woken(private_obj):
+    """An idle reader waits long; wake() from another thread ends the wait now (False: no records),
+    and a wait with records waiting still says so after a wake."""
+    with bpf.RingReader(private_obj.maps["lt_events"]) as rr:
+        rr.read(16)
+        threading.Timer(0.1, rr.wake).start()
+        t0 = time.monotonic()
+        assert rr.wait(10_000) is False
+        assert time.monotonic() - t0 < 5
+        assert rr.wait(0) is False                    # the wake-up was consumed
+        rr.wake()
+        bpf.test_run(private_obj.programs["lt_emit"], packet(size=72), repeat=1)
+        assert rr.wait(1000) is True
+        assert len(rr.read(16)[0]) == 16
 
 # --- load errors ---------------------------------------------------------------------------------
 

@@ -199,8 +199,10 @@ def test_revnat_keeps_a_removed_frontend_until_conntrack_no_longer_names_it():
     flows' replies need it) until release_revnat sees no live flow through it."""
     p = ServiceProgrammer()
     p.entries(_fronts(2))
+    assert not p.revnat_retired, "nothing retired: the agent's resync reads no conntrack for it"
     changes = p.update({"default/web": _fronts(1)})        # 10.244.1.2 leaves the service
     assert changes is not None and changes["revnat"] == ({}, []), "nothing written: the frontend is retired"
+    assert p.revnat_retired
     backend2, key2 = (1, "10.244.1.2", 8080), revnat_key(1, "10.244.1.2", 8080, Proto.TCP)
     assert _revnat(p.revnat_entries())[backend2] == [(1, "10.96.0.10", 80)]
     # a live flow still goes there: it stays
@@ -208,6 +210,7 @@ def test_revnat_keeps_a_removed_frontend_until_conntrack_no_longer_names_it():
     assert backend2 in _revnat(p.revnat_entries())
     # no flow any more: it goes; the backend still in the service keeps its frontend
     assert p.release_revnat(set()) == ({}, [key2])
+    assert not p.revnat_retired
     assert list(_revnat(p.revnat_entries())) == [(1, "10.244.1.1", 8080)]
     # the audit's scratch copy agrees with what was written
     assert p.scratch().revnat_entries() == p.revnat_entries()
