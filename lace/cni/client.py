@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
+TYPE_CHECKING = False   # as in lace.cni.plugin: typing only for the annotations
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class AgentUnavailable(Exception):
