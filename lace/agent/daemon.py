@@ -207,7 +207,8 @@ class Agent:
     def reconcile(self, *, resync: bool = False) -> dict[str, int]:
         """One level-triggered pass; returns the number of entries changed per map. A resync
         reads every map back from the kernel instead of trusting what this agent last wrote."""
-        with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time():
+        with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time(), \
+                (self.metrics.resync_duration.time() if resync else contextlib.nullcontext()):
             started = time.time()
             if resync:   # the interfaces read afresh once, for the host device and the snapshot
                 ifaces = self.links.refresh(full=True)

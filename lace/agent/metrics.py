@@ -191,6 +191,10 @@ class AgentMetrics:
         self.reconcile_duration = Histogram("lace_agent_reconcile_duration_seconds", "Duration of a reconcile pass",
                                             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                             registry=self.registry)
+        self.resync_duration = Histogram(
+            "lace_agent_resync_duration_seconds",
+            "Duration of a periodic resync: a full pass that also reads every map back from the kernel",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=self.registry)
         self.service_sync_duration = Histogram(
             "lace_agent_service_sync_duration_seconds",
             "Duration of an incremental pass that programs only the services that changed",

@@ -278,8 +278,8 @@ def _block_segments(block: IPBlockPeer, world: World) -> tuple[list[int], list[S
         if any(e.version == net.version and net.subnet_of(e) for e in block.excepts):  # type: ignore[arg-type]
             continue
         cidr_segs.append(world.cidrs[c])
-    pods = [s for s in world.segments.values() if any(block.contains(ip) for p in s.pods for ip in p.ips)]
-    return sorted(cidr_segs), sorted(pods, key=lambda s: s.id)
+    pods = [world.segments[i] for i in sorted(world.segments_with_addresses_in(block.cidr, block.excepts))]
+    return sorted(cidr_segs), pods
 
 
 def _peer_segments(peer: Peer, policy: ParsedPolicy, world: World) -> tuple[list[int], list[SegmentInfo]]:

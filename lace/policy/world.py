@@ -3,6 +3,7 @@ identities, and memoised selector matching (the hot loop of resolution)."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import ipaddress
 import json
@@ -69,11 +70,39 @@ class World:
         h.update(repr(sorted(self.cidrs.items())).encode())
         #: what every policy's resolution depends on besides the policy itself
         self.fingerprint = h.hexdigest()
+        # every pod address as an integer, sorted per family, beside its segment: an ipBlock's pods
+        # are then a range of it (bisect), not a test of every address of the cluster
+        pairs: dict[int, list[tuple[int, int]]] = {4: [], 6: []}
+        for s in self.segments.values():
+            for p in s.pods:
+                for ip in p.ips:
+                    pairs[ip.version].append((int(ip), s.id))
+        self._addrs: dict[int, tuple[list[int], list[int]]] = {}
         hi = hashlib.sha256()
-        for s in sorted(self.segments.values(), key=lambda s: s.id):
-            hi.update(repr((s.id, sorted(str(ip) for p in s.pods for ip in p.ips))).encode())
+        for version, lst in pairs.items():
+            lst.sort()
+            self._addrs[version] = ([a for a, _ in lst], [sid for _, sid in lst])
+            hi.update(repr(lst).encode())
         #: what policies with ipBlocks additionally depend on (ipBlocks match pod addresses too)
         self.ip_fingerprint = hi.hexdigest()
+
+    def segments_with_addresses_in(self, cidr: ipaddress.IPv4Network | ipaddress.IPv6Network,
+                                   excepts: tuple = ()) -> set[int]:
+        """IDs of the segments with a pod address in ``cidr`` and in none of ``excepts``."""
+        addrs, segs = self._addrs[cidr.version]
+        first, last = int(cidr.network_address), int(cidr.broadcast_address)
+        holes = sorted((int(e.network_address), int(e.broadcast_address))
+                       for e in excepts if e.version == cidr.version)
+        out: set[int] = set()
+        start = first
+        for lo, hi in holes + [(last + 1, last + 1)]:
+            end = min(lo - 1, last)
+            if end >= start:   # the stretch [start, end] lies in cidr and in no except
+                out.update(segs[bisect.bisect_left(addrs, start):bisect.bisect_right(addrs, end)])
+            start = max(start, hi + 1)
+            if start > last:
+                break
+        return out
 
     def match(self, skey: str, selector: dict | None, labels: Labels) -> bool:
         k = (skey, labels)

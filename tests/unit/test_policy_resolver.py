@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from lace.datapath.common import SEGMENT_ANY, SEGMENT_HOST, Direction
 from lace.datapath.policy import HOST_RULE, decode_policy_entry, decode_policy_key, selected_key
 from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, Resolver, parse_policy, policy_ids
@@ -116,6 +119,31 @@ def test_ip_block_segments_and_pod_addresses():
     assert peers == {400, 300, 302}
     pfx, desired, dropped = res.prefix_entries()
     assert desired == 4 and not dropped   # 2 prefixes x (network 1, outside)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 255), st.integers(300, 310), st.booleans()), max_size=40),
+       st.integers(0, 255), st.integers(24, 32), st.lists(st.tuples(st.integers(0, 255), st.integers(24, 32)),
+                                                       max_size=3))
+def test_the_segments_an_ip_block_holds_are_those_with_an_address_in_it(pods, base, plen, holes):
+    """World's range search (bisect over the sorted addresses) picks exactly the segments that
+    IPBlockPeer.contains, address by address, says the block holds: IPv4 and IPv6 pods, except
+    blocks inside, across or outside the block, a block of one address."""
+    from lace.policy.parse import IPBlockPeer
+    from lace.policy.world import World
+
+    def addr(last: int, v6: bool):
+        return ipaddress.ip_address(f"fd00::{last:x}" if v6 else f"10.0.0.{last}")
+    i = PolicyInputs()
+    i.pods = [PodInfo("x", f"p{n}", (("n", str(seg)),), "default", 1, seg, (addr(last, v6),), "n1", ())
+              for n, (last, seg, v6) in enumerate(pods)]
+    world = World(i)
+    for v6 in (False, True):
+        cidr = ipaddress.ip_network(f"{addr(base, v6)}/{plen + (96 if v6 else 0)}", strict=False)
+        excepts = tuple(ipaddress.ip_network(f"{addr(b, v6)}/{p + (96 if v6 else 0)}", strict=False) for b, p in holes)
+        block = IPBlockPeer(cidr, excepts)
+        want = {s.id for s in world.segments.values() if any(block.contains(ip) for p in s.pods for ip in p.ips)}
+        assert world.segments_with_addresses_in(cidr, excepts) == want
 
 
 def test_audit_marker_only_when_every_selecting_policy_audits():
