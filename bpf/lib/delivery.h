@@ -1,15 +1,22 @@
 /* Delivery: where a destination in a network goes, and handing the packet to a local pod.
  *
- * Established flows look delivery up per packet (the LPM trie, ~30 ns of the established path).
+ * Every packet, established flows included, looks its destination up. The LPM trie (lace_delivery)
+ * costs ~25-30 ns of that; most destinations are full-length entries (a local pod, a host address),
+ * so the agent writes each full-length entry a second time into an exact-match hash (lace_dlv_exact,
+ * same key and value), which is probed first (~10 ns) and the trie only on a miss (a remote node's
+ * block, or an address the hash does not hold). Correctness does not depend on the hash: it holds
+ * only entries the trie has under the same key with the same value, and a full-length entry is the
+ * longest match the trie could return, so a hit is the trie's answer. The agent keeps the two in
+ * step in one reconcile pass: it writes the trie before the hash and deletes from the hash before
+ * the trie, so a hit never outlives the trie's entry (lace/agent/desired.py OWNED_MAPS).
+ *
  * Caching the target in the conntrack entry was evaluated and not done: lace_ct_entry has no room
  * (an ABI change to 112 B and a migration of every pinned CT table), and a trusted cache is unsafe:
  * the agent flushes on CNI DEL only the entries keyed by the pod's own network, so a flow routed in
  * from another network would keep an ifindex that a new veth may reuse (delivery into the wrong pod,
  * past policy), and a cached remote SID would blackhole a fixed-port UDP flow to a pod that moved
- * nodes for as long as it keeps sending. Validating the cache per packet (the veth map, a hash)
- * leaves ~15 ns of saving for that ABI change. The better next step is an exact-match hash for the
- * local /32 and /128 entries, written by the agent next to each delivery entry and probed before the
- * trie (~10 ns instead of ~30, never stale): additive, but it needs the agent, so not here. */
+ * nodes for as long as it keeps sending. The hash has neither problem: the agent writes it with the
+ * trie, so it is never staler than the trie itself. */
 #ifndef LACE_LIB_DELIVERY_H
 #define LACE_LIB_DELIVERY_H
 
@@ -26,8 +33,14 @@ static __always_inline struct lace_delivery *delivery_lookup(__u32 network, __u8
 		.network = network,
 		.family = family,
 	};
+	struct lace_delivery *d;
 
 	lace_copy16(k.addr, daddr);
+	/* the exact key is this key past its prefixlen (abi/delivery.h): a hit is the full-length
+	 * entry the trie would find */
+	d = bpf_map_lookup_elem(&lace_dlv_exact, &k.network);
+	if (d)
+		return d;
 	return bpf_map_lookup_elem(&lace_delivery, &k);
 }
 
