@@ -3,7 +3,8 @@ BPF_PROG_TEST_RUN. The test bed writes both maps as the agent does (every full-l
 entry into the trie and the hash, the rest into the trie only); the tests take one map's entry away
 at a time to show which one answered: a full-length destination is delivered from the hash alone,
 and anything the hash does not hold (a remote node's block, a full-length entry not yet in the
-hash) from the trie. That the two hold the same entries is the agent's part
+hash) from the trie; an established flow whose conntrack entry recorded a remote delivery goes to
+the trie at once. That the two hold the same entries is the agent's part
 (tests/unit/test_agent_desired.py, tests/integration/test_delivery_exact.py)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from scapy.layers.inet import TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Raw
 
+from lace.datapath.common import mac_bytes
 from lace.datapath.conntrack import CtState
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key, exact_entries
 from lace.datapath.reasons import DropReason
@@ -119,3 +121,38 @@ def test_the_agents_delete_order_leaves_nothing_behind(dp):
         assert_dropped(dp.from_pod(a, dp.l3(a, b.ip(family), family) / UDP(sport=41005, dport=53)),
                        DropReason.NO_DELIVERY)
     assert dict(dp.m("delivery-exact").entries()) == exact_entries(dict(dp.m("delivery").entries()))
+
+
+def moved_here(dp, ip: str, family: int) -> bytes:
+    """``ip`` (in node 2's block) becomes a local pod's, as the agent writes it: a full-length LOCAL
+    entry in both maps, to pod b's veth. Returns its trie key."""
+    b = dp.pods["b"]
+    key = host_key(NET1, ip, family)
+    dp.deliver(key, DELIVERY.pack(kind=DeliveryKind.LOCAL, ifindex=b.ifindex, mac=mac_bytes(b.mac),
+                                  host_mac=mac_bytes(b.host_mac), endpoint_id=b.endpoint_id))
+    return key
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_established_remote_flow_goes_to_the_trie_and_a_stale_expectation_still_delivers_right(dp, family):
+    """An established flow's entry recorded REMOTE: its packets skip the hash (where a remote block
+    could only miss) for the trie, which holds every entry, so an address that has since become a
+    local pod's is delivered to it all the same."""
+    a = dp.pods["a"]
+    dst = REMOTE["ipv4" if family == 4 else "ipv6"]
+
+    def send(flags: str):
+        return dp.from_pod(a, dp.l3(a, dst, family) / TCP(sport=41006, dport=8080, flags=flags))
+
+    assert send("S").retval == TC_ACT_REDIRECT
+    assert ct_entry(dp, NET1, a.ip(family), dst, 41006, 8080, 6)["delivery"] == DeliveryKind.REMOTE
+    key = moved_here(dp, dst, family)
+    assert_local(send("A"), dp, "b", family)
+    # the same state with the trie's /32 gone and the hash's left: the established packet follows
+    # the trie to node 2's block, so the hash was not asked
+    dp.m("delivery").delete(key)
+    res = send("A")
+    assert res.retval == TC_ACT_REDIRECT and IPv6(res.data[14:54]).dst == "2001:db8:2:0:1:0:1:0"
+    # a new flow has no expectation: the hash answers first
+    res = dp.from_pod(a, dp.l3(a, dst, family) / TCP(sport=41007, dport=8080, flags="S"))
+    assert_local(res, dp, "b", family)
