@@ -1,14 +1,20 @@
 /* Delivery: where a destination in a network goes, and handing the packet to a local pod.
  *
  * Every packet, established flows included, looks its destination up. The LPM trie (lace_delivery)
- * costs ~25-30 ns of that; most destinations are full-length entries (a local pod, a host address),
- * so the agent writes each full-length entry a second time into an exact-match hash (lace_dlv_exact,
- * same key and value), which is probed first (~10 ns) and the trie only on a miss (a remote node's
- * block, or an address the hash does not hold). Correctness does not depend on the hash: it holds
- * only entries the trie has under the same key with the same value, and a full-length entry is the
- * longest match the trie could return, so a hit is the trie's answer. The agent keeps the two in
- * step in one reconcile pass: it writes the trie before the hash and deletes from the hash before
- * the trie, so a hit never outlives the trie's entry (lace/agent/desired.py OWNED_MAPS).
+ * costs what its depth costs: ~25 ns with a test bed's dozen entries, ~85 with the 1,200 a node of
+ * a large cluster holds around the address (its block's pods, the other nodes' blocks of the same
+ * network: bench/datapath.py --delivery-fill). Most destinations are full-length entries (a local
+ * pod, a host address), so the agent writes each of those a second time into an exact-match hash
+ * (lace_dlv_exact, same value), probed first: ~25 ns on a 2-core VM however full the map is (the
+ * kernel's jhash, bucket walk and key compare). The trie is asked on a miss (a remote node's
+ * block), and at once for an established flow whose conntrack entry recorded a remote delivery
+ * (delivery_lookup_expect), which spares it the hash's miss.
+ *
+ * Correctness does not depend on the hash: it holds only entries the trie has, with the same
+ * value, and a full-length entry is the longest match the trie could give, so a hit is the trie's
+ * answer. The agent keeps the two in step in one reconcile pass: it writes the trie before the
+ * hash and deletes from the hash before the trie, so the hash never holds an entry the trie lacks
+ * (lace/agent/desired.py OWNED_MAPS).
  *
  * Caching the target in the conntrack entry was evaluated and not done: lace_ct_entry has no room
  * (an ABI change to 112 B and a migration of every pinned CT table), and a trusted cache is unsafe:
@@ -16,7 +22,7 @@
  * from another network would keep an ifindex that a new veth may reuse (delivery into the wrong pod,
  * past policy), and a cached remote SID would blackhole a fixed-port UDP flow to a pod that moved
  * nodes for as long as it keeps sending. The hash has neither problem: the agent writes it with the
- * trie, so it is never staler than the trie itself. */
+ * trie. The kind the entry already records is only a hint of where to look first. */
 #ifndef LACE_LIB_DELIVERY_H
 #define LACE_LIB_DELIVERY_H
 

@@ -1,5 +1,8 @@
-"""delivery: (network, destination prefix) -> local pod, remote node SID, or host; delivery-exact: its
-full-length entries again, probed first (C: lace/abi/delivery.h)."""
+"""delivery: (network, prefix) -> local pod, remote SID or host; delivery-exact: its /32, /128 (C: lace/abi/delivery.h).
+
+delivery-exact holds every full-length delivery entry again, with the same value, under the trie key
+past its prefixlen: the datapath looks there before the trie.
+"""
 
 from __future__ import annotations
 
