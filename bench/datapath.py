@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import os
 import socket
 import statistics
@@ -40,7 +41,7 @@ from lace.datapath.conntrack import (CT4_KEY, CT_ENTRY, CtState, ct4_key, ct_end
                                      ct_endpoint_value)
 from lace.datapath.endpoint import endpoint_value, veth_key  # noqa: E402
 from lace.datapath.registry import bpf_dir  # noqa: E402
-from lace.datapath.testbed import REMOTE, TC_ACT_OK, Backend, Testbed  # noqa: E402
+from lace.datapath.testbed import NET1, REMOTE, TC_ACT_OK, Backend, Testbed  # noqa: E402
 
 POLICY_FILL = 16_384
 CT_SIZES = (1_000, 100_000, 1_000_000)
@@ -68,6 +69,29 @@ def fill_conntrack(m: Map, n: int) -> None:
     for i in range(0, n, step):
         k, v = keys[i:i + step], vals[i:i + step]
         m.update_batch(k.tobytes(), v.tobytes(), len(k))
+
+
+def fill_delivery(dp: Testbed) -> int:
+    """Network 1's delivery entries as a node of a large cluster holds them, none of them reached
+    by the measured flows: 200 more local pods in this node's block 10.1.1.0/24 (/32, written as the
+    agent does: the trie and the exact map), and every /26 of 10.1.0.0/16 outside node 1's and node
+    2's /24 blocks on some other node (the trie alone). The base topology's dozen entries are the
+    trie's best case: a lookup walks the trie as deep as the entries sharing the address's leading
+    bits make it, as here. Returns the number of entries added."""
+    from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+
+    b = dp.pods["b"]
+    taken = {p.ipv4 for p in dp.pods.values()}
+    local = [a for a in (f"10.1.1.{i}" for i in range(20, 255)) if a not in taken][:200]
+    for addr in local:
+        dp.deliver(delivery_key(NET1, f"{addr}/32"), DELIVERY.pack(
+            kind=DeliveryKind.LOCAL, ifindex=b.ifindex, endpoint_id=b.endpoint_id))
+    blocks = [n for n in ipaddress.ip_network("10.1.0.0/16").subnets(new_prefix=26)
+              if not n.subnet_of(ipaddress.ip_network("10.1.1.0/24"))
+              and not n.subnet_of(ipaddress.ip_network("10.1.2.0/24"))]
+    for i, block in enumerate(blocks):
+        dp.deliver(delivery_key(NET1, str(block)), DELIVERY.pack(kind=DeliveryKind.REMOTE, node_id=3 + i // 4))
+    return len(local) + len(blocks)
 
 
 def fill_policy(dp: Testbed, n: int) -> None:
@@ -447,7 +471,7 @@ def check_port_ranges(calls: int, rounds: int) -> None:
         f"{calls} calls: the warm rows' flows reach port {warm_last}, past the fixed flows' {EST_SPORT}"
 
 
-def run(quick: bool, ct_limit: int = 0) -> int:
+def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
     global CT_COUNT_RESET
     calls = 300 if quick else 1500
     rounds = 3 if quick else 5
@@ -459,6 +483,7 @@ def run(quick: bool, ct_limit: int = 0) -> int:
     results: dict[int, dict[str, float]] = {}
     stages: dict[str, dict[str, list[float]]] = {}
     floor: dict[str, float] = {}
+    filled = 0
     try:
         a, b = dp.pods["a"], dp.pods["b"]
         a.mac = b.host_mac          # see WARM_REPEAT
@@ -472,6 +497,7 @@ def run(quick: bool, ct_limit: int = 0) -> int:
                 CT_COUNT_RESET = (dp.m("endpoint-ct"), ct_endpoint_key(a.ifindex))
             fill_conntrack(dp.m("ct-tcp-v4"), size)
             fill_policy(dp, POLICY_FILL)
+            filled = fill_delivery(dp) if delivery_fill else 0
             dp.select(b.segment, Direction.INGRESS)
             for port in SVC_TARGETS:
                 dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=port)
@@ -557,7 +583,9 @@ def run(quick: bool, ct_limit: int = 0) -> int:
              "policy drop", "encap"]
     first = sizes[0]
     print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN; median of {rounds} interleaved rounds; "
-          f"policy map {POLICY_FILL:,} entries; per-pod conntrack limit "
+          f"policy map {POLICY_FILL:,} entries; "
+          + (f"delivery map {filled:,} more entries (--delivery-fill); " if filled else "")
+          + "per-pod conntrack limit "
           f"{ct_limit if ct_limit else 'off'})")
     print(f"{'path':<20}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
     targets = {"established": "<= 60", "established once": "", "service established": "", "new flow": "<= 500",
@@ -593,11 +621,15 @@ def main() -> int:
     ap.add_argument("--ct-limit", type=int, default=0, metavar="FLOWS",
                     help="give the measured pod a per-endpoint conntrack limit (the agent's default is "
                          "8192; 0: none, as the test bed programs it)")
+    ap.add_argument("--delivery-fill", action="store_true",
+                    help="fill the delivery map as a node of a large cluster holds it: 200 more local pods "
+                         "and ~1,000 other nodes' /26 blocks around the measured addresses (default: the "
+                         "test bed's dozen entries, the LPM trie's best case)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/datapath.py needs root (BPF_PROG_TEST_RUN, network namespaces)", file=sys.stderr)
         return 2
-    return run(args.quick, args.ct_limit)
+    return run(args.quick, args.ct_limit, args.delivery_fill)
 
 
 if __name__ == "__main__":

@@ -669,9 +669,11 @@ class Lace:
             seg = self.FIRST_SEGMENT + i
             m("veth").update(veth_key(pod.host_ifindex), endpoint_value(
                 endpoint_id=i, network=self.NET, segment=seg, mac=pod.mac, ipv4=pod.ip))
-            m("delivery").update(dlv.delivery_key(self.NET, f"{pod.ip}/32"), dlv.DELIVERY.pack(
+            key, value = dlv.delivery_key(self.NET, f"{pod.ip}/32"), dlv.DELIVERY.pack(
                 kind=dlv.DeliveryKind.LOCAL, ifindex=pod.host_ifindex, mac=mac_bytes(pod.mac),
-                host_mac=mac_bytes(pod.host_mac), endpoint_id=i))
+                host_mac=mac_bytes(pod.host_mac), endpoint_id=i)
+            m("delivery").update(key, value)
+            m("delivery-exact").update(dlv.exact_key(key), value)   # as the agent writes it: probed first
             m("segment").update(segment_key(self.NET, pod.ip), segment_value(seg, local=True))
 
     def _unload(self) -> None:

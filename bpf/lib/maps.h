@@ -55,6 +55,17 @@ struct {
 	LACE_PIN;
 } lace_delivery SEC(".maps");
 
+/* delivery-exact: the delivery trie's full-length entries (/32, /128), same value, keyed by the trie
+ * key past its prefixlen; probed before the trie (lib/delivery.h). Preallocated as the other
+ * hashes: a lookup costs the same either way, and a pod's first entry needs no allocation. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LACE_DELIVERY_EXACT_MAX);
+	__type(key, struct lace_delivery_exact_key);
+	__type(value, struct lace_delivery);
+	LACE_PIN;
+} lace_dlv_exact SEC(".maps");
+
 /* veth: pod interface -> endpoint. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -167,9 +167,10 @@ static __always_inline int control_valid(struct __sk_buff *skb, struct lace_flow
 	return nd_valid(skb, f, ep);
 }
 
-/* Hand the packet to its delivery target (d: its delivery entry, or NULL to look it up). */
+/* Hand the packet to its delivery target (d: its delivery entry, or NULL to look it up; expect:
+ * the delivery kind its flow's conntrack entry recorded, LACE_DELIVERY_NONE when none applies). */
 static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, const struct lace_config *cfg,
-				   struct lace_delivery *d)
+				   struct lace_delivery *d, __u8 expect)
 {
 	if (f->dst_network == LACE_NETWORK_OUTSIDE) {
 		f->delivery = LACE_DELIVERY_OUTSIDE;
@@ -179,7 +180,7 @@ static __always_inline int deliver(struct __sk_buff *skb, struct lace_flow *f, c
 		return forward_host(skb, f, cfg);
 	}
 	if (!d)
-		d = delivery_lookup(f->dst_network, f->family, f->daddr);
+		d = delivery_lookup_expect(f->dst_network, f->family, f->daddr, expect);
 	if (!d)
 		return lace_drop(skb, f, probe_no_delivery(f));   /* a probe address: PROBE_DENIED */
 	f->delivery = d->kind;
@@ -304,7 +305,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			}
 			if (rc)
 				return lace_drop(skb, f, rc);
-			return deliver(skb, f, cfg, 0);
+			/* the flow's way out as its entry recorded it (a reply goes the other way) */
+			return deliver(skb, f, cfg, 0, f->ct_status == LACE_CT_STATUS_ESTABLISHED ?
+						       e->delivery : LACE_DELIVERY_NONE);
 		}
 		/* a frontend in the source network: its backend's network, not a route */
 		svc = service_frontend(f, src_net, &skey);
@@ -322,7 +325,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			if (rc)
 				return lace_drop(skb, f, rc);
 			return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
-						  ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
+						  ct_forget_if_shot(f, deliver(skb, f, cfg, d, LACE_DELIVERY_NONE)));
 		}
 	}
 	/* an ICMP error's cut for stage 3 (every other packet took it above): without it the bench
@@ -358,7 +361,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			rc = masq_icmp_error_out(skb, f, e);   /* about a reply of a masqueraded flow */
 		if (rc)
 			return lace_drop(skb, f, rc);
-		return deliver(skb, f, cfg, 0);
+		return deliver(skb, f, cfg, 0, LACE_DELIVERY_NONE);
 	}
 	if (f->dst_network != src_net) {
 		e = ct_reply(f, f->dst_network, now);
@@ -370,7 +373,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 			}
 			f->dst_network = f->ct_network;
 			f->dst_segment = e->src_segment;
-			return deliver(skb, f, cfg, 0);
+			return deliver(skb, f, cfg, 0, LACE_DELIVERY_NONE);
 		}
 		f->ct_status = LACE_CT_STATUS_NEW;
 	}
@@ -391,7 +394,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		if (rc)
 			return lace_drop(skb, f, rc);
 		return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
-					  ct_forget_if_shot(f, deliver(skb, f, cfg, 0)));
+					  ct_forget_if_shot(f, deliver(skb, f, cfg, 0, LACE_DELIVERY_NONE)));
 	}
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
@@ -402,7 +405,8 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	LACE_BENCH_STAGE(7);            /* conntrack entry created */
 	if (rc)
 		return lace_drop(skb, f, rc);
-	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max, ct_forget_if_shot(f, deliver(skb, f, cfg, d)));
+	return ct_endpoint_charge(f, vk.ifindex, ep->ct_max,
+				  ct_forget_if_shot(f, deliver(skb, f, cfg, d, LACE_DELIVERY_NONE)));
 }
 
 SEC("tc")

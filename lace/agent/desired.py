@@ -14,7 +14,7 @@ import ipaddress
 
 from lace.datapath import config as cfg
 from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_NODE, mac_bytes
-from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key, exact_entries
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.probes import ProbeFlag, probe_address_key, probe_key, probe_value
@@ -30,9 +30,13 @@ from .model import Snapshot
 
 #: maps the agent owns and reconciles, in the order their updates are written (what an entry points
 #: at comes before it: backends and Maglev tables before the services that name them); deletes go
-#: in reverse. The datapath owns conntrack, affinity, events, metrics and probe-cookie.
-OWNED_MAPS = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
-              "backends", "maglev", "revnat", "services", "probes")
+#: in reverse. delivery-exact, the hash the datapath probes before the delivery trie, comes right
+#: after it: an entry is added to the trie before the hash and deleted from the hash before the
+#: trie, so the hash never holds an entry the trie has not (a changed value reaches the hash just
+#: after the trie, and until then the hash answers with the old one, as the trie did a moment
+#: before). The datapath owns conntrack, affinity, events, metrics and probe-cookie.
+OWNED_MAPS = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
+              "policy", "backends", "maglev", "revnat", "services", "probes")
 
 Entries = dict[bytes, bytes]
 
@@ -56,6 +60,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
 
     _routing(s, out["routing"])
     _delivery(s, out["delivery"])
+    out["delivery-exact"] = exact_entries(out["delivery"])
 
     for ep in s.endpoints:
         out["veth"][veth_key(ep.ifindex)] = endpoint_value(
@@ -136,7 +141,7 @@ def _routing(s: Snapshot, out: Entries) -> None:
 
 def _delivery(s: Snapshot, out: Entries) -> None:
     """Local pods by address; every other node's blocks to its locator SID for that network; this
-    node's host addresses to its stack."""
+    node's host addresses to its stack. The full-length ones go to delivery-exact too (desired_maps)."""
     me = s.config.node.name
     for blk in s.blocks:
         if blk.node == me:

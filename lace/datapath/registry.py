@@ -100,6 +100,10 @@ _MAPS: tuple[MapDef, ...] = (
            "(network, destination prefix) -> local pod, remote node SID or host",
            map_flags=BPF_F_NO_PREALLOC,
            decode_key=delivery.decode_delivery_key, decode_value=_value(delivery.decode_delivery)),
+    MapDef("delivery-exact", "lace_dlv_exact", "hash", delivery.DELIVERY_EXACT_KEY, delivery.DELIVERY,
+           delivery.DELIVERY_EXACT_MAX,
+           "(network, address) -> delivery's full-length (/32, /128) entries again: probed before the trie",
+           decode_key=delivery.decode_delivery_exact_key, decode_value=_value(delivery.decode_delivery)),
     MapDef("veth", "lace_veth", "hash", endpoint.VETH_KEY, endpoint.ENDPOINT, endpoint.VETH_MAX,
            "pod interface ifindex -> endpoint, network, source segment, addresses",
            decode_key=endpoint.decode_veth_key, decode_value=_value(endpoint.decode_endpoint)),
@@ -167,8 +171,8 @@ CT_TABLES: tuple[str, ...] = ("ct-tcp-v6", "ct-udp-v6", "ct-icmp-v6", "ct-tcp-v4
 
 #: the maps ``node bpf show`` accepts
 SHOWABLE: tuple[str, ...] = (
-    "config", "devices", "routing", "delivery", "veth", "services", "revnat", "policy", "segment",
-    "prefix-segment", "probes", "probe-cookie",
+    "config", "devices", "routing", "delivery", "delivery-exact", "veth", "services", "revnat", "policy",
+    "segment", "prefix-segment", "probes", "probe-cookie",
 )
 
 

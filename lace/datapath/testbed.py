@@ -349,18 +349,31 @@ class Testbed:
     def route(self, src_net: int, cidr: str, dst_net: int, masquerade: bool = False) -> None:
         self.m("routing").update(routing_key(src_net, cidr), route_value(dst_net, masquerade=masquerade))
 
+    def deliver(self, key: bytes, value: bytes) -> None:
+        """A delivery entry as the agent writes it: into the trie, and a full-length one then into
+        the exact map too (lace.agent.desired), so the programs probe the hash as on a node."""
+        self.m("delivery").update(key, value)
+        if dlv.full_length(key):
+            self.m("delivery-exact").update(dlv.exact_key(key), value)
+
+    def undeliver(self, key: bytes) -> None:
+        """Delete a delivery entry as the agent does: from the exact map first, then the trie."""
+        if dlv.full_length(key):
+            self.m("delivery-exact").delete(dlv.exact_key(key))
+        self.m("delivery").delete(key)
+
     def deliver_local(self, pod: Pod, family: int) -> None:
         plen = 32 if family == 4 else 128
-        self.m("delivery").update(delivery_key(pod.network, f"{pod.ip(family)}/{plen}"), dlv.DELIVERY.pack(
+        self.deliver(delivery_key(pod.network, f"{pod.ip(family)}/{plen}"), dlv.DELIVERY.pack(
             kind=DeliveryKind.LOCAL, ifindex=pod.ifindex, mac=mac_bytes(pod.mac),
             host_mac=mac_bytes(pod.host_mac), endpoint_id=pod.endpoint_id))
 
     def deliver_remote(self, net: int, cidr: str, locator: str, node_id: int) -> None:
-        self.m("delivery").update(delivery_key(net, cidr), dlv.DELIVERY.pack(
+        self.deliver(delivery_key(net, cidr), dlv.DELIVERY.pack(
             kind=DeliveryKind.REMOTE, node_id=node_id, sid=cfgmod.sid(locator, None, net)))
 
     def deliver_host(self, net: int, cidr: str) -> None:
-        self.m("delivery").update(delivery_key(net, cidr), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
+        self.deliver(delivery_key(net, cidr), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
 
     def select(self, segment: int, direction: Direction, policy_id: int = 1, audit: bool = False) -> None:
         from lace.datapath.policy import PolicyFlag

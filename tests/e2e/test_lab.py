@@ -148,7 +148,7 @@ def test_spoofed_source_is_dropped(lab, ns):
 
 def _dump_owned(pin_root: str) -> dict[str, dict[bytes, bytes]]:
     out = {}
-    for name in ("config", "devices", "routing", "delivery", "veth", "segment"):
+    for name in ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment"):
         m = Map.open_pinned(os.path.join(pin_root, registry.get(name).pin_name))
         try:
             keys, values, n = m.dump()

@@ -56,6 +56,12 @@ def test_maps_hold_the_expected_rows(lab, talked):
     bob_block = next(r for r in delivery["entries"] if r.get("kind") == "remote" and
                      __import__("ipaddress").ip_address(bob4) in __import__("ipaddress").ip_network(r["prefix"]))
     assert bob_block, "the remote pod's block goes to its node"
+    # the exact map: the trie's full-length entries, identical, and nothing else
+    exact = node_json(lab, "worker-1", "bpf", "show", "delivery-exact", "-n")["entries"]
+    trie = node_json(lab, "worker-1", "bpf", "show", "delivery", "-n")["entries"]
+    full = [r for r in trie if r["prefix"].endswith("/32" if r["family"] == "ipv4" else "/128")]
+    key = lambda r: (r["network"], r["prefix"])   # noqa: E731
+    assert sorted(exact, key=key) == sorted(full, key=key) and f"{alice4}/32" in json.dumps(exact)
     routing = node_json(lab, "worker-1", "bpf", "show", "routing")
     assert any("10.244.0.0/16" in json.dumps(r) for r in routing["entries"])
     seg = node_json(lab, "worker-1", "bpf", "show", "segment")
@@ -65,8 +71,8 @@ def test_maps_hold_the_expected_rows(lab, talked):
 
 
 def test_every_showable_map_renders(lab, talked):
-    for name in ("config", "devices", "routing", "delivery", "veth", "services", "policy", "segment",
-                 "prefix-segment", "probes", "probe-cookie"):
+    for name in ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "services", "policy",
+                 "segment", "prefix-segment", "probes", "probe-cookie"):
         rc, out = node_cmd(lab, "worker-2", "bpf", "show", name)
         assert out.strip(), name
         node_json(lab, "worker-2", "bpf", "show", name)

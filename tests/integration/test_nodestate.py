@@ -26,7 +26,7 @@ from lace.datapath import probes as P
 from lace.datapath import registry
 from lace.datapath import services as S
 from lace.datapath.common import Direction, mac_bytes
-from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
@@ -47,11 +47,15 @@ def fill(maps: dict[str, Any]) -> None:
     m("devices").update(device_key(77), device_value("02:00:00:00:01:0a", DeviceRole.POD_VETH))
     m("routing").update(routing_key(1, "10.244.0.0/16"), route_value(1))
     m("routing").update(routing_key(2, "0.0.0.0/0"), route_value(0xFFFFFFFF, masquerade=True))
-    m("delivery").update(delivery_key(1, "10.244.1.10/32"), DELIVERY.pack(
-        kind=DeliveryKind.LOCAL, ifindex=77, mac=mac_bytes("02:00:00:00:00:0a"),
-        host_mac=mac_bytes("02:00:00:00:01:0a"), endpoint_id=77))
+    local = DELIVERY.pack(kind=DeliveryKind.LOCAL, ifindex=77, mac=mac_bytes("02:00:00:00:00:0a"),
+                          host_mac=mac_bytes("02:00:00:00:01:0a"), endpoint_id=77)
+    m("delivery").update(delivery_key(1, "10.244.1.10/32"), local)
     m("delivery").update(delivery_key(1, "10.244.2.0/24"), DELIVERY.pack(
         kind=DeliveryKind.REMOTE, node_id=2, sid=cfg.sid("2001:db8:2::/48", None, 1)))
+    m("delivery").update(delivery_key(1, "fd00:10:244:1::a/128"), local)
+    # the full-length entries again, as the agent writes them (lace.agent.desired)
+    m("delivery-exact").update(delivery_exact_key(1, "10.244.1.10"), local)
+    m("delivery-exact").update(delivery_exact_key(1, "fd00:10:244:1::a"), local)
     m("veth").update(veth_key(77), endpoint_value(endpoint_id=77, network=1, segment=256, mac="02:00:00:00:00:0a",
                                                   ipv4="10.244.1.10", ipv6="fd00:10:244:1::a"))
     m("services").update(S.service_key(1, "10.96.0.10", 53, 17), S.service_value(service_id=5, backend_count=1, active_count=1))
@@ -170,6 +174,23 @@ def test_names_and_unresolved(node_env: dict[str, str]) -> None:
     rc, out, _ = node(node_env, "bpf", "show", "revnat", "-n", "-o", "json")
     (entry,) = json.loads(out)["entries"]
     assert entry["backend"] == "10.244.1.10" and [f["network"] for f in entry["frontends"]] == [1, 7]
+
+
+def test_delivery_exact(node_env: dict[str, str]) -> None:
+    """The exact map shows as delivery does: the full-length entries only, with -n, JSON and --limit."""
+    rc, out, err = node(node_env, "bpf", "show", "delivery-exact", "-o", "json", "-n")
+    assert rc == 0 and err == "", err
+    doc = json.loads(out)
+    assert doc["map"] == "delivery-exact" and doc["capacity"] == registry.get("delivery").max_entries
+    assert doc["pin"].endswith("/lace_dlv_exact")
+    assert [(e["network"], e["prefix"], e["kind"], e["ifindex"]) for e in doc["entries"]] == [
+        (1, "10.244.1.10/32", "local", 77), (1, "fd00:10:244:1::a/128", "local", 77)]
+    rc, out, _ = node(node_env, "bpf", "show", "delivery", "-o", "json", "-n")
+    trie = {(e["network"], e["prefix"]): e for e in json.loads(out)["entries"]}
+    assert all(trie[(e["network"], e["prefix"])] == e for e in doc["entries"])
+    rc, out, _ = node(node_env, "-n", "bpf", "show", "delivery-exact", "--limit", "1")
+    assert rc == 0 and "local ifindex 77" in out and "showing 1 of 2 entries" in out
+    assert "10.244.2.0/24" not in out
 
 
 def test_limit(node_env: dict[str, str]) -> None:

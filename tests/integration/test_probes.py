@@ -202,13 +202,19 @@ def _plumb_pod(node_ns: str, pod_ns: str, host_if: str, spec: PodSpec) -> netlin
     return host
 
 
+def _deliver(dp: LoadedDatapath, key: bytes, value: bytes) -> None:
+    """A full-length delivery entry as the agent writes it: the trie, then the exact map."""
+    dp.map("delivery").update(key, value)
+    dp.map("delivery-exact").update(dlv.exact_key(key), value)
+
+
 def _program(dp: LoadedDatapath, net_ifindex: int, net_mac: str, pods: dict[str, netlink.LinkInfo]) -> None:
     """The maps as the agent would write them for this node, written directly."""
     dp.map("devices").update(device_key(net_ifindex), device_value(net_mac, DeviceRole.HOST))
     for fam in (4, 6):
         plen = 32 if fam == 4 else 128
         dp.map("segment").update(segment_key(DEFAULT, HOST[fam]), segment_value(SEGMENT_HOST, local=True))
-        dp.map("delivery").update(delivery_key(DEFAULT, f"{HOST[fam]}/{plen}"), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
+        _deliver(dp, delivery_key(DEFAULT, f"{HOST[fam]}/{plen}"), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
         dp.map("routing").update(routing_key(DEFAULT, CIDR[fam]), route_value(DEFAULT))
     for spec in PODS:
         host = pods[spec.name]
@@ -217,7 +223,7 @@ def _program(dp: LoadedDatapath, net_ifindex: int, net_mac: str, pods: dict[str,
             ipv4=POD[4], ipv6=POD[6]))
         for fam in (4, 6):
             plen = 32 if fam == 4 else 128
-            dp.map("delivery").update(delivery_key(spec.network, f"{POD[fam]}/{plen}"), dlv.DELIVERY.pack(
+            _deliver(dp, delivery_key(spec.network, f"{POD[fam]}/{plen}"), dlv.DELIVERY.pack(
                 kind=DeliveryKind.LOCAL, ifindex=host.ifindex, mac=mac_bytes(spec.mac),
                 host_mac=mac_bytes(host.mac), endpoint_id=spec.endpoint_id))
             dp.map("segment").update(segment_key(spec.network, POD[fam]), segment_value(spec.segment, local=True))

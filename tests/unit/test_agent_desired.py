@@ -10,7 +10,8 @@ from lace.agent.model import (Block, HostAddress, HostLink, LocalEndpoint, Netwo
                               Route, Snapshot)
 from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_HOST, SEGMENT_REMOTE_NODE
 from lace.datapath.config import decode_config, sid
-from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.delivery import (DELIVERY, DELIVERY_EXACT_KEY, DELIVERY_KEY, DeliveryKind, decode_delivery_key,
+                                    delivery_exact_key, delivery_key)
 from lace.datapath.devices import decode_device, device_key
 from lace.datapath.endpoint import decode_endpoint, veth_key
 from lace.datapath.policy import policy_entry, selected_key
@@ -154,3 +155,136 @@ def test_frontends_left_out_of_a_full_services_map_get_map_full_routes():
     # room again: the route goes
     svc_ok = ServiceProgrammer(capacity=100)
     assert routing_key(1, "10.96.0.3/32") not in desired_maps(s, services=svc_ok)["routing"]
+
+
+# ---- delivery-exact: the delivery trie's full-length entries, kept in step with it --------------
+
+def dual_stack_snapshot() -> Snapshot:
+    """host_snapshot plus a dual-stack pod and a remote node's block of a single address (a
+    full-length REMOTE entry)."""
+    s = host_snapshot()
+    s.blocks.append(Block(1, "worker-2", ia.ip_network("10.244.9.7/32")))
+    s.endpoints.append(LocalEndpoint(8, "x/c", "c2", 1, 300, 8, "lxcccc", "02:aa:00:00:00:02",
+                                     "02:bb:00:00:00:02", ia.IPv4Address("10.244.0.6"),
+                                     ia.IPv6Address("fd00:10:244::6")))
+    return s
+
+
+def full_length_by_prefix(entries: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """The /32 and /128 entries under their exact keys, told apart by their decoded prefix and
+    packed field by field (not by the helpers the agent uses)."""
+    out = {}
+    for k, v in entries.items():
+        d = decode_delivery_key(k)
+        if d["prefix"].endswith("/32" if d["family"] == "ipv4" else "/128"):
+            f = DELIVERY_KEY.unpack(k)
+            out[DELIVERY_EXACT_KEY.pack(network=f["network"], family=f["family"], addr=f["addr"])] = v
+    return out
+
+
+def test_every_full_length_delivery_entry_has_an_identical_exact_entry_and_nothing_else():
+    for s in (snapshot(), host_snapshot(), dual_stack_snapshot()):
+        want = desired_maps(s)
+        assert want["delivery-exact"] == full_length_by_prefix(want["delivery"])
+    want = desired_maps(dual_stack_snapshot())
+    exact = want["delivery-exact"]
+    for ip, kind in (("10.244.0.5", DeliveryKind.LOCAL), ("10.244.0.6", DeliveryKind.LOCAL),
+                     ("fd00:10:244::6", DeliveryKind.LOCAL), ("10.244.0.1", DeliveryKind.HOST),
+                     ("fd00:10:244::1", DeliveryKind.HOST), ("10.244.9.7", DeliveryKind.REMOTE)):
+        plen = 32 if ":" not in ip else 128
+        assert exact[delivery_exact_key(1, ip)] == want["delivery"][delivery_key(1, f"{ip}/{plen}")], ip
+        assert DELIVERY.unpack(exact[delivery_exact_key(1, ip)])["kind"] == kind, ip
+    assert len(exact) == 6, "the /24 blocks stay in the trie alone"
+
+
+class _Kernel:
+    """Owned maps as dicts, written through NodeDatapath.apply (the agent's one writer) with every
+    write logged; after each one, the exact map must hold no key the trie lacks."""
+
+    def __init__(self, maps: dict[str, dict[bytes, bytes]]) -> None:
+        self.maps = {n: dict(e) for n, e in maps.items()}
+        self.log: list[tuple[str, str, bytes]] = []
+
+    def map(self, name: str):
+        kernel, entries = self, self.maps[name]
+
+        class M:
+            def update(self, k: bytes, v: bytes) -> None:
+                entries[k] = v
+                kernel.wrote("update", name, k)
+
+            def delete(self, k: bytes) -> None:
+                del entries[k]
+                kernel.wrote("delete", name, k)
+        return M()
+
+    def wrote(self, op: str, name: str, k: bytes) -> None:
+        self.log.append((op, name, k))
+        trie, exact = self.maps["delivery"], self.maps["delivery-exact"]
+        assert exact.keys() <= full_length_by_prefix(trie).keys(), \
+            f"after {op} {name}: the exact map holds a key the trie lacks"
+
+    def apply(self, want: dict[str, dict[bytes, bytes]]) -> None:
+        from lace.agent.datapath import NodeDatapath
+        from lace.agent.desired import OWNED_MAPS
+
+        dp = NodeDatapath("/nonexistent")   # never loaded: its maps are these dicts
+        dp.map = self.map                   # type: ignore[method-assign]
+        dp.apply({n: ch for n, ch in diff_all(want, self.maps).items() if ch}, OWNED_MAPS)
+        assert self.maps["delivery-exact"] == full_length_by_prefix(self.maps["delivery"])
+
+
+def pod_keys(ep: LocalEndpoint) -> list[tuple[bytes, bytes]]:
+    """The endpoint's (trie key, exact key) per address."""
+    return [(delivery_key(ep.network, f"{ip}/{ip.max_prefixlen}"), delivery_exact_key(ep.network, str(ip)))
+            for ip in ep.ips()]
+
+
+def ops_on(kernel: _Kernel, trie_key: bytes, exact_key: bytes) -> list[tuple[str, str]]:
+    return [(op, name) for op, name, key in kernel.log
+            if (name, key) in (("delivery", trie_key), ("delivery-exact", exact_key))]
+
+
+def test_a_pod_delete_removes_both_entries_in_one_pass_the_exact_one_first():
+    before = dual_stack_snapshot()
+    gone = before.endpoints[-1]
+    after = dual_stack_snapshot()
+    after.endpoints = after.endpoints[:-1]
+    kernel = _Kernel(desired_maps(before))
+    kernel.apply(desired_maps(after))
+    for k, ek in pod_keys(gone):
+        assert k not in kernel.maps["delivery"] and ek not in kernel.maps["delivery-exact"]
+        ops = ops_on(kernel, k, ek)
+        assert ops == [("delete", "delivery-exact"), ("delete", "delivery")], ops
+    assert delivery_exact_key(1, "10.244.0.5") in kernel.maps["delivery-exact"], "the other pod stays"
+
+
+def test_a_pod_add_writes_the_trie_then_the_exact_map():
+    after = dual_stack_snapshot()
+    before = dual_stack_snapshot()
+    before.endpoints = before.endpoints[:-1]
+    kernel = _Kernel(desired_maps(before))
+    kernel.apply(desired_maps(after))
+    want = desired_maps(after)
+    for k, ek in pod_keys(after.endpoints[-1]):
+        assert kernel.maps["delivery"][k] == kernel.maps["delivery-exact"][ek] == want["delivery"][k]
+        ops = ops_on(kernel, k, ek)
+        assert ops == [("update", "delivery"), ("update", "delivery-exact")], ops
+
+
+def test_an_address_taken_over_by_another_pod_changes_both_to_the_same_value():
+    """One pass deletes a pod and adds another with its address: the entry changes in place, the
+    trie first, then the exact map, which ends with the trie's new value (in between it still
+    answers with the old one, as the trie did a moment before)."""
+    before = dual_stack_snapshot()
+    old = before.endpoints[-1]
+    after = dual_stack_snapshot()
+    after.endpoints[-1] = LocalEndpoint(9, "x/d", "c3", 1, 300, 9, "lxdddd", "02:aa:00:00:00:03",
+                                        "02:bb:00:00:00:03", old.ipv4, old.ipv6)
+    kernel = _Kernel(desired_maps(before))
+    kernel.apply(desired_maps(after))
+    for k, ek in pod_keys(old):
+        new = kernel.maps["delivery"][k]
+        assert DELIVERY.unpack(new)["ifindex"] == 9 and kernel.maps["delivery-exact"][ek] == new
+        ops = ops_on(kernel, k, ek)
+        assert ops == [("update", "delivery"), ("update", "delivery-exact")], ops

@@ -149,6 +149,25 @@ def test_lpm_keys(cidr: str, plen: int, addr: bytes) -> None:
     assert d == {"src_network": 7, "family": fam.label, "prefix": str(ipaddress.ip_network(cidr, strict=False))}
 
 
+@pytest.mark.parametrize("addr", ["10.1.2.3", "2001:db8::1"])
+def test_delivery_exact_key_is_the_full_length_trie_key_past_its_prefixlen(addr: str) -> None:
+    ip = ipaddress.ip_address(addr)
+    trie = delivery.delivery_key(7, f"{ip}/{ip.max_prefixlen}")
+    exact = delivery.delivery_exact_key(7, addr)
+    assert len(exact) == delivery.DELIVERY_EXACT_KEY.size == 24 and exact == trie[4:]
+    assert delivery.DELIVERY_EXACT_KEY.unpack(exact) == {
+        "network": 7, "family": Family.IPV4 if ip.version == 4 else Family.IPV6, "reserved": bytes(3),
+        "addr": ip.packed.ljust(16, b"\0")}
+    assert delivery.decode_delivery_exact_key(exact) == delivery.decode_delivery_key(trie)
+    assert delivery.full_length(trie) and delivery.exact_key(trie) == exact
+    block = delivery.delivery_key(7, "10.1.2.0/24" if ip.version == 4 else "2001:db8::/64")
+    assert not delivery.full_length(block) and delivery.exact_entries({trie: b"v", block: b"w"}) == {exact: b"v"}
+    with pytest.raises(ValueError, match="not full-length"):
+        delivery.exact_key(block)
+    # an IPv6 /32 has the IPv4 full length's bits, not its family
+    assert not delivery.full_length(delivery.delivery_key(7, "2001:db8::/32"))
+
+
 def test_lpm_key_bases_match_header_constants() -> None:
     assert routing.ROUTING_PREFIX_BASE == delivery.DELIVERY_PREFIX_BASE == segment.PREFIX_SEGMENT_PREFIX_BASE == 64
     # the base counts every byte between prefixlen and addr

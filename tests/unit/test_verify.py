@@ -24,7 +24,7 @@ from lace.cli.errors import UsageError
 from lace.cli.node import verify as nv
 from lace.cli.node.main import main as node_main
 from lace.cli.node.resolve import NumericResolver, Resolver
-from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
+from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import POLICY_ENTRY
 from lace.datapath.routing import route_value, routing_key
@@ -170,6 +170,23 @@ def test_annotate_and_render_with_names() -> None:
     assert "KIND" in text and "DESIRED" in text and "ACTUAL" in text
     assert text.rstrip().endswith("node worker-1: 3 entries drift in 3 maps "
                                   "(routing: 1 stale; delivery: 1 missing; veth: 1 different)")
+
+
+def test_the_exact_map_is_audited_and_named_as_delivery() -> None:
+    """An exact entry the trie no longer has (deleted behind the agent's back: the datapath would
+    still deliver by it) is stale drift, decoded and named as a delivery entry."""
+    pod = delivery_exact_key(1, "10.244.1.3")
+    want = {"delivery": {}, "delivery-exact": {}}
+    have = {"delivery": {}, "delivery-exact": {pod: local(6, 3)}}
+    drift = {n: av.classify(n, want[n], have[n]) for n in want}
+    doc = json.loads(json.dumps(av.report(drift, want, have)))
+    assert doc["audited"] == ["delivery", "delivery-exact"] and "delivery-exact" not in doc["not_audited"]
+    (e,) = doc["maps"]["delivery-exact"]["stale"]
+    assert e["key"]["prefix"] == "10.244.1.3/32" and e["actual"]["kind"] == "local"
+    nv.annotate(doc, resolver())
+    assert e["key_text"] == "default 10.244.1.3/32 (alpha/web-1)" and e["actual_text"].startswith("local ifindex 6")
+    assert nv.check_maps(["delivery-exact"]) == ["delivery-exact"]
+    assert av.parse_maps({"maps": "delivery-exact"}) == ["delivery-exact"]
 
 
 def test_numeric_rendering_has_no_names() -> None:

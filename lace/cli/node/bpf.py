@@ -394,8 +394,9 @@ def view_probe_cookie(entries: list[Entry], res: NumericResolver, names: Names, 
 
 VIEWS: dict[str, Callable[..., View]] = {
     "config": view_config, "devices": view_devices, "routing": view_routing, "delivery": view_delivery,
-    "veth": view_veth, "services": view_services, "revnat": view_revnat, "policy": view_policy,
-    "segment": view_segment,
+    # the same entries as delivery's full-length ones: the same view
+    "delivery-exact": view_delivery, "veth": view_veth, "services": view_services, "revnat": view_revnat,
+    "policy": view_policy, "segment": view_segment,
     "prefix-segment": view_prefix_segment, "probes": view_probes, "probe-cookie": view_probe_cookie,
 }
 assert tuple(VIEWS) == registry.SHOWABLE

@@ -34,8 +34,8 @@ if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command r
     from lace.cli.node.resolve import NumericResolver
 
 #: the maps the agent owns and the audit compares (lace.agent.desired.OWNED_MAPS), in its order
-AUDITED = ("config", "devices", "routing", "delivery", "veth", "segment", "prefix-segment", "policy",
-           "backends", "maglev", "revnat", "services", "probes")
+AUDITED = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
+           "policy", "backends", "maglev", "revnat", "services", "probes")
 #: written by the datapath itself: no desired state to compare with
 NOT_AUDITED_TEXT = "conntrack (ct-*), affinity, events, metrics, probe-cookie and sock-revnat"
 KINDS = ("missing", "stale", "different")
@@ -154,7 +154,7 @@ class Namer:
             return "ifindex " + self.ifindex(k["ifindex"])
         if name == "routing":
             return f'{self.net(k["src_network"])} {k["prefix"]}'
-        if name in ("delivery", "prefix-segment"):
+        if name in ("delivery", "delivery-exact", "prefix-segment"):
             return f'{self.net(k["network"])} {k["prefix"]}' + self.pod_at(k["network"], k["prefix"])
         if name == "segment":
             return f'{self.net(k["network"])} {k["addr"]}' + self.pod_at(k["network"], k["addr"])
@@ -196,7 +196,7 @@ class Namer:
                 return render.SERVICE_MAP_FULL_ROUTE
             dst = "outside" if v.get("outside") else self.net(v["dst_network"])
             return f"to {dst}" + (" masquerade" if v.get("masquerade") else "")
-        if name == "delivery":
+        if name in ("delivery", "delivery-exact"):
             if v["kind"] == "local":
                 return (f'local ifindex {self.ifindex(v["ifindex"])} mac {v["mac"]} '
                         f'endpoint {v["endpoint_id"]}')
