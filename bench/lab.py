@@ -76,15 +76,18 @@ MTU = 1460
 
 
 class Bench:
-    def __init__(self, state: str) -> None:
-        self.env = dict(os.environ, LACE_STATE_DIR=state, LACE_LAB=LAB, NO_COLOR="1")
+    """A lab (``lab``, under the state directory ``state``) driven through the lace CLI in-process."""
+
+    def __init__(self, state: str, lab: str = LAB) -> None:
+        self.env = dict(os.environ, LACE_STATE_DIR=state, LACE_LAB=lab, NO_COLOR="1")
+        self.dir = os.path.join(state, "labs", lab)
         self.procs: list[subprocess.Popen] = []
 
     def lace(self, *argv: str) -> str:
         out, err = io.StringIO(), io.StringIO()
         rc = int(lace_main(list(argv), self.env, stdout=out, stderr=err, stdin=io.StringIO("")))
-        if rc != 0:
-            raise SystemExit(f"lace {' '.join(argv)} failed: {err.getvalue()}")
+        if rc != 0:   # what it printed too: lace status says there which check failed
+            raise SystemExit(f"lace {' '.join(argv)} failed:\n{out.getvalue()}{err.getvalue()}")
         return out.getvalue()
 
     def apply(self, docs: list[dict]) -> None:

@@ -37,7 +37,7 @@ Goals: agent RSS < 150 MiB; one pod change programmed < 20 ms; full resync < 2 s
 from __future__ import annotations
 
 import argparse
-import io
+import contextlib
 import ipaddress
 import os
 import shutil
@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,7 +59,6 @@ from policy import policy as policy_manifest  # noqa: E402  (bench/policy.py)
 from lace import netlink  # noqa: E402
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY  # noqa: E402
 from lace.bpf import Map  # noqa: E402
-from lace.cli.main import main as lace_main  # noqa: E402
 from lace.datapath import registry  # noqa: E402
 from lace.datapath.segment import segment_key  # noqa: E402
 from lace.lab import procs as labprocs  # noqa: E402
@@ -76,21 +75,10 @@ GOALS = {"rss": 150.0, "change": 20.0, "resync": 2.0}
 
 
 class Lab(Bench):
-    """bench/lab.py's driver for a lab named LAB."""
+    """bench/lab.py's driver for a lab named LAB, with what the measures read of it."""
 
     def __init__(self, state: str) -> None:
-        super().__init__(state)
-        self.env["LACE_LAB"] = LAB
-        self.dir = os.path.join(state, "labs", LAB)
-
-    def lace(self, *argv: str) -> str:
-        """As Bench.lace, but a failure shows what the command printed on stdout too (lace status
-        says there which check failed)."""
-        out, err = io.StringIO(), io.StringIO()
-        rc = int(lace_main(list(argv), self.env, stdout=out, stderr=err, stdin=io.StringIO("")))
-        if rc != 0:
-            raise SystemExit(f"lace {' '.join(argv)} failed:\n{out.getvalue()}{err.getvalue()}")
-        return out.getvalue()
+        super().__init__(state, LAB)
 
     def store(self) -> SqliteStore:
         return SqliteStore(os.path.join(self.dir, STORE_FILE))
@@ -279,12 +267,21 @@ def fmt_ms(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.1f} ms (min {min(xs):.1f}, max {max(xs):.1f})"
 
 
-def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def lab_up(state: str, nodes: int, why: str) -> Iterator[Lab]:
+    """A lab of ``nodes`` nodes whose agents are healthy; down again afterwards, whatever happens."""
     lab = Lab(state)
-    print(f"bringing up lab {LAB} (1 node) in {state}", file=sys.stderr)
-    lab.lace("lab", "up", "--name", LAB, "--nodes", "1")
+    print(f"bringing up lab {LAB} ({nodes} nodes) {why} in {state}", file=sys.stderr)
+    lab.lace("lab", "up", "--name", LAB, "--nodes", str(nodes))
     try:
         lab.lace("status", "--wait", "--timeout", "60")
+        yield lab
+    finally:
+        lab.lace("lab", "down", "--name", LAB)
+
+
+def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
+    with lab_up(state, 1, "for the synthetic cluster") as lab:
         pid = lab.agent().pid
         idle_rss = rss_mib(pid)[0]
         store = lab.store()
@@ -314,16 +311,10 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             store.close()
         return {"idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
                 "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync}
-    finally:
-        lab.lace("lab", "down", "--name", LAB)
 
 
 def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
-    lab = Lab(state)
-    print(f"bringing up lab {LAB} (3 nodes) for {a.real_pods} real pods in {state}", file=sys.stderr)
-    lab.lace("lab", "up", "--name", LAB, "--nodes", "3")
-    try:
-        lab.lace("status", "--wait", "--timeout", "60")
+    with lab_up(state, 3, f"for {a.real_pods} real pods") as lab:
         pid = lab.agent().pid
         names = [f"r{j}" for j in range(a.real_pods)]
         t0 = time.monotonic()
@@ -370,8 +361,6 @@ def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
         sync = resyncs(lab)
         rss2, hwm2 = rss_mib(pid)
         return {"up": up, "rss": max(rss, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync}
-    finally:
-        lab.lace("lab", "down", "--name", LAB)
 
 
 def verdict(name: str, value: float, goal: float, unit: str) -> str:

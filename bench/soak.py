@@ -222,9 +222,7 @@ class Lab(Bench):
     """The soak's lab, driven through the lace CLI in-process (bench/lab.py's driver)."""
 
     def __init__(self, state: str) -> None:
-        super().__init__(state)
-        self.env["LACE_LAB"] = LAB
-        self.dir = os.path.join(state, "labs", LAB)
+        super().__init__(state, LAB)
 
     def lace(self, *argv: str) -> str:
         try:
