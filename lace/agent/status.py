@@ -603,7 +603,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     local_segments = {ep.segment for ep in snap.endpoints} if snap is not None else set()
     store["segments"]["local"] = len(local_segments)
     try:
-        policy_entries = agent.datapath.map("policy").dump()[2]
+        policy_entries = sum(agent.datapath.map(name).dump()[2] for name in ("policy", "policy-exact"))
     except Exception:
         policy_entries = 0
     return {
