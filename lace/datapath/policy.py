@@ -203,8 +203,9 @@ _KIND: dict[bytes, int] = {
              else PolicyFlag.PROTOS if n == POLICY_PREFIX_PROTO else PolicyFlag.BLOCKS)
     for n, raw in _PLEN.items()
 }
+_PORTS, _PROTOS, _ANY_PROTO, _BLOCKS = (int(f) for f in (PolicyFlag.PORTS, PolicyFlag.PROTOS, PolicyFlag.ANY_PROTO,
+                                                          PolicyFlag.BLOCKS))
 _SELECTED = SEGMENT_SELECTED.to_bytes(4, "little")
-_ZERO3 = bytes(3)
 _ZERO2 = bytes(2)
 _FLAGS = slice(6, 8)   # lace_policy_entry.flags in a packed value
 
@@ -231,7 +232,7 @@ def is_marker(key: bytes) -> bool:
 
 def map_of(key: bytes) -> str:
     """The map (CLI name) that holds a policy key: the trie for a port block, else the hash."""
-    return TRIE_MAP if _kind(key) == PolicyFlag.BLOCKS else EXACT_MAP
+    return TRIE_MAP if _kind(key) == _BLOCKS else EXACT_MAP
 
 
 def policy_maps(entries: Mapping[bytes, bytes]) -> dict[str, dict[bytes, bytes]]:
@@ -246,30 +247,44 @@ def policy_maps(entries: Mapping[bytes, bytes]) -> dict[str, dict[bytes, bytes]]
     with the marker's reserved peer."""
     trie: dict[bytes, bytes] = {}
     exact: dict[bytes, bytes] = {}
-    kinds: dict[bytes, int] = {}     # segment + direction bytes -> kinds of allow entries
+    kinds: dict[tuple[bytes, int], int] = {}     # (segment bytes, direction) -> kinds of allow entries
     markers: list[bytes] = []
+    kind_of, kinds_get = _KIND.get, kinds.get
+    # one pass, kept tight (tens of thousands of entries per change): the kinds of a run of keys
+    # of one segment and direction (the resolver's order) are gathered before a dict is touched
+    seg, direction, acc = b"", -1, 0
     for k, v in entries.items():
-        kind = _kind(k)
-        if kind == PolicyFlag.BLOCKS:
+        kind = kind_of(k[:4])
+        if kind == _PORTS:
+            exact[k] = v
+        elif kind == _BLOCKS:
             trie[k] = v
+        elif kind is None:
+            _kind(k)                 # raises, naming the key
+        elif k[14:16] != _ZERO2 or (kind == _ANY_PROTO and k[13] != 0):
+            raise ValueError(f"policy key {k.hex()}: bits past its prefix length are set; the datapath "
+                             "probes the hash with them zero (build keys with policy_keys())")
         else:
-            if (kind == PolicyFlag.ANY_PROTO and k[13:16] != _ZERO3) or (kind == PolicyFlag.PROTOS and k[14:16] != _ZERO2):
-                raise ValueError(f"policy key {k.hex()}: bits past its prefix length are set; the datapath "
-                                 "probes the hash with them zero (build keys with policy_keys())")
             exact[k] = v
         if k[8:12] == _SELECTED:
-            if kind != PolicyFlag.ANY_PROTO:
+            if kind != _ANY_PROTO:
                 raise ValueError(f"policy key {k.hex()}: peer segment {SEGMENT_SELECTED:#x} is reserved for "
                                  "selection markers (selected_key())")
             markers.append(k)
             continue
-        sd = k[4:8] + k[12:13]
-        kinds[sd] = kinds.get(sd, 0) | kind
+        s = k[4:8]
+        if s == seg and k[12] == direction:
+            acc |= kind
+            continue
+        if acc:
+            kinds[(seg, direction)] = kinds_get((seg, direction), 0) | acc
+        seg, direction, acc = s, k[12], kind
+    if acc:
+        kinds[(seg, direction)] = kinds_get((seg, direction), 0) | acc
     for k in markers:
         v = exact[k]
         old = int.from_bytes(v[_FLAGS], "little")
-        flags = (old & ~int(LOOKUP_FLAGS)) | kinds.get(k[4:8] + k[12:13], 0)
+        flags = (old & ~int(LOOKUP_FLAGS)) | kinds_get((k[4:8], k[12]), 0)
         if flags != old:
             exact[k] = v[:6] + flags.to_bytes(2, "little") + v[8:]
     return {TRIE_MAP: trie, EXACT_MAP: exact}
-
