@@ -24,7 +24,8 @@ enum lace_policy_verdict {
 };
 
 /* The allow entry for (subject, peer, dir, proto, dport) that the longest prefix matches, probing
- * only the kinds of entries has (the marker's LACE_POLICY_F_* bits) says the subject has. */
+ * only the kinds of entries has (LACE_POLICY_F_PORTS .. _BLOCKS of the marker, for peer or, shifted
+ * down, for any peer) says the subject has. */
 static __always_inline struct lace_policy_entry *
 policy_match(__u16 has, __u32 subject, __u32 peer, __u8 dir, __u8 proto, __be16 dport)
 {
@@ -90,12 +91,15 @@ __attribute__((noinline)) int policy_check(struct lace_flow *f, __u32 subject, _
 	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6)
 		dport = 0;
 	has = marker->flags;
-	/* A peer segment of LACE_SEGMENT_SELECTED would find the marker itself, which allows nothing;
-	 * a peer that is LACE_SEGMENT_ANY already was the any-peer lookup. */
+	/* The peer's own entries first, then any peer's (the order of one trie's two lookups). A peer
+	 * segment of LACE_SEGMENT_SELECTED would find the marker itself, which allows nothing; one of
+	 * LACE_SEGMENT_ANY has only the any-peer entries. */
 	if (peer != LACE_SEGMENT_SELECTED) {
-		e = policy_match(has, subject, peer, dir, f->proto, dport);
-		if (!e && peer != LACE_SEGMENT_ANY)
-			e = policy_match(has, subject, LACE_SEGMENT_ANY, dir, f->proto, dport);
+		if (peer != LACE_SEGMENT_ANY)
+			e = policy_match(has, subject, peer, dir, f->proto, dport);
+		if (!e)
+			e = policy_match(has >> LACE_POLICY_ANY_PEER_SHIFT, subject, LACE_SEGMENT_ANY, dir,
+					 f->proto, dport);
 	}
 	if (e && !(e->flags & LACE_POLICY_F_SELECTED)) {
 		__sync_fetch_and_add(&e->hits, 1);

@@ -8,8 +8,9 @@ The entries of a node live in two maps with that one key shape, chosen by prefix
 (:func:`policy_maps`): ``policy-exact``, a hash, holds the selection markers and every entry of
 length 72, 80 or 96, which the datapath finds with exact keys at a cost that does not grow with
 their number; ``policy``, the LPM trie, holds only port blocks (81..95). Each marker carries the
-kinds of allow entries its segment has in its direction (``PolicyFlag.PORTS`` .. ``BLOCKS``), so
-a check probes only for those. Code that builds policy (the resolver, the test bed, the fuzzer)
+kinds of allow entries its segment has in its direction, for named peers (``PolicyFlag.PORTS`` ..
+``BLOCKS``) and for any peer (``ANY_PEER_PORTS`` .. ``ANY_PEER_BLOCKS``), so a check probes only
+for those. Code that builds policy (the resolver, the test bed, the fuzzer)
 works on one dict of keys as :func:`policy_keys` makes them and hands it to :func:`policy_maps`.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lace.bpf.layout import Layout
-from lace.datapath.common import SEGMENT_SELECTED, Direction, Proto, enum_label, flag_labels, check_port, check_u32
+from lace.datapath.common import SEGMENT_ANY, SEGMENT_SELECTED, Direction, Proto, enum_label, flag_labels, check_port, check_u32
 
 POLICY_MAX = 65536
 POLICY_PREFIX_ANY_PROTO = 72
@@ -37,15 +38,24 @@ class PolicyFlag(enum.IntFlag):
 
     SELECTED = 0x1  # the segment is selected in this direction (default deny)
     AUDIT = 0x2  # selected in audit mode: drops are reported, not enforced
-    # the segment has allow entries of this kind in this direction (set by policy_maps)
+    # the segment has allow entries of this kind for a named peer in this direction (policy_maps)
     PORTS = 0x4  # exact ports (prefix length 96, policy-exact)
     PROTOS = 0x8  # whole protocols (80, policy-exact)
     ANY_PROTO = 0x10  # any protocol (72, policy-exact)
     BLOCKS = 0x20  # port blocks of ranges (81..95, the policy trie)
+    # the same for peer SEGMENT_ANY: the four bits above shifted by ANY_PEER_SHIFT
+    ANY_PEER_PORTS = 0x40
+    ANY_PEER_PROTOS = 0x80
+    ANY_PEER_ANY_PROTO = 0x100
+    ANY_PEER_BLOCKS = 0x200
 
 
+#: how far a marker's any-peer bits sit above the named-peer ones (LACE_POLICY_ANY_PEER_SHIFT)
+ANY_PEER_SHIFT = 4
 #: the marker bits policy_maps derives from the allow entries (the others come from the resolver)
-LOOKUP_FLAGS = PolicyFlag.PORTS | PolicyFlag.PROTOS | PolicyFlag.ANY_PROTO | PolicyFlag.BLOCKS
+LOOKUP_FLAGS = (PolicyFlag.PORTS | PolicyFlag.PROTOS | PolicyFlag.ANY_PROTO | PolicyFlag.BLOCKS
+                | PolicyFlag.ANY_PEER_PORTS | PolicyFlag.ANY_PEER_PROTOS | PolicyFlag.ANY_PEER_ANY_PROTO
+                | PolicyFlag.ANY_PEER_BLOCKS)
 #: the maps a node's policy entries are split into (CLI names): port blocks, everything else
 TRIE_MAP = "policy"
 EXACT_MAP = "policy-exact"
@@ -82,6 +92,11 @@ C_MACROS: dict[str, int] = {
     "LACE_POLICY_F_PROTOS": PolicyFlag.PROTOS,
     "LACE_POLICY_F_ANY_PROTO": PolicyFlag.ANY_PROTO,
     "LACE_POLICY_F_BLOCKS": PolicyFlag.BLOCKS,
+    "LACE_POLICY_ANY_PEER_SHIFT": ANY_PEER_SHIFT,
+    "LACE_POLICY_F_ANY_PEER_PORTS": PolicyFlag.ANY_PEER_PORTS,
+    "LACE_POLICY_F_ANY_PEER_PROTOS": PolicyFlag.ANY_PEER_PROTOS,
+    "LACE_POLICY_F_ANY_PEER_ANY_PROTO": PolicyFlag.ANY_PEER_ANY_PROTO,
+    "LACE_POLICY_F_ANY_PEER_BLOCKS": PolicyFlag.ANY_PEER_BLOCKS,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {}
 
@@ -206,14 +221,17 @@ _KIND: dict[bytes, int] = {
 _PORTS, _PROTOS, _ANY_PROTO, _BLOCKS = (int(f) for f in (PolicyFlag.PORTS, PolicyFlag.PROTOS, PolicyFlag.ANY_PROTO,
                                                           PolicyFlag.BLOCKS))
 _SELECTED = SEGMENT_SELECTED.to_bytes(4, "little")
+_ANY = SEGMENT_ANY.to_bytes(4, "little")
 _ZERO2 = bytes(2)
 _FLAGS = slice(6, 8)   # lace_policy_entry.flags in a packed value
 
 
 def entry_kind(key: bytes) -> PolicyFlag:
-    """The marker bit (PORTS, PROTOS, ANY_PROTO or BLOCKS) of a packed allow key: which probe
-    finds it. ValueError for a prefix length the datapath never looks up."""
-    return PolicyFlag(_kind(key))
+    """The marker bit that sends a check to a packed allow key: its kind (PORTS, PROTOS, ANY_PROTO
+    or BLOCKS), shifted to the any-peer bits for peer SEGMENT_ANY. ValueError for a prefix length
+    the datapath never looks up."""
+    kind = _kind(key)
+    return PolicyFlag(kind << ANY_PEER_SHIFT if key[8:12] == _ANY else kind)
 
 
 def _kind(key: bytes) -> int:
@@ -238,7 +256,8 @@ def map_of(key: bytes) -> str:
 def policy_maps(entries: Mapping[bytes, bytes]) -> dict[str, dict[bytes, bytes]]:
     """Split one node's policy entries (keys as policy_keys and selected_key make them) into what
     each map holds: ``{"policy": port blocks, "policy-exact": markers and every other entry}``, each
-    marker's LOOKUP_FLAGS set to the kinds of allow entries its segment has in its direction.
+    marker's LOOKUP_FLAGS set to the kinds of allow entries its segment has in its direction
+    (:func:`entry_kind` of each).
 
     Which map holds an entry depends on its key alone, so the split of a subset is the subset of
     the split; only marker values depend on the other entries. Raises ValueError for a key the
@@ -266,12 +285,15 @@ def policy_maps(entries: Mapping[bytes, bytes]) -> dict[str, dict[bytes, bytes]]
                              "probes the hash with them zero (build keys with policy_keys())")
         else:
             exact[k] = v
-        if k[8:12] == _SELECTED:
+        peer = k[8:12]
+        if peer == _SELECTED:
             if kind != _ANY_PROTO:
                 raise ValueError(f"policy key {k.hex()}: peer segment {SEGMENT_SELECTED:#x} is reserved for "
                                  "selection markers (selected_key())")
             markers.append(k)
             continue
+        if peer == _ANY:
+            kind <<= ANY_PEER_SHIFT
         s = k[4:8]
         if s == seg and k[12] == direction:
             acc |= kind

@@ -12,9 +12,9 @@ from typing import Any
 
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_SELECTED, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction)
-from lace.datapath.policy import (EXACT_MAP, POLICY_KEY, POLICY_PREFIX_ANY_PROTO, POLICY_PREFIX_PROTO, TRIE_MAP,
-                                  PolicyFlag, decode_policy_entry, decode_policy_key, lookup_key, policy_maps,
-                                  selected_key)
+from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, POLICY_KEY, POLICY_PREFIX_ANY_PROTO,
+                                  POLICY_PREFIX_PROTO, TRIE_MAP, PolicyFlag, decode_policy_entry, decode_policy_key,
+                                  lookup_key, policy_maps, selected_key)
 from lace.datapath.routing import decode_route, routing_key
 from lace.datapath.segment import (decode_prefix_segment_key, decode_segment_value, prefix_segment_key,
                                    segment_key)
@@ -136,9 +136,10 @@ class PolicyMaps:
         has = _flags(marker)
         hit = None
         if peer != SEGMENT_SELECTED:
-            hit = self._match(has, subject, peer, direction, proto, dport)
-            if hit is None and peer != SEGMENT_ANY:
-                hit = self._match(has, subject, SEGMENT_ANY, direction, proto, dport)
+            if peer != SEGMENT_ANY:
+                hit = self._match(has, subject, peer, direction, proto, dport)
+            if hit is None:
+                hit = self._match(has >> ANY_PEER_SHIFT, subject, SEGMENT_ANY, direction, proto, dport)
         if hit is not None and not _flags(hit[1]) & PolicyFlag.SELECTED:
             e = decode_policy_entry(hit[1])
             k = decode_policy_key(hit[0])

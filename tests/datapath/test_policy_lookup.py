@@ -109,8 +109,9 @@ def test_every_kind_of_entry_under_one_ingress_subject(dp, family):
     assert in_trie and all(map_of(k) == "policy" for k in in_trie)
     assert set(policy_keys(b.segment, a.segment, ING, 6, 8000, 8099)) <= in_trie
     marker = POLICY_ENTRY.unpack(dp.m("policy-exact").lookup(selected_key(b.segment, ING)))
-    kinds = PolicyFlag.PORTS | PolicyFlag.PROTOS | PolicyFlag.ANY_PROTO | PolicyFlag.BLOCKS
-    assert marker["flags"] == PolicyFlag.SELECTED | kinds
+    named = PolicyFlag.PORTS | PolicyFlag.PROTOS | PolicyFlag.ANY_PROTO | PolicyFlag.BLOCKS
+    any_peer = PolicyFlag.ANY_PEER_PORTS | PolicyFlag.ANY_PEER_PROTOS | PolicyFlag.ANY_PEER_BLOCKS
+    assert marker["flags"] == PolicyFlag.SELECTED | named | any_peer
 
     allowed = run_cases(dp, a, b.ip(family), family, INGRESS_CASES, b.segment, a.segment, ING,
                         DropReason.POLICY_INGRESS)
@@ -136,6 +137,23 @@ def test_peer_and_any_peer_rules_of_one_egress_subject(dp):
                  ("icmp", 0, None)]
     run_cases(dp, a, b.ipv4, 4, to_b, a.segment, b.segment, EGR, DropReason.POLICY_EGRESS)
     run_cases(dp, a, REMOTE["ipv4"], 4, to_remote, a.segment, REMOTE["segment"], EGR, DropReason.POLICY_EGRESS)
+
+
+def test_any_peer_entries_are_probed_only_when_the_marker_names_them(dp):
+    """A subject whose rules all name their peers is checked without the any-peer probes: an any-peer
+    entry left behind the test bed's back (no ANY_PEER bit) allows nothing; written as the agent
+    writes it, it allows."""
+    from lace.datapath.policy import policy_entry
+    a, b = dp.pods["a"], dp.pods["b"]
+    dp.select(b.segment, ING)
+    dp.allow(b.segment, 999, ING, proto=6, port=80)
+    (stray,) = policy_keys(b.segment, SEGMENT_ANY, ING, 6, 80)
+    dp.m("policy-exact").update(stray, policy_entry(7, 5))
+    res = dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=next(_sport), dport=80, flags="S"))
+    assert res.retval == TC_ACT_SHOT
+    dp.allow(b.segment, SEGMENT_ANY, ING, proto=6, port=80, rule=5)
+    res = dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=next(_sport), dport=80, flags="S"))
+    assert res.retval == TC_ACT_REDIRECT and res.events[-1]["rule"] == 5
 
 
 def test_a_subject_without_port_ranges_never_reaches_the_trie(dp):

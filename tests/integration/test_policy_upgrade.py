@@ -43,7 +43,8 @@ def test_hash_seeded_from_the_one_trie_layout_before_programs_attach(pin_root):
         want = policy_maps(old)
         assert dp.read_kernel(EXACT_MAP) == want[EXACT_MAP]
         marker = dp.read_kernel(EXACT_MAP)[selected_key(300, Direction.INGRESS)]
-        assert int.from_bytes(marker[6:8], "little") == PolicyFlag.SELECTED | PolicyFlag.PORTS | PolicyFlag.BLOCKS
+        assert int.from_bytes(marker[6:8], "little") == (PolicyFlag.SELECTED | PolicyFlag.PORTS
+                                                         | PolicyFlag.ANY_PEER_BLOCKS | PolicyFlag.ANY_PEER_PORTS)
         assert dp.read_kernel(TRIE_MAP) == old, "the trie is left to the reconcile"
         # the reconcile's diff: nothing to add to the hash, the trie down to its port blocks
         changes = {name: diff(name, want[name], dp.read(name)) for name in (TRIE_MAP, EXACT_MAP)}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lace.agent.desired import OWNED_MAPS, desired_maps
 from lace.agent.diff import diff
 from lace.datapath.common import SEGMENT_ANY, SEGMENT_HOST, SEGMENT_SELECTED, Direction
-from lace.datapath.policy import (EXACT_MAP, POLICY_ENTRY, POLICY_MAPS, POLICY_PREFIX_FULL, POLICY_PREFIX_PROTO,
+from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, POLICY_ENTRY, POLICY_MAPS, POLICY_PREFIX_FULL, POLICY_PREFIX_PROTO,
                                   TRIE_MAP, PolicyFlag, decode_policy_entry, decode_policy_key, entry_kind, is_marker,
                                   lookup_key, map_of, policy_entry, policy_keys, policy_maps, selected_key)
 from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs
@@ -28,6 +28,7 @@ from test_agent_desired import snapshot
 ING, EG = Direction.INGRESS, Direction.EGRESS
 SEL, AUD = PolicyFlag.SELECTED, PolicyFlag.AUDIT
 PORTS, PROTOS, ANY_PROTO, BLOCKS = PolicyFlag.PORTS, PolicyFlag.PROTOS, PolicyFlag.ANY_PROTO, PolicyFlag.BLOCKS
+ANY_PEER = {kind: PolicyFlag(kind << ANY_PEER_SHIFT) for kind in (PORTS, PROTOS, ANY_PROTO, BLOCKS)}
 
 
 def flags(raw: bytes) -> PolicyFlag:
@@ -85,10 +86,12 @@ def test_desired_policy_maps_hold_each_entry_where_the_datapath_looks_and_flag_t
     assert {decode_policy_key(k)["segment"] for k in (*trie, *exact)} == {300}
     # each marker: the resolver's bits plus the kinds of entries its segment has in its direction
     ingress, egress = exact[selected_key(300, ING)], exact[selected_key(300, EG)]
+    # ingress: every rule names its peer (x/b, the node's host): no any-peer bit
     assert flags(ingress) == SEL | PORTS | PROTOS | ANY_PROTO | BLOCKS
-    assert flags(egress) == SEL | PORTS   # 53/udp and the named port 8080/tcp on x/a (to itself)
+    # egress: 53/udp to any peer; the named port 8080/tcp resolved on the one pod that has it
+    assert flags(egress) == SEL | PORTS | PolicyFlag.ANY_PEER_PORTS
     assert decode_policy_entry(ingress)["policy_id"] == base_policy_id("x", "a-in")
-    assert decode_policy_entry(egress)["flags"] == ["selected", "ports"]
+    assert decode_policy_entry(egress)["flags"] == ["selected", "ports", "any-peer-ports"]
     # the range 30000-30100: its blocks in the trie, its last port (a block of one) in the hash
     rng = policy_keys(300, 301, ING, 6, 30000, 30100)
     assert [map_of(k) for k in rng] == [TRIE_MAP] * (len(rng) - 1) + [EXACT_MAP]
@@ -131,6 +134,26 @@ def test_split_refuses_keys_the_datapath_could_never_find():
         policy_keys(300, SEGMENT_SELECTED, ING, 6, 80)
     with pytest.raises(ValueError, match="reserved for selection markers"):
         policy_maps({**ok, struct.pack("<I", 96) + marker[4:13] + b"\x06\x00\x50": policy_entry(1, 1)})
+
+
+def test_marker_bits_per_kind_and_per_peer_class():
+    """Each kind of entry sets its own bit, one set for named peers and one for any peer, so that a
+    check probes nothing its segment does not have."""
+    marker = selected_key(300, EG)
+    for peer, proto, port, end, want in [
+        (301, 6, 80, None, PORTS), (301, 6, None, None, PROTOS), (301, None, None, None, ANY_PROTO),
+        (301, 6, 8000, 8007, BLOCKS), (SEGMENT_ANY, 6, 80, None, ANY_PEER[PORTS]),
+        (SEGMENT_ANY, 17, None, None, ANY_PEER[PROTOS]), (SEGMENT_ANY, None, None, None, ANY_PEER[ANY_PROTO]),
+        (SEGMENT_ANY, 6, 8000, 8007, ANY_PEER[BLOCKS]),
+    ]:
+        keys = policy_keys(300, peer, EG, proto, port, end)
+        assert {entry_kind(k) for k in keys} == {want}
+        split = policy_maps({marker: policy_entry(1, 0xFFFF, SEL), **{k: policy_entry(1, 1) for k in keys}})
+        assert flags(split[EXACT_MAP][marker]) == SEL | want, (peer, proto, port, end)
+        # only the other direction's or another segment's entries: no bit
+        other = policy_keys(300, peer, ING, proto, port, end) + policy_keys(302, peer, EG, proto, port, end)
+        split = policy_maps({marker: policy_entry(1, 0xFFFF, SEL), **{k: policy_entry(1, 1) for k in other}})
+        assert flags(split[EXACT_MAP][marker]) == SEL
 
 
 def test_split_is_stable_and_keeps_marker_bits_the_resolver_set():
@@ -225,3 +248,8 @@ def test_lookups_skip_kinds_the_marker_does_not_name():
     assert maps.check(300, 301, ING, 17, 53)["verdict"] == "allow"
     stale = PolicyMaps("n", {}, {}, {}, policy_exact=dict(entries))   # marker without PROTOS
     assert stale.check(300, 301, ING, 17, 53)["verdict"] == "deny"
+    # an any-peer entry under the named-peer bit only is not probed for any peer
+    (any80,) = policy_keys(300, SEGMENT_ANY, ING, 17, None)
+    named_only = {selected_key(300, ING): policy_entry(1, 0xFFFF, SEL | PROTOS), any80: policy_entry(1, 4)}
+    assert PolicyMaps("n", {}, {}, {}, policy_exact=named_only).check(300, 301, ING, 17, 53)["verdict"] == "deny"
+    assert PolicyMaps.from_entries("n", named_only, {}, {}).check(300, 301, ING, 17, 53)["rule"] == 4
