@@ -4,13 +4,13 @@
  *
  * The entries live in two maps (abi/policy.h): a hash holds the markers and every entry an exact
  * key finds (exact port, whole protocol, any protocol), the LPM trie only the port blocks of port
- * ranges. A check probes the hash from the longest prefix down, and the trie, which sits between
- * the exact port and the whole protocol in length, only for a segment whose marker says it has
- * port blocks. The first entry found is the one a single trie of every entry would have
- * returned, longest prefix first: same verdict, same rule credited. What one check costs depends
- * on the kinds of entries its segment has, not on how many entries the maps hold: a trie walk
- * deepens with every entry (bench/policy.py measured +24 % on a new flow and +35 % on a policy
- * drop from 16 to 16k entries with one trie), a hash probe does not. */
+ * ranges. A check probes the hash from the longest prefix down, the trie where a block ranks
+ * (between the exact port and the whole protocol), the peer's entries before any peer's, and only
+ * for the kinds of entries the segment's marker names: the first entry found is the one a single
+ * trie of every entry returned (same verdict, same rule credited, same hit counted). What a check
+ * costs then depends on the kinds of entries its segment has, not on how many entries the maps
+ * hold: a trie walk deepens with every entry (bench/policy.py: about +23 % on a new flow and +35 %
+ * on a policy drop from 16 to 16k entries when one trie held them all), a hash probe does not. */
 #ifndef LACE_LIB_POLICY_H
 #define LACE_LIB_POLICY_H
 

@@ -44,12 +44,12 @@ ARRAY_ALIGN = 8
 
 
 def seed_policy_exact(loaded: LoadedDatapath) -> int:
-    """Fill an empty ``policy-exact`` from the ``policy`` trie when the trie holds selection markers:
-    pins a version that kept every policy entry in the trie wrote. Programs of this version look
-    markers up in the hash; attached before the first reconcile writes it, they would find none and
-    allow every new flow. Called after loading, before any program attaches. The trie keeps its
-    entries (a check that reaches it still finds the longest prefix) until the reconcile deletes
-    what it no longer holds. Returns the number of entries written."""
+    """Fill an empty ``policy-exact`` from the ``policy`` trie when the trie holds selection markers,
+    as an earlier version, which kept every policy entry in the trie, left it. This version's
+    programs look markers up in the hash: attached before the first reconcile writes it, they would
+    find none and allow every new flow. Called after loading, before any program attaches. The trie
+    keeps its entries (a check that reaches it still finds the longest prefix) until the reconcile
+    deletes what it no longer holds. Returns the number of entries written."""
     exact, trie = loaded.map(EXACT_MAP), loaded.map(TRIE_MAP)
     if next(exact.keys(), None) is not None:
         return 0

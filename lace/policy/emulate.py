@@ -103,6 +103,7 @@ class PolicyMaps:
     # -- bpf/lib/policy.h policy_match() and policy_check() ----------------------------------------
     def _match(self, has: int, subject: int, peer: int, direction: Direction, proto: int,
                dport: int) -> tuple[bytes, bytes] | None:
+        """(key, value) of the entry policy_match() finds, probing the kinds ``has`` names."""
         key = lookup_key(subject, peer, direction, proto, dport)
         if has & PolicyFlag.PORTS and key in self.policy_exact:
             return key, self.policy_exact[key]
@@ -123,6 +124,9 @@ class PolicyMaps:
         return None
 
     def check(self, subject: int, peer: int, direction: Direction, proto: int, dport: int) -> dict[str, Any]:
+        """One direction's decision as policy_check() makes it: ``verdict`` (allow, deny, audit),
+        ``selected`` and the ``marker``; for an allow by a rule its ``entry`` (key and value fields),
+        ``policy_id`` and ``rule``."""
         out: dict[str, Any] = {"node": self.node, "subject": subject, "peer": peer,
                                "direction": direction.label}
         marker = self.policy_exact.get(selected_key(subject, direction))
