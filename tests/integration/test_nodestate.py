@@ -29,7 +29,8 @@ from lace.datapath.common import Direction, mac_bytes
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_key
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
-from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, policy_maps, selected_key
+from lace.datapath.node import PinnedMaps
+from lace.datapath.policy import POLICY_ENTRY, PolicyFlag, policy_entry, policy_keys, policy_maps, selected_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_key, segment_value
 from lace.store import SqliteStore
@@ -154,6 +155,19 @@ def test_policy_lists_both_policy_maps_with_hits(node_env: dict[str, str]) -> No
                      ("egress", "udp", 53, 53, False): "policy-exact",
                      ("ingress", "tcp", 9000, 9007, False): "policy"}
     assert all(e["hits"] == 0 for e in doc["entries"])
+    # the datapath's counts, in either map, are what the listing shows
+    pins = PinnedMaps(node_env["LACE_PIN_ROOT"])
+    counted = {("policy-exact", 8080): 3, ("policy", 9000): 5}
+    for (name, port), hits in counted.items():
+        (key,) = policy_keys(256, 257, Direction.INGRESS, 6, port, port + 7 if port == 9000 else None)
+        with pins.open(name) as m:
+            m.update(key, POLICY_ENTRY.pack(policy_id=3, rule=1, flags=0, hits=hits))
+    rc, out, err = node(node_env, "bpf", "show", "policy", "-o", "json", "-n")
+    got = {(e["map"], e["port"]): e["hits"] for e in json.loads(out)["entries"] if e["hits"]}
+    assert got == counted
+    rc, out, err = node(node_env, "-n", "bpf", "show", "policy", "--ingress")
+    rows = {line.split()[4]: line.split()[-1] for line in out.splitlines() if "tcp" in line}
+    assert rows == {"8080": "3", "9000-9007": "5"}, out
     marker = next(e for e in doc["entries"] if e["selected"])
     assert marker["flags"] == ["selected", "ports", "blocks"]   # what a check of segment 256 probes
     assert doc["maps"]["policy"]["entries"] == 1 and doc["maps"]["policy-exact"]["entries"] == 3
