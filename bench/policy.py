@@ -5,13 +5,18 @@ policy map against a small one, in one run.
 Control plane: 1,000 pods over 200 namespaces (5 pods each, app/tier labels, named ports), 500
 policies (same-namespace allows, namespaceSelector AND podSelector, matchExpressions, ipBlocks with
 except, named ports, endPort ranges, egress with DNS). Measures a full resolution (cold resolver)
-and the node's assembly, writing every entry into a real LPM map, then one policy changed:
-re-resolution with the warm cache, assembly, the agent's pure diff against what it last wrote, and the
-map writes ("incremental change programmed").
+and the node's assembly, writing every entry into the real policy maps (the hash and the LPM
+trie, split as the agent splits them), then one policy changed: re-resolution with the warm cache,
+assembly, the agent's pure diff against what it last wrote, and the map writes ("incremental change
+programmed").
 Datapath: BPF_PROG_TEST_RUN of the pod veth program, new TCP flows (egress + ingress lookups) and
-warm policy drops, with 16 policy entries and with 16k, net of a pass program in the same run.
+warm policy drops, with 16 policy entries and with 16k under the measured segments, net of a pass
+program in the same run. ``--fill ports`` (the default) fills with exact-port entries, the common
+shape of a rule with ports; ``--fill mixed`` gives the measured segments every kind of entry (exact
+ports, whole protocols, any protocol, port ranges), so a drop probes every kind, the trie of port
+blocks included.
 
-Run as root after `make install`:  .venv/bin/python bench/policy.py [--quick]
+Run as root after `make install`:  .venv/bin/python bench/policy.py [--quick] [--fill ports|mixed]
 Targets: full resolution < 2 s, incremental change programmed < 100 ms, datapath growth < 10%.
 """
 
@@ -30,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from lace.agent.diff import diff  # noqa: E402
 from lace.datapath.common import Direction  # noqa: E402
+from lace.datapath.policy import POLICY_MAPS, policy_keys, policy_maps  # noqa: E402
 from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, Resolver  # noqa: E402
 from lace.policy.ids import normalise_cidr  # noqa: E402
 from lace.policy.program import node_segments  # noqa: E402
@@ -114,44 +120,77 @@ def control_plane(quick: bool) -> dict[str, float]:
     out["entries node"] = len(entries)
     out["entries cluster"] = len(all_entries)
     out["segments"] = len(res.world.segments)
-    dp = Testbed()           # the real objects in a throw-away pin root: a real lace_policy LPM trie
-    m = dp.m("policy")
+    dp = Testbed()           # the real objects in a throw-away pin root: the real policy maps
+    maps = {name: dp.m(name) for name in POLICY_MAPS}
     try:
         t3 = time.perf_counter()
-        for k, v in all_entries.items():     # worst case: one node holds every segment's entries
-            m.update(k, v)
+        split = policy_maps(all_entries)     # worst case: one node holds every segment's entries
+        for name, entries in split.items():
+            for k, v in entries.items():
+                maps[name].update(k, v)
         t4 = time.perf_counter()
         out["program full (all entries)"] = (t4 - t3) * 1000
         # the agent diffs against what it last wrote (lace.agent.datapath: the shadow of each map
         # it owns) and reads the kernel back only on its periodic resync, timed apart below
-        shadow = dict(all_entries)
+        shadow = {name: dict(entries) for name, entries in split.items()}
         times = []
+        changed = 0
         for variant in range(1, 4 if quick else 8):
             inputs.policies[0] = policy(0, 200, variant)      # one policy changed
             t5 = time.perf_counter()
             res2 = r.resolve(inputs)
             want, _ = res2.entries(None)
-            ch = diff("policy", want, shadow)
-            for k in ch.deletes:
-                m.delete(k)
-                shadow.pop(k, None)
-            for k, v in ch.updates.items():
-                m.update(k, v)
-                shadow[k] = v
+            changed = 0
+            for name, wanted in policy_maps(want).items():
+                ch = diff(name, wanted, shadow[name])
+                for k in ch.deletes:
+                    maps[name].delete(k)
+                    shadow[name].pop(k, None)
+                for k, v in ch.updates.items():
+                    maps[name].update(k, v)
+                    shadow[name][k] = v
+                changed += len(ch.updates) + len(ch.deletes)
             times.append((time.perf_counter() - t5) * 1000)
             assert r.last_resolved == 1, r.last_resolved
         out["incremental change programmed"] = statistics.median(times)
         t6 = time.perf_counter()
-        have = dict(m.entries())     # what the agent's resync reads (NodeDatapath.read)
-        assert not diff("policy", shadow, have), "the shadow is what the kernel holds"
+        for name, m in maps.items():
+            have = dict(m.entries())     # what the agent's resync reads (NodeDatapath.read)
+            assert not diff(name, shadow[name], have), f"the shadow is what the kernel holds ({name})"
         out["periodic resync (dump + diff)"] = (time.perf_counter() - t6) * 1000
-        out["changed entries"] = len(ch.updates) + len(ch.deletes)
+        out["changed entries"] = changed
     finally:
         dp.close()
     return out
 
 
-def datapath(quick: bool) -> dict[int, dict[str, float]]:
+def fill_policy(dp, a, b, total: int, mixed: bool) -> int:
+    """Allow entries under the measured segments (a's egress, b's ingress) for peers that are not
+    the measured ones, until the policy maps hold ``total`` entries (the two markers and two allows
+    of the measured flow count); returns how many they hold. ``mixed`` cycles every kind of entry
+    for both segments: exact ports, a whole protocol, any protocol, a port range (two port blocks),
+    then four exact ports again."""
+    written, i = 4, 0
+    while written < total:
+        subj, d = (a.segment, Direction.EGRESS) if i % 2 else (b.segment, Direction.INGRESS)
+        peer = 20_000 + i // 4
+        kind = (i // 2) % 8 if mixed else 0
+        if kind == 1:
+            kw: dict = {"proto": 6}
+        elif kind == 2:
+            kw = {"proto": None}
+        elif kind == 3 and total - written >= 2:
+            first = 4096 + 64 * (i % 512)
+            kw = {"proto": (6, 17)[i // 2 % 2], "port": first, "end_port": first + 47}   # 32 + 16 ports
+        else:
+            kw = {"proto": (6, 17)[i % 4 // 2], "port": 1000 + i % 7}
+        dp.allow(subj, peer, d, **kw)
+        written += len(policy_keys(subj, peer, d, **kw))
+        i += 1
+    return sum(len(dp.m(name)) for name in POLICY_MAPS)
+
+
+def datapath(quick: bool, fill: str = "ports") -> dict[int, dict[str, float]]:
     from scapy.layers.inet import TCP
     from bench.datapath import load_pass_program, measure
     from lace.datapath.testbed import Testbed
@@ -164,16 +203,14 @@ def datapath(quick: bool) -> dict[int, dict[str, float]]:
     try:
         a, b = dp.pods["a"], dp.pods["b"]
         ctx_a = dp.skb_ctx(a.ifindex)
-        for fill in (16, 16_384):
+        for total in (16, 16_384):
             dp.reset()
             dp.select(a.segment, Direction.EGRESS)
             dp.select(b.segment, Direction.INGRESS)
             dp.allow(a.segment, b.segment, Direction.EGRESS, proto=6, port=80)
             dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=80)
-            # the rest share the measured subjects, so the lookups walk a populated trie
-            for i in range(fill - 4):
-                subj, d = (a.segment, Direction.EGRESS) if i % 2 else (b.segment, Direction.INGRESS)
-                dp.allow(subj, 20_000 + i // 4, d, proto=(6, 17)[i % 4 // 2], port=1000 + i % 7)
+            # the rest share the measured subjects, so the lookups meet populated maps
+            held = fill_policy(dp, a, b, total, fill == "mixed")
             deny = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=50002, dport=81, flags="S"))
             samples: dict[str, list[float]] = {k: [] for k in ("pass warm", "pass once", "new flow", "policy drop")}
             flow = 0
@@ -191,8 +228,8 @@ def datapath(quick: bool) -> dict[int, dict[str, float]]:
                 dp.events.clear()
                 dp.m("ct-tcp-v4").clear()
             med = {k: statistics.median(v) for k, v in samples.items()}
-            results[fill] = {"new flow": med["new flow"] - med["pass once"],
-                             "policy drop": med["policy drop"] - med["pass warm"]}
+            results[total] = {"new flow": med["new flow"] - med["pass once"],
+                              "policy drop": med["policy drop"] - med["pass warm"], "entries": held}
     finally:
         passobj.close()
         dp.close()
@@ -203,24 +240,30 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-datapath", action="store_true", help="control plane only (no root needed but the map)")
+    ap.add_argument("--fill", choices=("ports", "mixed"), default="ports",
+                    help="the datapath rows' filler entries: exact ports (default), or every kind of entry "
+                         "(exact ports, whole protocols, any protocol, port ranges)")
+    ap.add_argument("--no-control-plane", action="store_true", help="the datapath rows only")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/policy.py needs root (BPF maps, BPF_PROG_TEST_RUN)", file=sys.stderr)
         return 2
-    cp = control_plane(args.quick)
-    print("policy control plane: 1,000 pods, 200 namespaces, 500 policies, 10 nodes")
-    print(f"  segments {cp['segments']:.0f}, entries cluster-wide {cp['entries cluster']:,.0f}, "
-          f"on one node {cp['entries node']:,.0f}")
-    for k, target in (("full resolve (500 policies)", "< 2000"), ("assemble one node", ""),
-                      ("program full (all entries)", ""), ("incremental change programmed", "< 100"),
-                      ("periodic resync (dump + diff)", "")):
-        print(f"  {k:<32}{cp[k]:>9.1f} ms   {('target ' + target + ' ms') if target else ''}")
-    print(f"  (incremental: 1 policy re-resolved, assembled over all {cp['entries cluster']:,.0f} entries, diffed "
-          f"against what the agent last wrote, {cp['changed entries']:.0f} entries written)")
+    if not args.no_control_plane:
+        cp = control_plane(args.quick)
+        print("policy control plane: 1,000 pods, 200 namespaces, 500 policies, 10 nodes")
+        print(f"  segments {cp['segments']:.0f}, entries cluster-wide {cp['entries cluster']:,.0f}, "
+              f"on one node {cp['entries node']:,.0f}")
+        for k, target in (("full resolve (500 policies)", "< 2000"), ("assemble one node", ""),
+                          ("program full (all entries)", ""), ("incremental change programmed", "< 100"),
+                          ("periodic resync (dump + diff)", "")):
+            print(f"  {k:<32}{cp[k]:>9.1f} ms   {('target ' + target + ' ms') if target else ''}")
+        print(f"  (incremental: 1 policy re-resolved, assembled over all {cp['entries cluster']:,.0f} entries, "
+              f"diffed against what the agent last wrote, {cp['changed entries']:.0f} entries written)")
     if args.no_datapath:
         return 0
-    dp = datapath(args.quick)
-    print("datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN, medians)")
+    dp = datapath(args.quick, args.fill)
+    print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN, medians; filler: {args.fill}, "
+          f"{dp[16]['entries']:.0f} and {dp[16_384]['entries']:,.0f} entries in the policy maps)")
     print(f"  {'path':<14}{'16 entries':>12}{'16k entries':>13}{'growth':>9}   target < 10%")
     for p in ("new flow", "policy drop"):
         a, b = dp[16][p], dp[16_384][p]

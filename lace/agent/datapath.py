@@ -20,6 +20,7 @@ import numpy as np
 
 from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects
+from lace.datapath.policy import EXACT_MAP, TRIE_MAP, is_marker, policy_maps
 from lace.datapath.services import MAGLEV_SIZE
 
 from .desired import Entries
@@ -40,6 +41,29 @@ HOST_PROGRAM = "lace_from_host"
 TABLES = {"maglev": MAGLEV_SIZE}
 #: an array map's elements are 8-byte aligned in its memory: a u32 value is the low half of 8 bytes
 ARRAY_ALIGN = 8
+
+
+def seed_policy_exact(loaded: LoadedDatapath) -> int:
+    """Fill an empty ``policy-exact`` from the ``policy`` trie when the trie holds selection markers,
+    as an earlier version, which kept every policy entry in the trie, left it. This version's
+    programs look markers up in the hash: attached before the first reconcile writes it, they would
+    find none and allow every new flow. Called after loading, before any program attaches. The trie
+    keeps its entries (a check that reaches it still finds the longest prefix) until the reconcile
+    deletes what it no longer holds. Returns the number of entries written."""
+    exact, trie = loaded.map(EXACT_MAP), loaded.map(TRIE_MAP)
+    if next(exact.keys(), None) is not None:
+        return 0
+    old = dict(trie.entries())
+    if not any(is_marker(k) for k in old):
+        return 0
+    try:
+        want = policy_maps(old)[EXACT_MAP]
+    except ValueError as e:   # not what an agent writes: leave it to the first reconcile
+        log.warning("policy-exact not seeded from the policy trie: %s", e)
+        return 0
+    for k, v in want.items():
+        exact.update(k, v)
+    return len(want)
 
 
 def pod_link_name(host_ifname: str) -> str:
@@ -77,6 +101,10 @@ class NodeDatapath:
         for m in loaded.migrations:
             log.warning("map %s migrated (%s): %d entries copied, %d dropped",
                         m.map, m.reason, m.copied, m.dropped)
+        seeded = seed_policy_exact(loaded)
+        if seeded:
+            log.warning("policy-exact seeded with %d entries from the policy trie a previous version "
+                        "wrote; the next reconcile removes what the trie no longer needs", seeded)
         with self._lock:
             old, self.loaded = self.loaded, loaded
             self._unmap()

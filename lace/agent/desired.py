@@ -29,14 +29,15 @@ from lace.store import kinds as K
 from .model import Snapshot
 
 #: maps the agent owns and reconciles, in the order their updates are written (what an entry points
-#: at comes before it: backends and Maglev tables before the services that name them); deletes go
-#: in reverse. delivery-exact, the hash the datapath probes before the delivery trie, comes right
-#: after it: an entry is added to the trie before the hash and deleted from the hash before the
-#: trie, so the hash never holds an entry the trie has not (a changed value reaches the hash just
-#: after the trie, and until then the hash answers with the old one, as the trie did a moment
-#: before). The datapath owns conntrack, affinity, events, metrics and probe-cookie.
+#: at comes before it: backends and Maglev tables before the services that name them, port blocks
+#: before the policy markers whose BLOCKS bit sends a check to them); deletes go in reverse.
+#: delivery-exact, the hash the datapath probes before the delivery trie, comes right after it: an
+#: entry is added to the trie before the hash and deleted from the hash before the trie, so the
+#: hash never holds an entry the trie has not (a changed value reaches the hash just after the
+#: trie, and until then the hash answers with the old one, as the trie did a moment before). The
+#: datapath owns conntrack, affinity, events, metrics and probe-cookie.
 OWNED_MAPS = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
-              "policy", "backends", "maglev", "revnat", "services", "probes")
+              "policy", "policy-exact", "backends", "maglev", "revnat", "services", "probes")
 
 Entries = dict[bytes, bytes]
 
@@ -76,7 +77,8 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     _underlay_peers(s, out["segment"])
     if s.policy is not None:
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
-        out["policy"], out["prefix-segment"] = programmer.entries(s.policy)
+        maps, out["prefix-segment"] = programmer.map_entries(s.policy)
+        out.update(maps)
     _probes(s, out["probes"])
     svc = services if services is not None else ServiceProgrammer()
     # node-port frontends answer on this node's own addresses

@@ -8,9 +8,10 @@ from typing import Callable
 from .desired import Entries
 
 #: per-map view of a value for comparison: fields the datapath itself changes are masked out
-#: (policy hit counters), so reconciling never resets them
+#: (policy hit counters, in both policy maps), so reconciling never resets them
 COMPARE: dict[str, Callable[[bytes], bytes]] = {
     "policy": lambda v: bytes(v[:8]),
+    "policy-exact": lambda v: bytes(v[:8]),
 }
 
 

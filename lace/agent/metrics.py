@@ -118,7 +118,8 @@ class StatusCollector:
         for state, n in states.items():
             eps.add_metric([state], n)
         yield eps
-        yield GaugeMetricFamily("lace_policy_entries", "Entries in the policy map", value=subs["policy"]["entries"])
+        yield GaugeMetricFamily("lace_policy_entries", "Entries in the policy maps (policy and policy-exact)",
+                                value=subs["policy"]["entries"])
         w = subs["store-watch"]
         yield GaugeMetricFamily("lace_store_watch_connected", "1 while the store watch is connected",
                                 value=1 if w["connected"] else 0)

@@ -603,7 +603,8 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     local_segments = {ep.segment for ep in snap.endpoints} if snap is not None else set()
     store["segments"]["local"] = len(local_segments)
     try:
-        policy_entries = agent.datapath.map("policy").dump()[2]
+        from lace.datapath.policy import POLICY_MAPS
+        policy_entries = sum(agent.datapath.map(name).dump()[2] for name in POLICY_MAPS)
     except Exception:
         policy_entries = 0
     return {

@@ -6,7 +6,7 @@ from the kernel, and classifies every entry that differs:
 
 - **missing**: desired, not in the kernel;
 - **stale**: in the kernel, not desired;
-- **different**: in both, with another value (``desired`` vs ``actual``; the policy map's hit
+- **different**: in both, with another value (``desired`` vs ``actual``; the policy maps' hit
   counters are not compared, as reconcile does not compare them: ``lace.agent.diff.COMPARE``).
 
 Nothing is written. The kernel is read without refreshing the agent's shadow of its own writes, so
@@ -61,7 +61,7 @@ KINDS = ("missing", "stale", "different")
 #: the maps the datapath writes itself: no desired state, not audited
 NOT_AUDITED = tuple(n for n in registry.MAPS if n not in OWNED_MAPS)
 #: value fields the datapath changes itself (never drift): left out of what is shown
-VOLATILE = {"policy": ("hits",)}
+VOLATILE = {"policy": ("hits",), "policy-exact": ("hits",)}
 #: how long an audit waits for a pending reconcile pass, and between its two looks
 SETTLE_SECONDS = 2.0
 CONFIRM_DELAY = 0.25

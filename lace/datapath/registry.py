@@ -125,8 +125,13 @@ _MAPS: tuple[MapDef, ...] = (
            services.SOCK_REVNAT_MAX, "(host socket cookie, backend) -> the frontend the socket asked for",
            decode_key=services.decode_sock_revnat_key, decode_value=_value(services.decode_sock_revnat)),
     MapDef("policy", "lace_policy", "lpm_trie", policy.POLICY_KEY, policy.POLICY_ENTRY, policy.POLICY_MAX,
-           "(segment, peer segment, direction, protocol, port block) -> allow, its rule and hits",
+           "(segment, peer segment, direction, protocol, port block) -> allow, its rule and hits: the port "
+           "blocks of port ranges (node bpf show policy lists policy-exact's entries with them)",
            map_flags=BPF_F_NO_PREALLOC,
+           decode_key=policy.decode_policy_key, decode_value=_value(policy.decode_policy_entry)),
+    MapDef("policy-exact", "lace_pol_exact", "hash", policy.POLICY_KEY, policy.POLICY_ENTRY, policy.POLICY_MAX,
+           "the selection markers and every policy entry but port blocks (exact port, whole protocol, any "
+           "protocol), by exact key: lookups that cost the same however many entries there are",
            decode_key=policy.decode_policy_key, decode_value=_value(policy.decode_policy_entry)),
     MapDef("segment", "lace_segment", "hash", segment.SEGMENT_KEY, segment.SEGMENT_VALUE, segment.SEGMENT_MAX,
            "(network, endpoint IP) -> segment",

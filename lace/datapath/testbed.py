@@ -7,6 +7,11 @@ neighbour let bpf_fib_lookup succeed.  The namespace and its devices are made wi
 Needs root and bpffs; the packet builders (:meth:`Testbed.l3`, :meth:`Testbed.encap`,
 :func:`icmp_echo`, :meth:`Result.packet`) need scapy (the ``test`` extra), imported when called.
 
+Policy is written as the agent splits it (lace.datapath.policy.policy_maps): markers and every
+entry but port blocks in ``policy-exact``, port blocks in ``policy``, each marker naming the kinds
+of allow entries its segment has, whichever of :meth:`Testbed.select` and :meth:`Testbed.allow`
+comes first.
+
 Services are programmed as the agent does (frontend slot 0, backend slots active first, backends,
 a Maglev table for two or more active backends) by :meth:`Testbed.service`, which returns a
 :class:`Service` that predicts the backend the datapath gives a new flow.
@@ -46,7 +51,8 @@ from lace.datapath.common import NETWORK_OUTSIDE, SEGMENT_REMOTE_NODE, mac_bytes
 from lace.datapath.delivery import DeliveryKind, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.node import LoadedDatapath, load_objects
-from lace.datapath.policy import policy_entry, policy_keys, selected_key
+from lace.datapath.policy import (EXACT_MAP, POLICY_MAPS, PolicyFlag, entry_kind, map_of, policy_entry,
+                                  policy_keys, selected_key)
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_key, segment_value
 
@@ -164,6 +170,10 @@ class Testbed:
         self.ifindex: dict[str, int] = {}
         self._backend_ids: dict[tuple[Backend, int], int] = {}
         self._maglev_tables: set[int] = set()
+        #: (segment, direction) -> its marker's (policy ID, flags) and the kinds of allow entries
+        #: written for it (PolicyFlag bits): a marker is rewritten when a new kind arrives
+        self._markers: dict[tuple[int, int], tuple[int, int]] = {}
+        self._kinds: dict[tuple[int, int], int] = {}
         self._made_netns = self._made_pin_root = False
         try:
             if netlink.netns_exists(self.netns):
@@ -289,6 +299,8 @@ class Testbed:
             self.maglev_table(table, [0] * svc.MAGLEV_SIZE)
         self._maglev_tables.clear()
         self._backend_ids.clear()
+        self._markers.clear()
+        self._kinds.clear()
         self._ring().consume()
         self.events.clear()
 
@@ -376,14 +388,36 @@ class Testbed:
         self.deliver(delivery_key(net, cidr), dlv.DELIVERY.pack(kind=DeliveryKind.HOST))
 
     def select(self, segment: int, direction: Direction, policy_id: int = 1, audit: bool = False) -> None:
-        from lace.datapath.policy import PolicyFlag
+        """Mark ``segment`` selected (default deny, or audit) in ``direction``."""
         flags = PolicyFlag.SELECTED | (PolicyFlag.AUDIT if audit else 0)
-        self.m("policy").update(selected_key(segment, direction), policy_entry(policy_id, 0, int(flags)))
+        self._markers[(segment, int(direction))] = (policy_id, int(flags))
+        self._write_marker(segment, int(direction))
 
     def allow(self, segment: int, peer: int, direction: Direction, proto: int | None = None,
               port: int | None = None, end_port: int | None = None, policy_id: int = 7, rule: int = 1) -> None:
+        """Allow entries for one rule (lace.datapath.policy.policy_keys), each in the map the agent
+        puts it in; the segment's marker learns their kinds."""
+        sd = (segment, int(direction))
+        kinds = self._kinds.get(sd, 0)
         for k in policy_keys(segment, peer, direction, proto, port, end_port):
-            self.m("policy").update(k, policy_entry(policy_id, rule))
+            self.m(map_of(k)).update(k, policy_entry(policy_id, rule))
+            kinds |= entry_kind(k)
+        if kinds != self._kinds.get(sd, 0):
+            self._kinds[sd] = kinds
+            if sd in self._markers:
+                self._write_marker(*sd)
+
+    def clear_policy(self) -> None:
+        """Remove every policy entry (both maps): no segment is selected any more."""
+        for name in POLICY_MAPS:
+            self.m(name).clear()
+        self._markers.clear()
+        self._kinds.clear()
+
+    def _write_marker(self, segment: int, direction: int) -> None:
+        policy_id, flags = self._markers[(segment, direction)]
+        self.m(EXACT_MAP).update(selected_key(segment, direction),
+                                 policy_entry(policy_id, 0, flags | self._kinds.get((segment, direction), 0)))
 
     def prefix_segment(self, net: int, cidr: str, segment: int) -> None:
         self.m("prefix-segment").update(prefix_segment_key(net, cidr), segment_value(segment))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lace.datapath.policy import EXACT_MAP, TRIE_MAP, policy_maps
+
 from .emulate import PolicyMaps, read_node_maps
 from .model import PolicyInputs
 from .program import assemble
@@ -36,15 +38,20 @@ class NodeDrift:
 
 
 def drift(res: Resolution, inputs: PolicyInputs, maps: PolicyMaps) -> NodeDrift:
+    """What node ``maps.node``'s maps hold against what the store implies: both policy maps entry
+    by entry (each in the map the agent writes it to), prefix-segment by count."""
     want, want_pfx, pr = assemble(res, inputs, maps.node)
     d = NodeDrift(maps.node, pressure=pr)
-    for k, v in want.items():
-        cur = maps.policy.get(k)
-        if cur is None:
-            d.missing.append(k)
-        elif cur[:8] != v[:8]:    # hits are the datapath's, never compared
-            d.differ.append(k)
-    d.extra = [k for k in maps.policy if k not in want]
+    split = policy_maps(want)
+    for name, have in ((TRIE_MAP, maps.policy), (EXACT_MAP, maps.policy_exact)):
+        wanted = split[name]
+        for k, v in wanted.items():
+            cur = have.get(k)
+            if cur is None:
+                d.missing.append(k)
+            elif cur[:8] != v[:8]:    # hits are the datapath's, never compared
+                d.differ.append(k)
+        d.extra += [k for k in have if k not in wanted]
     d.prefix_missing = sum(1 for k, v in want_pfx.items() if maps.prefix_segment.get(k) != v)
     d.prefix_extra = sum(1 for k in maps.prefix_segment if k not in want_pfx)
     return d

@@ -1,6 +1,8 @@
 """The datapath's policy decision replayed in Python over map contents (raw key -> value bytes),
 exactly as bpf/lib/segment.h, bpf/lib/routing.h and bpf/lib/policy.h look them up: LPM tries are
-matched bit for bit on the raw key, so the emulation cannot drift from the key layouts."""
+matched bit for bit on the raw key, hashes by the exact key, the policy hash probed only for the
+kinds of entries its marker names, so the emulation cannot drift from the key layouts or the
+lookup order."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from typing import Any
 
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_SELECTED, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction)
-from lace.datapath.policy import PolicyFlag, decode_policy_entry, decode_policy_key, lookup_key, selected_key
+from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, POLICY_KEY, POLICY_PREFIX_ANY_PROTO,
+                                  POLICY_PREFIX_PROTO, TRIE_MAP, PolicyFlag, decode_policy_entry, decode_policy_key,
+                                  lookup_key, policy_maps, selected_key)
 from lace.datapath.routing import decode_route, routing_key
 from lace.datapath.segment import (decode_prefix_segment_key, decode_segment_value, prefix_segment_key,
                                    segment_key)
@@ -53,7 +57,9 @@ class LpmTable:
 class PolicyMaps:
     """The entries of one node's maps that a policy decision reads (``policy trace``, the drift
     check), with the datapath's lookups over them; :func:`read_node_maps` fills it from the node's
-    pins through :class:`lace.datapath.node.PinnedMaps`."""
+    pins through :class:`lace.datapath.node.PinnedMaps`, :meth:`from_entries` from one dict of
+    policy entries as the resolver makes them. ``policy`` is the trie (port blocks),
+    ``policy_exact`` the hash (markers and every other entry)."""
 
     node: str
     policy: Entries
@@ -61,11 +67,20 @@ class PolicyMaps:
     prefix_segment: Entries
     routing: Entries = field(default_factory=dict)
     capacity: int | None = None
+    policy_exact: Entries = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._policy = LpmTable(self.policy)
         self._pfx = LpmTable(self.prefix_segment)
         self._routing = LpmTable(self.routing)
+
+    @classmethod
+    def from_entries(cls, node: str, policy: Entries, segment: Entries, prefix_segment: Entries,
+                     routing: Entries | None = None, capacity: int | None = None) -> PolicyMaps:
+        """The maps an agent writes for ``policy`` (one dict, keys as policy_keys makes them)."""
+        split = policy_maps(policy)
+        return cls(node, split[TRIE_MAP], segment, prefix_segment, dict(routing or {}), capacity,
+                   policy_exact=split[EXACT_MAP])
 
     # -- bpf/lib/routing.h -------------------------------------------------------------------------
     def route(self, src_network: int, ip: IPAddr) -> int | None:
@@ -85,11 +100,36 @@ class PolicyMaps:
             return SEGMENT_WORLD, "world (no prefix, routed outside)"
         return SEGMENT_UNKNOWN, "unknown (no endpoint or prefix)"
 
-    # -- bpf/lib/policy.h policy_check() -----------------------------------------------------------
+    # -- bpf/lib/policy.h policy_match() and policy_check() ----------------------------------------
+    def _match(self, has: int, subject: int, peer: int, direction: Direction, proto: int,
+               dport: int) -> tuple[bytes, bytes] | None:
+        """(key, value) of the entry policy_match() finds, probing the kinds ``has`` names."""
+        key = lookup_key(subject, peer, direction, proto, dport)
+        if has & PolicyFlag.PORTS and key in self.policy_exact:
+            return key, self.policy_exact[key]
+        if has & PolicyFlag.BLOCKS:
+            hit = self._policy.lookup(key)
+            if hit is not None:
+                return hit
+        if has & PolicyFlag.PROTOS:
+            key = POLICY_KEY.pack(prefixlen=POLICY_PREFIX_PROTO, segment=subject, peer=peer,
+                                  direction=int(direction), proto=proto)
+            if key in self.policy_exact:
+                return key, self.policy_exact[key]
+        if has & PolicyFlag.ANY_PROTO:
+            key = POLICY_KEY.pack(prefixlen=POLICY_PREFIX_ANY_PROTO, segment=subject, peer=peer,
+                                  direction=int(direction))
+            if key in self.policy_exact:
+                return key, self.policy_exact[key]
+        return None
+
     def check(self, subject: int, peer: int, direction: Direction, proto: int, dport: int) -> dict[str, Any]:
+        """One direction's decision as policy_check() makes it: ``verdict`` (allow, deny, audit),
+        ``selected`` and the ``marker``; for an allow by a rule its ``entry`` (key and value fields),
+        ``policy_id`` and ``rule``."""
         out: dict[str, Any] = {"node": self.node, "subject": subject, "peer": peer,
                                "direction": direction.label}
-        marker = self.policy.get(selected_key(subject, direction))
+        marker = self.policy_exact.get(selected_key(subject, direction))
         if marker is None:
             out.update(verdict="allow", selected=False)
             return out
@@ -97,15 +137,18 @@ class PolicyMaps:
         out.update(selected=True, marker=m, audit_mode="audit" in m["flags"])
         if proto in (1, 58):
             dport = 0
-        hit = self._policy.lookup(lookup_key(subject, peer, direction, proto, dport))
-        if hit is None:
-            hit = self._policy.lookup(lookup_key(subject, SEGMENT_ANY, direction, proto, dport))
-        if hit is not None:
+        has = _flags(marker)
+        hit = None
+        if peer != SEGMENT_SELECTED:
+            if peer != SEGMENT_ANY:
+                hit = self._match(has, subject, peer, direction, proto, dport)
+            if hit is None:
+                hit = self._match(has >> ANY_PEER_SHIFT, subject, SEGMENT_ANY, direction, proto, dport)
+        if hit is not None and not _flags(hit[1]) & PolicyFlag.SELECTED:
             e = decode_policy_entry(hit[1])
             k = decode_policy_key(hit[0])
-            if "selected" not in e["flags"] and k["peer"] != SEGMENT_SELECTED:
-                out.update(verdict="allow", entry={**k, **e}, policy_id=e["policy_id"], rule=e["rule"])
-                return out
+            out.update(verdict="allow", entry={**k, **e}, policy_id=e["policy_id"], rule=e["rule"])
+            return out
         out.update(verdict="audit" if int(PolicyFlag.AUDIT) & _flags(marker) else "deny",
                    policy_id=m["policy_id"], rule=None)
         return out
@@ -116,13 +159,13 @@ def _flags(raw: bytes) -> int:
 
 
 def read_node_maps(node: str, pin_root: str) -> PolicyMaps:
-    """Dump a node's pinned policy, segment, prefix-segment and routing maps.
+    """Dump a node's pinned policy (both maps), segment, prefix-segment and routing maps.
 
     Raises a :class:`lace.datapath.node.DatapathError` when the node's pins are missing."""
     from lace.datapath.node import PinnedMaps
 
     maps = PinnedMaps(pin_root, node)
-    with maps.open("policy") as policy:   # entries and capacity from one open
+    with maps.open(TRIE_MAP) as policy:   # entries and capacity from one open
         entries, capacity = dict(policy.entries()), policy.max_entries
     return PolicyMaps(node, entries, maps.entries("segment"), maps.entries("prefix-segment"),
-                      maps.entries("routing"), capacity=capacity)
+                      maps.entries("routing"), capacity=capacity, policy_exact=maps.entries(EXACT_MAP))

@@ -1,10 +1,13 @@
-"""The policy programmer: one node's ``policy`` and ``prefix-segment`` entries from PolicyInputs.
+"""The policy programmer: one node's policy (``policy`` and ``policy-exact``) and ``prefix-segment``
+entries from PolicyInputs.
 
 The agent owns one ``PolicyProgrammer`` and hands it to ``desired_maps``. It keeps a Resolver, whose
 per-policy cache survives reconciles (one policy change re-resolves one policy), and its last
 assembly (an unchanged world costs one fingerprint). Neither cache changes a result: the entries
 depend on the inputs and the map capacities only. ``pressure`` is the last assembly's map pressure,
-for the agent's status, metrics and log.
+for the agent's status, metrics and log. The resolver's entries are one dict; what each of the two
+policy maps holds of them is ``lace.datapath.policy.policy_maps``'s split, which the capacity
+counts as one budget (each map can take all of it).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import threading
 
 from lace.datapath import registry
+from lace.datapath.policy import policy_maps
 
 from .model import PolicyInputs
 from .resolve import Pressure, Resolution, Resolver
@@ -47,18 +51,28 @@ class PolicyProgrammer:
         #: the last assembly's pressure (None before the first)
         self.pressure: Pressure | None = None
         self._resolver = Resolver()
-        self._last: tuple[tuple, Entries, Entries] | None = None
+        self._last: tuple[tuple, Entries, Entries, dict[str, Entries]] | None = None
         self._lock = threading.Lock()
 
-    def entries(self, inputs: PolicyInputs) -> tuple[Entries, Entries]:
-        """(policy entries, prefix-segment entries) for this node; see lace.policy.resolve."""
+    def _assemble(self, inputs: PolicyInputs) -> tuple[tuple, Entries, Entries, dict[str, Entries]]:
         with self._lock:
             res = self._resolver.resolve(inputs)
             fingerprint = (res.version, frozenset(node_segments(inputs, self.node)),
                            tuple(sorted(inputs.network_ids)))
             if self._last is not None and self._last[0] == fingerprint:
-                return self._last[1], self._last[2]
+                return self._last
             entries, prefixes, self.pressure = assemble(res, inputs, self.node, self.capacity,
                                                         self.prefix_capacity)
-            self._last = (fingerprint, entries, prefixes)
-            return entries, prefixes
+            self._last = (fingerprint, entries, prefixes, policy_maps(entries))
+            return self._last
+
+    def entries(self, inputs: PolicyInputs) -> tuple[Entries, Entries]:
+        """(policy entries as one dict, prefix-segment entries) for this node; see lace.policy.resolve."""
+        _, entries, prefixes, _ = self._assemble(inputs)
+        return entries, prefixes
+
+    def map_entries(self, inputs: PolicyInputs) -> tuple[dict[str, Entries], Entries]:
+        """(each policy map's entries by CLI name, prefix-segment entries) for this node, as the
+        agent writes them."""
+        _, _, prefixes, maps = self._assemble(inputs)
+        return maps, prefixes

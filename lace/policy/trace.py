@@ -191,7 +191,7 @@ def trace(inputs: PolicyInputs, maps: dict[str, PolicyMaps], src_ref: str, dst_r
         if n not in desired_cache:
             want, pfx, _ = assemble(res, inputs, n)
             m = maps[n]
-            desired_cache[n] = PolicyMaps(n, want, m.segment, pfx, m.routing)
+            desired_cache[n] = PolicyMaps.from_entries(n, want, m.segment, pfx, m.routing)
         return desired_cache[n]
 
     eg_d, ing_d = walk(desired_maps)

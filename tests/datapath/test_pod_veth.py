@@ -387,14 +387,15 @@ def test_reply_allowed_while_reverse_new_flow_denied(dp, family):
 
 
 def test_policy_hits_counted(dp):
-    from lace.datapath.policy import POLICY_ENTRY, policy_keys
+    from lace.datapath.policy import POLICY_ENTRY, map_of, policy_keys
     a, b = dp.pods["a"], dp.pods["b"]
     dp.select(b.segment, ING)
     dp.allow(b.segment, a.segment, ING, proto=6, port=80)
     for sport in (1, 2, 3):
         dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=sport, dport=80, flags="S"))
     (key,) = policy_keys(b.segment, a.segment, ING, 6, 80)
-    assert POLICY_ENTRY.unpack(dp.m("policy").lookup(key))["hits"] == 3
+    assert map_of(key) == "policy-exact"
+    assert POLICY_ENTRY.unpack(dp.m("policy-exact").lookup(key))["hits"] == 3
 
 
 def test_ipblock_prefix_segment_rule(dp):
@@ -630,7 +631,7 @@ def test_expired_entry_is_a_new_flow(dp):
     dp.select(b.segment, ING)
     assert_dropped(dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6000, dport=53)), DropReason.POLICY_INGRESS)
     # and a reply does not revive it either
-    dp.m("policy").clear()
+    dp.clear_policy()
     dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6001, dport=53))
     fam, key = ct_key(NET1, a.ipv4, b.ipv4, 6001, 53, 17)
     e = CT_ENTRY.unpack(m.lookup(key))

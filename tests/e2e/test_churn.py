@@ -40,7 +40,7 @@ WAVE = 100
 LABELS = {"app": "churn"}
 #: maps whose entries a pod makes: every one must be back at its count before the churn
 POD_MAPS = ("devices", "routing", "delivery", "delivery-exact", "veth", "services", "backends", "policy",
-            "segment", "prefix-segment", "probes")
+            "policy-exact", "segment", "prefix-segment", "probes")
 #: RSS an agent may gain over the second half of the churn (its least-squares trend over the
 #: samples after waves 5 to 10: 500 cycles, ~170 pods on each node). The first waves grow the
 #: allocators' arenas to their working size: in runs here +8 MiB by the end of wave 1 and another

@@ -60,7 +60,7 @@ from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_HOST, SE
                                   Direction, Verdict)
 from lace.datapath.conntrack import CT_ENDPOINT, CT_ENDPOINT_FIELDS, CT_ENTRY, CtFlag, ct_endpoint_value
 from lace.datapath.endpoint import endpoint_value, veth_key
-from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
+from lace.datapath.policy import POLICY_MAPS, PolicyFlag, policy_entry, policy_keys, policy_maps, selected_key
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.registry import CT_TABLES
 from lace.datapath.routing import route_value, routing_key
@@ -615,7 +615,7 @@ class Harness:
             dp.host_device()
             self._reset = True
         else:
-            for name in (*STATE_TABLES, "policy", "prefix-segment"):
+            for name in (*STATE_TABLES, *POLICY_MAPS, "prefix-segment"):
                 dp.m(name).clear()
             for cidr in ("0.0.0.0/0", "::/0"):
                 dp.m("routing").delete(routing_key(NET1, cidr))
@@ -624,12 +624,18 @@ class Harness:
                 dp.m("routing").update(routing_key(NET1, cidr), route_value(NETWORK_OUTSIDE, masquerade=world.masquerade))
         for net, cidr, seg in world.prefixes:
             dp.m("prefix-segment").update(prefix_segment_key(net, cidr), segment_value(seg))
+        # one dict of entries (a later rule's key replaces an earlier one's), split into the two
+        # maps as the agent splits its resolver's entries
+        entries: dict[bytes, bytes] = {}
         for seg, direction, audit in world.selected:
             flags = PolicyFlag.SELECTED | (PolicyFlag.AUDIT if audit else 0)
-            dp.m("policy").update(selected_key(seg, direction), policy_entry(90, 0, int(flags)))
+            entries[selected_key(seg, direction)] = policy_entry(90, 0, int(flags))
         for n, r in enumerate(world.rules, start=1):
             for k in policy_keys(r.segment, r.peer, r.direction, r.proto, r.port, r.end_port):
-                dp.m("policy").update(k, policy_entry(91, n))
+                entries[k] = policy_entry(91, n)
+        for name, want in policy_maps(entries).items():
+            for k, v in want.items():
+                dp.m(name).update(k, v)
         # every pod's conntrack limit (as the agent writes it), and its counts when it starts at it
         for pod in dp.pods.values():
             if pod.name == "x":
@@ -673,7 +679,8 @@ class Harness:
         """The test bed's maps as ``lace policy trace`` reads a node's pins."""
         dp = self.dp
         return PolicyMaps("testbed", dict(dp.m("policy").entries()), dict(dp.m("segment").entries()),
-                          dict(dp.m("prefix-segment").entries()), dict(dp.m("routing").entries()))
+                          dict(dp.m("prefix-segment").entries()), dict(dp.m("routing").entries()),
+                          policy_exact=dict(dp.m("policy-exact").entries()))
 
     def ifindex(self, frame: Frame) -> int:
         if frame.program == "pod":

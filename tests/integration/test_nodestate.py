@@ -29,7 +29,8 @@ from lace.datapath.common import Direction, mac_bytes
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key
 from lace.datapath.devices import DeviceRole, device_key, device_value
 from lace.datapath.endpoint import endpoint_value, veth_key
-from lace.datapath.policy import PolicyFlag, policy_entry, policy_keys, selected_key
+from lace.datapath.node import PinnedMaps
+from lace.datapath.policy import POLICY_ENTRY, PolicyFlag, policy_entry, policy_keys, policy_maps, selected_key
 from lace.datapath.routing import route_value, routing_key
 from lace.datapath.segment import prefix_segment_key, segment_key, segment_value
 from lace.store import SqliteStore
@@ -63,11 +64,16 @@ def fill(maps: dict[str, Any]) -> None:
     m("backends").update(S.backend_key(100), S.backend_value("10.244.1.10", 5353, 17, 1))
     m("revnat").update(S.revnat_key(1, "10.244.1.10", 5353, 17),
                        S.revnat_value([(1, "10.96.0.10", 53), (7, "10.96.0.10", 53)]))
-    m("policy").update(selected_key(256, Direction.INGRESS), policy_entry(3, 0, PolicyFlag.SELECTED))
+    pol = {selected_key(256, Direction.INGRESS): policy_entry(3, 0, PolicyFlag.SELECTED)}
     for k in policy_keys(256, 257, Direction.INGRESS, 6, 8080):
-        m("policy").update(k, policy_entry(3, 1))
+        pol[k] = policy_entry(3, 1)
     for k in policy_keys(256, 0, Direction.EGRESS, 17, 53):
-        m("policy").update(k, policy_entry(3, 2))
+        pol[k] = policy_entry(3, 2)
+    for k in policy_keys(256, 257, Direction.INGRESS, 6, 9000, 9007):   # one port block: the trie
+        pol[k] = policy_entry(3, 3)
+    for name, entries in policy_maps(pol).items():   # split as the agent writes them
+        for k, v in entries.items():
+            m(name).update(k, v)
     m("segment").update(segment_key(1, "10.244.1.10"), segment_value(256, local=True))
     m("segment").update(segment_key(1, "10.244.2.20"), segment_value(812))
     m("prefix-segment").update(prefix_segment_key(1, "203.0.113.0/24"), segment_value(2))
@@ -141,6 +147,37 @@ def test_every_map_shows(node_env: dict[str, str], name: str) -> None:
     assert doc["map"] == name and doc["count"] >= 1 and doc["numeric"] is True
 
 
+def test_policy_lists_both_policy_maps_with_hits(node_env: dict[str, str]) -> None:
+    """``node bpf show policy`` is every rule wherever the agent put it: the marker and exact ports in
+    policy-exact, the port block in the trie, each entry naming its map, with its hit count."""
+    rc, out, err = node(node_env, "bpf", "show", "policy", "-o", "json", "-n")
+    assert rc == 0, err
+    doc = json.loads(out)
+    where = {(e["direction"], e["proto"], e["port"], e["end_port"], e["selected"]): e["map"] for e in doc["entries"]}
+    assert where == {("ingress", None, None, None, True): "policy-exact",
+                     ("ingress", "tcp", 8080, 8080, False): "policy-exact",
+                     ("egress", "udp", 53, 53, False): "policy-exact",
+                     ("ingress", "tcp", 9000, 9007, False): "policy"}
+    assert all(e["hits"] == 0 for e in doc["entries"])
+    # the datapath's counts, in either map, are what the listing shows
+    pins = PinnedMaps(node_env["LACE_PIN_ROOT"])
+    counted = {("policy-exact", 8080): 3, ("policy", 9000): 5}
+    for (name, port), hits in counted.items():
+        (key,) = policy_keys(256, 257, Direction.INGRESS, 6, port, port + 7 if port == 9000 else None)
+        with pins.open(name) as m:
+            m.update(key, POLICY_ENTRY.pack(policy_id=3, rule=1, flags=0, hits=hits))
+    rc, out, err = node(node_env, "bpf", "show", "policy", "-o", "json", "-n")
+    got = {(e["map"], e["port"]): e["hits"] for e in json.loads(out)["entries"] if e["hits"]}
+    assert got == counted
+    rc, out, err = node(node_env, "-n", "bpf", "show", "policy", "--ingress")
+    rows = {line.split()[4]: line.split()[-1] for line in out.splitlines() if "tcp" in line}
+    assert rows == {"8080": "3", "9000-9007": "5"}, out
+    marker = next(e for e in doc["entries"] if e["selected"])
+    assert marker["flags"] == ["selected", "ports", "blocks"]   # what a check of segment 256 probes
+    assert doc["maps"]["policy"]["entries"] == 1 and doc["maps"]["policy-exact"]["entries"] == 3
+    assert doc["count"] == doc["entries_in_map"] == 4 and doc["capacity"] == 65536
+
+
 def test_probe_maps(node_env: dict[str, str]) -> None:
     """Probe targets show where each leads; a marker row denies the address's other ports; an
     in-flight cookie shows the destination asked for and what it resolved to."""
@@ -164,6 +201,7 @@ def test_names_and_unresolved(node_env: dict[str, str]) -> None:
     assert rc == 0 and "segment 812 (unresolved)" in out and "default" in out
     rc, out, _ = node(node_env, "bpf", "show", "policy")
     assert "selected (default deny)" in out and "any" in out
+    assert "9000-9007" in out and "8080" in out   # both maps: the trie's port block, the hash's port
     rc, out, _ = node(node_env, "bpf", "show", "policy", "--egress")
     assert "ingress" not in out.split("\n", 1)[1].split("policy (egress)")[0]
     rc, out, _ = node(node_env, "bpf", "show", "services", "--endpoints", "-n")
@@ -195,7 +233,7 @@ def test_delivery_exact(node_env: dict[str, str]) -> None:
 
 def test_limit(node_env: dict[str, str]) -> None:
     rc, out, _ = node(node_env, "-n", "bpf", "show", "policy", "--limit", "1")
-    assert rc == 0 and "showing 1 of 3 entries" in out
+    assert rc == 0 and "showing 1 of 4 entries" in out
     rc, out, _ = node(node_env, "ct", "list", "all", "-n", "--limit", "2", "-o", "json")
     doc = json.loads(out)
     assert doc["shown"] == 2 and len(doc["entries"]) == 2 and doc["truncated"] is True

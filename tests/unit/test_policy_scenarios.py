@@ -272,7 +272,7 @@ def node_maps(inputs: PolicyInputs, resolver: Resolver) -> dict[str, PolicyMaps]
         assert not pr.dropped
         seg = {segment_key(p.network_id, ip): segment_value(p.segment, local=p.node == node)
                for p in inputs.pods for ip in p.ips}
-        out[node] = PolicyMaps(node, entries, seg, prefixes, routing)
+        out[node] = PolicyMaps.from_entries(node, entries, seg, prefixes, routing)   # split as the agent writes
     return out
 
 

@@ -2,6 +2,8 @@
 
 Each map has a small view function turning decoded entries into table rows and JSON entries; the
 dump itself is the loader's (batch where the kernel supports it, iteration for LPM tries).
+``policy`` lists both policy maps, the trie of port blocks and ``policy-exact``, as one: every
+marker and allow rule with its hit count, wherever the agent put it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
-from lace.datapath.policy import HOST_RULE
+from lace.datapath.policy import HOST_RULE, POLICY_MAPS
 from lace.datapath.probes import ProbeFlag
 from lace.datapath.registry import MapDef
 
@@ -89,6 +91,21 @@ def dump_entries(node_env: NodeEnv, mdef: MapDef) -> tuple[list[Entry], int]:
         pairs = list(m.entries())
         cap = m.max_entries
     return [Entry(mdef.key_dict(rk), mdef.value_dict(rv, rk), rk, rv) for rk, rv in pairs], cap
+
+
+def dump_policy(node_env: NodeEnv) -> tuple[list[Entry], int, dict[str, dict[str, Any]]]:
+    """Both policy maps' entries as one list, each tagged with its map (``key["map"]``), the
+    capacity of the one budget the agent splits over them (either map can take all of it), and
+    per map its pin, entries and capacity."""
+    entries: list[Entry] = []
+    maps: dict[str, dict[str, Any]] = {}
+    for name in POLICY_MAPS:
+        got, cap = dump_entries(node_env, registry.get(name))
+        for e in got:
+            e.key["map"] = name
+        entries += got
+        maps[name] = {"pin": node_env.map_path(name), "entries": len(got), "capacity": cap}
+    return entries, min(m["capacity"] for m in maps.values()), maps
 
 
 def _net(res: NumericResolver, net_id: int) -> str:
@@ -280,6 +297,8 @@ def view_revnat(entries: list[Entry], res: NumericResolver, names: Names, args: 
 
 
 def view_policy(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    """Markers and allow entries of both policy maps, by segment and direction, the marker first:
+    where an entry lives (``map`` in JSON) follows from its ports, so the table does not repeat it."""
     v = View(["SEGMENT", "DIRECTION", "PEER", "PROTO", "PORTS", "POLICY", "RULE", "HITS"])
     want = "egress" if args.egress else "ingress" if args.ingress else None
 
@@ -418,7 +437,11 @@ def run_show(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
 def _show(args: argparse.Namespace, inv: Invocation, name: str) -> None:
     node_env = NodeEnv.from_env(inv.env)
     mdef = registry.get(name)
-    entries, cap = dump_entries(node_env, mdef)
+    policy_maps: dict[str, dict[str, Any]] | None = None
+    if name == "policy":
+        entries, cap, policy_maps = dump_policy(node_env)
+    else:
+        entries, cap = dump_entries(node_env, mdef)
     res = for_node(args.numeric, node_env.require_store)
     names = Names(res)
     if name == "services":
@@ -442,6 +465,8 @@ def _show(args: argparse.Namespace, inv: Invocation, name: str) -> None:
             "pin": node_env.map_path(name), "capacity": cap, "count": total, "entries_in_map": len(entries),
             "shown": len(shown_docs), "truncated": len(shown_docs) < total, "numeric": bool(args.numeric),
             "entries": shown_docs})
+        if policy_maps is not None:
+            doc["maps"] = policy_maps
         render.write_json(inv.stdout, doc)
         return
     con = inv.console()

@@ -35,9 +35,11 @@ if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command r
 
 #: the maps the agent owns and the audit compares (lace.agent.desired.OWNED_MAPS), in its order
 AUDITED = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
-           "policy", "backends", "maglev", "revnat", "services", "probes")
+           "policy", "policy-exact", "backends", "maglev", "revnat", "services", "probes")
 #: written by the datapath itself: no desired state to compare with
 NOT_AUDITED_TEXT = "conntrack (ct-*), affinity, events, metrics, probe-cookie and sock-revnat"
+#: the two maps policy entries are split into (lace.datapath.policy.POLICY_MAPS), shown alike
+POLICY_MAPS = ("policy", "policy-exact")
 KINDS = ("missing", "stale", "different")
 AGENT_TIMEOUT = 60.0
 
@@ -158,7 +160,7 @@ class Namer:
             return f'{self.net(k["network"])} {k["prefix"]}' + self.pod_at(k["network"], k["prefix"])
         if name == "segment":
             return f'{self.net(k["network"])} {k["addr"]}' + self.pod_at(k["network"], k["addr"])
-        if name == "policy":
+        if name in POLICY_MAPS:
             head = f'segment {self.seg(k["segment"])} {k["direction"]}'
             if k.get("selected"):
                 return head + " (selected marker)"
@@ -209,7 +211,7 @@ class Namer:
                     f'mac {v["mac"]} {addrs}').rstrip()
         if name in ("segment", "prefix-segment"):
             return f'segment {self.seg(v["segment"])}' + (" local" if v.get("local") else "")
-        if name == "policy":
+        if name in POLICY_MAPS:
             pol = self.res.policy(v["policy_id"]) if v["policy_id"] else "-"
             return f'allow by {pol} rule {v["rule"]}' + (f' {",".join(v["flags"])}' if v.get("flags") else "")
         if name == "services":
