@@ -13,6 +13,8 @@ from its conntrack entries, written here as the host device writes them."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 
 import pytest
@@ -30,6 +32,9 @@ from lace.datapath.trace import NatKind
 
 from .test_host import HOST, assert_dropped, assert_into_pod, ct_entry, host  # noqa: F401 (fixture)
 from .test_services import checksums_valid
+
+#: getsockopt(SOL_SOCKET, SO_COOKIE): the socket's cookie (asm-generic/socket.h)
+SO_COOKIE = 57
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROBE = {4: "10.1.1.200", 6: "fd10:1::c8"}     # pod c's probe address, in node 1's block of network 1
@@ -100,14 +105,22 @@ def test_syn_without_the_kubelets_cookie_is_denied_and_leaves_no_entry(dp, host,
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_recorded_cookie_of_another_socket_does_not_help(dp, host, family):
-    """The cookie entry must be the sending socket's own: entries for every other socket leave a
-    packet without its socket's entry refused."""
+    """The cookie entry must be the sending socket's own: entries for other sockets leave a packet
+    without its socket's entry refused. The other sockets are real ones, held open meanwhile, so no
+    cookie of theirs can be the one the test run's socket gets (cookies are handed out from a
+    counter that a freshly booted machine has barely moved: fixed small numbers could be it)."""
     program_probe(dp, family)
     entry = PROBE_COOKIE.pack(orig_addr=addr16(PROBE[family])[1], orig_port=PROBE_PORT, family=family, proto=6,
                               network=NET2, created_ns=0)
-    for cookie in range(1, 65):
-        dp.m("probe-cookie").update(probe_cookie_key(cookie), entry)
-    res = host.send(host.packet(PROBE[family], family) / TCP(sport=41001, dport=PROBE_PORT, flags="S"))
+    others = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(64)]
+    try:
+        for sock in others:
+            cookie = struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
+            dp.m("probe-cookie").update(probe_cookie_key(cookie), entry)
+        res = host.send(host.packet(PROBE[family], family) / TCP(sport=41001, dport=PROBE_PORT, flags="S"))
+    finally:
+        for sock in others:
+            sock.close()
     assert_dropped(res, DropReason.PROBE_DENIED)
     assert ct_tables_empty(dp)
 
