@@ -67,6 +67,8 @@ class Records(Protocol):
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]: ...
 
+    def list_prefix(self, kind: str, prefix: str, namespace: str = "") -> list[dict]: ...
+
     def create(self, obj: Mapping[str, Any]) -> dict: ...
 
     def delete(self, obj: dict) -> dict: ...
@@ -218,10 +220,25 @@ def _node_blocks(w: Records, network: str, node: str, version: int) -> list[IPNe
     return sorted(out, key=lambda c: int(c.network_address))
 
 
+def _block_leases(w: Records, network: str, block: IPNet) -> list[dict]:
+    """The IPLease objects of ``block``'s addresses in ``network``: a name-prefix read (a lease is
+    named after its address), not a list of every lease."""
+    return [o for o in w.list_prefix("IPLease", K.lease_prefix(network, str(block)))
+            if o["spec"]["network"] == network and ipaddress.ip_address(o["spec"]["ip"]) in block]
+
+
 def leases_for(w: Records, node: str, container_id: str) -> list[dict]:
-    """The IPLease objects a container holds on ``node``."""
-    return [o for o in w.list("IPLease")
-            if o["spec"].get("containerID") == container_id and o["spec"]["node"] == node]
+    """The IPLease objects a container holds on ``node``, found in the node's blocks (IPBlocks
+    are few, one or a few per node and network; the leases of other nodes are not read)."""
+    found: dict[str, dict] = {}
+    for o in w.list("IPBlock"):
+        s = o["spec"]
+        if s["node"] != node:
+            continue
+        for lease in _block_leases(w, s["network"], ipaddress.ip_network(s["cidr"])):
+            if lease["spec"].get("containerID") == container_id and lease["spec"]["node"] == node:
+                found[lease["metadata"]["name"]] = lease
+    return [found[name] for name in sorted(found)]
 
 
 def lease_of(obj: dict) -> Lease:
@@ -237,13 +254,21 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
     carries ``annotations`` from the start."""
     version = cidrs[0].version
     plen = block_prefixlen(cidrs[0])
-    used = {ipaddress.ip_address(o["spec"]["ip"]) for o in w.list("IPLease")
-            if o["spec"]["network"] == network}
+    # what is taken is read per block of this node, as the allocation reaches it: the leases of
+    # other nodes' blocks can never hold an address of ours, so they are not read at all
+    used: dict[IPNet, set[IPAddr]] = {}
+
+    def used_in(blk: IPNet) -> set[IPAddr]:
+        if blk not in used:
+            used[blk] = {ipaddress.ip_address(o["spec"]["ip"]) for o in _block_leases(w, network, blk)}
+        return used[blk]
+
     for _attempt in range(64):   # a block too small to hold a pod address sends us round again
         blocks = _node_blocks(w, network, node, version)
         for blk in blocks:
+            taken = used_in(blk)
             for ip in _usable(blk):
-                if ip in used:
+                if ip in taken:
                     continue
                 name = K.lease_name(network, str(ip))
                 try:
@@ -256,14 +281,14 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                                  "ip": str(ip), "pod": pod, "containerID": container_id,
                                  "ifname": ifname}})
                 except AlreadyExists:
-                    used.add(ip)      # a lease written by hand holds this address's name
+                    taken.add(ip)      # a lease written by hand holds this address's name
                     continue
                 return Lease(network, ip, K.block_name(network, str(blk)), name)
         try:
             allocate_block(w, network, node, version, plen, additional=bool(blocks))
         except Exhausted as e:
             total = sum(sum(1 for _ in _usable(b)) for b in blocks)
-            inuse = sum(1 for b in blocks for ip in used if ip in b)
+            inuse = sum(len(used_in(b)) for b in blocks)
             raise IpamExhausted(
                 f'network "{network}" has no free IPv{version} address for node "{node}": '
                 f"{inuse} of {total} addresses in use in its blocks "

@@ -21,6 +21,17 @@ from lace.store.api import Heartbeat, Liveness, Watch
 T = TypeVar("T")
 
 
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string above every string starting with ``prefix`` (None: no bound, for
+    ``""``): the exclusive end of a key range holding exactly the keys with that prefix."""
+    while prefix:
+        last = ord(prefix[-1])
+        if last < 0x10FFFF:
+            return prefix[:-1] + chr(last + 1)
+        prefix = prefix[:-1]
+    return None
+
+
 class Transaction(abc.ABC):
     """Reads and writes that commit together, in revision order, or not at all.
 
@@ -35,6 +46,18 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         """Objects of one kind, in one namespace or (None) all, sorted by namespace and name."""
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        """Objects of one kind in one namespace (``""`` for a cluster-scoped kind) whose name
+        starts with ``prefix``, sorted by name.
+
+        Allocation records are named after what they hold (an IPLease after its address), so the
+        records of one address block share a prefix and this reads them without the rest of the
+        kind. This default lists the namespace and filters; a backend with ordered keys reads just
+        the range.
+        """
+        return [o for o in self.list(kind, namespace)
+                if o["metadata"].get("namespace", "") == namespace and o["metadata"]["name"].startswith(prefix)]
 
     @abc.abstractmethod
     def create(self, obj: dict) -> dict:

@@ -4,7 +4,9 @@
 ``<prefix>/registry/<Kind>/<namespace>/<name>`` (``<prefix>/registry/<Kind>/<name>`` for a
 cluster-scoped kind), its value the object's JSON *without* ``metadata.resourceVersion``; a named
 counter is ``<prefix>/counters/<name>`` (a decimal); ``<prefix>/txn-guard`` serializes writers
-(below). Several stores can share one etcd under different prefixes (the tests do).
+(below). Several stores can share one etcd under different prefixes (the tests do). Keys are
+ordered, so the objects of a kind whose names share a prefix are one key range: ``list_prefix``
+reads the leases of one address block (an IPLease is named after its address) and no others.
 
 **Revisions** are etcd's: an object's ``resourceVersion`` is its key's ``mod_revision``, set on
 every read rather than stored (as the apiserver does), and the cluster revision is etcd's header
@@ -281,15 +283,28 @@ class _EtcdTransaction(Transaction):
         return None if found is None else _decode(*found)
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
-        prefix = self._backend._kind_prefix(kind, namespace)
+        return self._list_range(self._backend._kind_prefix(kind, namespace))
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        # a key range: <prefix>/registry/<Kind>/[<namespace>/]<name prefix>
+        objs = self._list_range(self._backend._kind_prefix(kind, namespace) + prefix)
+        if not namespace:   # a namespaced kind's keys have a namespace where a name would be
+            objs = [o for o in objs if not o["metadata"].get("namespace")]
+        return objs
+
+    def _list_range(self, prefix: str) -> list[dict]:
         if prefix not in self._lists:
-            kvs = self._range(prefix, _range_end(prefix))
-            keys = []
-            for kv in kvs:
-                key = _unb64(kv["key"]).decode()
-                self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
-                keys.append(key)
-            self._lists[prefix] = keys
+            outer = next((p for p in self._lists if prefix.startswith(p)), None)
+            if outer is not None:      # inside a range listed already: no request
+                self._lists[prefix] = [k for k in self._lists[outer] if k.startswith(prefix)]
+            else:
+                kvs = self._range(prefix, _range_end(prefix))
+                keys = []
+                for kv in kvs:
+                    key = _unb64(kv["key"]).decode()
+                    self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
+                    keys.append(key)
+                self._lists[prefix] = keys
         keys = set(self._lists[prefix]) | {k for k in self.writes if k.startswith(prefix)}
         objs = [_decode(*found) for key in keys if (found := self._load(key)) is not None]
         objs.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))

@@ -131,10 +131,21 @@ class KubernetesTransaction(Transaction):
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         self.backend.ensure_synced(kind)
         self._snapshot()
-        objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-                for o in self.backend.cache.list(kind, namespace)}
+        return self._with_overlay(kind, namespace, "", self.backend.cache.list(kind, namespace))
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        # the cache filters names before copying: the apiserver itself has no name-prefix query
+        # (a field selector on metadata.name matches whole names only)
+        self.backend.ensure_synced(kind)
+        self._snapshot()
+        return self._with_overlay(kind, namespace, prefix,
+                                  self.backend.cache.list_prefix(kind, namespace, prefix))
+
+    def _with_overlay(self, kind: str, namespace: str | None, prefix: str, cached: list[dict]) -> list[dict]:
+        """``cached`` with this transaction's own writes of that kind, namespace and prefix."""
+        objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in cached}
         for (k, ns, name), obj in self.overlay.items():
-            if k != kind or (namespace is not None and ns != namespace):
+            if k != kind or (namespace is not None and ns != namespace) or not name.startswith(prefix):
                 continue
             if obj is None:
                 objs.pop((ns, name), None)
