@@ -220,22 +220,47 @@ def _node_blocks(w: Records, network: str, node: str, version: int) -> list[IPNe
     return sorted(out, key=lambda c: int(c.network_address))
 
 
-def _block_leases(w: Records, network: str, block: IPNet) -> list[dict]:
-    """The IPLease objects of ``block``'s addresses in ``network``: a name-prefix read (a lease is
-    named after its address), not a list of every lease."""
-    return [o for o in w.list_prefix("IPLease", K.lease_prefix(network, str(block)))
-            if o["spec"]["network"] == network and ipaddress.ip_address(o["spec"]["ip"]) in block]
+class BlockLeases:
+    """The leases of address blocks as one transaction reads them: each block's leases are one
+    name-prefix range (a lease is named after its address), read once and shared by
+    ``leases_for`` and ``allocate_lease``; no list of every lease."""
+
+    def __init__(self, w: Records) -> None:
+        self.w = w
+        self._held: dict[tuple[str, IPNet], list[tuple[IPAddr, dict]]] = {}
+        self._used: dict[tuple[str, IPNet], set[IPAddr]] = {}
+
+    def held(self, network: str, block: IPNet) -> list[tuple[IPAddr, dict]]:
+        """(address, IPLease) of ``block``'s addresses in ``network``, by name."""
+        key = (network, block)
+        if key not in self._held:
+            out = []
+            for o in self.w.list_prefix("IPLease", K.lease_prefix(network, str(block))):
+                if o["spec"]["network"] == network:   # another network's name may share the prefix
+                    ip = ipaddress.ip_address(o["spec"]["ip"])
+                    if ip in block:                     # a prefix wider than the block: filter
+                        out.append((ip, o))
+            self._held[key] = out
+        return self._held[key]
+
+    def used(self, network: str, block: IPNet) -> set[IPAddr]:
+        """The addresses of ``block`` taken in ``network``, with those leased through this reader."""
+        key = (network, block)
+        if key not in self._used:
+            self._used[key] = {ip for ip, _ in self.held(network, block)}
+        return self._used[key]
 
 
-def leases_for(w: Records, node: str, container_id: str) -> list[dict]:
+def leases_for(w: Records, node: str, container_id: str, seen: BlockLeases | None = None) -> list[dict]:
     """The IPLease objects a container holds on ``node``, found in the node's blocks (IPBlocks
     are few, one or a few per node and network; the leases of other nodes are not read)."""
+    seen = seen or BlockLeases(w)
     found: dict[str, dict] = {}
     for o in w.list("IPBlock"):
         s = o["spec"]
         if s["node"] != node:
             continue
-        for lease in _block_leases(w, s["network"], ipaddress.ip_network(s["cidr"])):
+        for _, lease in seen.held(s["network"], ipaddress.ip_network(s["cidr"])):
             if lease["spec"].get("containerID") == container_id and lease["spec"]["node"] == node:
                 found[lease["metadata"]["name"]] = lease
     return [found[name] for name in sorted(found)]
@@ -248,7 +273,8 @@ def lease_of(obj: dict) -> Lease:
 
 
 def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
-                   container_id: str, ifname: str, annotations: Mapping[str, str] | None = None) -> Lease:
+                   container_id: str, ifname: str, annotations: Mapping[str, str] | None = None,
+                   seen: BlockLeases | None = None) -> Lease:
     """One address for a container on ``node`` from the network's ``cidrs`` of one family: the
     lowest free one in the node's blocks, taking another block when they are full. The lease
     carries ``annotations`` from the start."""
@@ -256,17 +282,11 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
     plen = block_prefixlen(cidrs[0])
     # what is taken is read per block of this node, as the allocation reaches it: the leases of
     # other nodes' blocks can never hold an address of ours, so they are not read at all
-    used: dict[IPNet, set[IPAddr]] = {}
-
-    def used_in(blk: IPNet) -> set[IPAddr]:
-        if blk not in used:
-            used[blk] = {ipaddress.ip_address(o["spec"]["ip"]) for o in _block_leases(w, network, blk)}
-        return used[blk]
-
+    seen = seen or BlockLeases(w)
     for _attempt in range(64):   # a block too small to hold a pod address sends us round again
         blocks = _node_blocks(w, network, node, version)
         for blk in blocks:
-            taken = used_in(blk)
+            taken = seen.used(network, blk)
             for ip in _usable(blk):
                 if ip in taken:
                     continue
@@ -283,12 +303,13 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                 except AlreadyExists:
                     taken.add(ip)      # a lease written by hand holds this address's name
                     continue
+                taken.add(ip)
                 return Lease(network, ip, K.block_name(network, str(blk)), name)
         try:
             allocate_block(w, network, node, version, plen, additional=bool(blocks))
         except Exhausted as e:
             total = sum(sum(1 for _ in _usable(b)) for b in blocks)
-            inuse = sum(len(used_in(b)) for b in blocks)
+            inuse = sum(len(seen.used(network, b)) for b in blocks)
             raise IpamExhausted(
                 f'network "{network}" has no free IPv{version} address for node "{node}": '
                 f"{inuse} of {total} addresses in use in its blocks "

@@ -380,7 +380,8 @@ class RegistryStore(Store):
         # (and one wake-up of every watcher) per pod; both read the same blocks' leases once
         def body(txn: Transaction) -> list[Lease]:
             w = Writer(txn)
-            existing = allocate.leases_for(w, node, container_id)
+            seen = allocate.BlockLeases(w)
+            existing = allocate.leases_for(w, node, container_id, seen)
             if existing:
                 for o in existing:   # a retried ADD of a container whose leases lack what it asks for now
                     ann = o["metadata"].get("annotations") or {}
@@ -390,7 +391,7 @@ class RegistryStore(Store):
                         w.update(o, rules.validate(txn, changed))
                 return [allocate.lease_of(o) for o in existing]
             return [allocate.allocate_lease(w, network, [c for c in cidrs if c.version == version], node, pod,
-                                            container_id, ifname, annotations)
+                                            container_id, ifname, annotations, seen)
                     for version in sorted({c.version for c in cidrs})]
 
         return self.backend.run(body)
