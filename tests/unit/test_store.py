@@ -432,6 +432,43 @@ def test_leases_come_from_the_node_s_own_blocks_reading_no_other_lease(store, mo
     assert not [o for o in store.list("ipblocks").items if o["spec"]["network"] == "small"]
 
 
+def test_concurrent_allocations_and_releases_never_give_one_address_to_two_containers(store_factory):
+    """Clients allocating and releasing at once, two per node (the same blocks) and on two nodes:
+    every address a caller was given is its container's alone, as the store records it."""
+    stores = [store_factory() for _ in range(4)]
+    cidrs = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
+    given: dict[str, set[str]] = {}
+    released: set[str] = set()
+    errors: list[BaseException] = []
+
+    def work(i, s):
+        node = f"node-{i % 2}"
+        try:
+            for j in range(8):
+                cid = f"c{i}-{j}"
+                given[cid] = {str(lease.ip) for lease in
+                              s.allocate_leases("default", node, cidrs, f"default/p{i}-{j}", cid, "eth0")}
+                if j % 3 == 1:
+                    s.release_leases(node, cid)
+                    released.add(cid)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    held = {(o["spec"]["ip"]): o["spec"]["containerID"] for o in stores[0].list("ipleases").items}
+    kept = {cid: ips for cid, ips in given.items() if cid not in released}
+    assert all(len(ips) == 2 for ips in kept.values())
+    for cid, ips in kept.items():
+        for ip in ips:
+            assert held.get(ip) == cid, f"{ip} was given to {cid} but the store says {held.get(ip)}"
+    assert len(held) == 2 * len(kept)
+
+
 WRITER = textwrap.dedent("""
     import sys
     from lace.store import open_store
