@@ -6,6 +6,12 @@ that records its choice through a ``Records`` handle (the registry passes its ``
 kinds' rules check the record), and the choice and its record commit together. IDs come from the
 backend's named counters and are never reused.
 
+Pod addresses (``allocate_lease``) come from the node's own IPBlocks, the lowest free one first.
+An IPLease is named after its network and address (``kinds.lease_name``), so the leases of one
+block share a name prefix (``kinds.lease_prefix``) and are one range of the backend's keys: an
+allocation reads the leases of its node's blocks (``BlockLeases``), and a retried ADD finds the
+container's leases there too (``leases_for``), never reading every lease of the cluster.
+
 Services (``allocate_service``, run with the Service's own write) follow Kubernetes:
 
 - **Cluster IPs** come from the ranges of the Service's network (annotation ``lace.dev/network``,
