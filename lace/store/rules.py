@@ -173,7 +173,7 @@ def _guard_block(txn: Transaction, block: dict) -> None:
 
 def guard_delete(txn: Transaction, obj: dict) -> None:
     """Refuse deleting what must exist or is still used: the default Network and the always-present
-    Namespaces, a Network with pods, services or routes pointing at it."""
+    Namespaces, a Network with pods, services or routes pointing at it, an IPBlock holding leases."""
     name = obj["metadata"]["name"]
     if obj["kind"] == "Namespace" and name in K.ALWAYS_NAMESPACES:
         raise Forbidden(f'Namespace "{name}" cannot be deleted: it always exists')
