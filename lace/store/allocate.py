@@ -75,6 +75,8 @@ class Records(Protocol):
 
     def list_prefix(self, kind: str, prefix: str, namespace: str = "") -> list[dict]: ...
 
+    def prefetch(self, keys: list[tuple[str, str, str]], prefixes: list[tuple[str, str, str]] | None = None) -> None: ...
+
     def create(self, obj: Mapping[str, Any]) -> dict: ...
 
     def delete(self, obj: dict) -> dict: ...
@@ -236,6 +238,13 @@ class BlockLeases:
         self._held: dict[tuple[str, IPNet], list[tuple[IPAddr, dict]]] = {}
         self._used: dict[tuple[str, IPNet], set[IPAddr]] = {}
 
+    def read_ahead(self, blocks: Sequence[tuple[str, IPNet]]) -> None:
+        """Hint that the leases of these (network, block) are about to be read, with the
+        Networks a new lease's validation reads: on etcd, one request instead of one each."""
+        self.w.prefetch(sorted({("Network", "", network) for network, _ in blocks}),
+                        [("IPLease", "", K.lease_prefix(network, str(block))) for network, block in blocks
+                         if (network, block) not in self._held])
+
     def held(self, network: str, block: IPNet) -> list[tuple[IPAddr, dict]]:
         """(address, IPLease) of ``block``'s addresses in ``network``, by name."""
         key = (network, block)
@@ -261,12 +270,12 @@ def leases_for(w: Records, node: str, container_id: str, seen: BlockLeases | Non
     """The IPLease objects a container holds on ``node``, found in the node's blocks (IPBlocks
     are few, one or a few per node and network; the leases of other nodes are not read)."""
     seen = seen or BlockLeases(w)
+    blocks = [(o["spec"]["network"], ipaddress.ip_network(o["spec"]["cidr"])) for o in w.list("IPBlock")
+              if o["spec"]["node"] == node]
+    seen.read_ahead(blocks)
     found: dict[str, dict] = {}
-    for o in w.list("IPBlock"):
-        s = o["spec"]
-        if s["node"] != node:
-            continue
-        for _, lease in seen.held(s["network"], ipaddress.ip_network(s["cidr"])):
+    for network, block in blocks:
+        for _, lease in seen.held(network, block):
             if lease["spec"].get("containerID") == container_id and lease["spec"]["node"] == node:
                 found[lease["metadata"]["name"]] = lease
     return [found[name] for name in sorted(found)]

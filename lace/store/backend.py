@@ -78,9 +78,11 @@ class Transaction(abc.ABC):
     def revision(self) -> int:
         """The cluster revision as this transaction sees it."""
 
-    def prefetch(self, keys: list[tuple[str, str, str]]) -> None:
-        """A hint: these objects (kind, namespace, name) are about to be read. A backend whose
-        every read is a round trip (etcd) reads them all in one; this default does nothing."""
+    def prefetch(self, keys: list[tuple[str, str, str]],
+                 prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """A hint: these objects (kind, namespace, name) and these name prefixes (kind, namespace,
+        prefix: ``list_prefix``) are about to be read. A backend whose every read is a round trip
+        (etcd) reads them all in one; this default does nothing."""
 
     @abc.abstractmethod
     def next_value(self, counter: str, first: int) -> int:

@@ -327,34 +327,47 @@ class _EtcdTransaction(Transaction):
             if outer is not None:      # inside a range listed already: no request
                 self._lists[prefix] = [k for k in self._lists[outer] if k.startswith(prefix)]
             else:
-                kvs = self._range(prefix, _range_end(prefix))
-                keys = []
-                for kv in kvs:
-                    key = _unb64(kv["key"]).decode()
-                    self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
-                    keys.append(key)
-                self._lists[prefix] = keys
-                self._wide = self._wide or len(keys) > WIDE_RANGE
+                self._listed_now(prefix, self._range(prefix, _range_end(prefix)))
         keys = set(self._lists[prefix]) | {k for k in self.writes if k.startswith(prefix)}
         objs = [_decode(*found) for key in keys if (found := self._load(key)) is not None]
         objs.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return objs
 
-    def prefetch(self, keys: list[tuple[str, str, str]]) -> None:
-        """Read the objects not read yet in one etcd Txn of range requests (at the snapshot's
-        revision, so the answers are the snapshot's), 128 keys a request: a batch of N objects
-        costs one round trip instead of N."""
-        todo = [k for k in dict.fromkeys(self._backend._key(*t) for t in keys)
-                if k not in self._keys and k not in self.writes and self._listed(k) is None]
+    def _listed_now(self, prefix: str, kvs: list[dict[str, Any]]) -> None:
+        """Record the snapshot's keys under ``prefix`` (a range read): to serve, and to check."""
+        keys = []
+        for kv in kvs:
+            key = _unb64(kv["key"]).decode()
+            self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
+            keys.append(key)
+        self._lists[prefix] = keys
+        self._wide = self._wide or len(keys) > WIDE_RANGE
+
+    def prefetch(self, keys: list[tuple[str, str, str]],
+                 prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """Read the objects and name-prefix ranges not read yet in one etcd Txn of range requests
+        (at the snapshot's revision, so the answers are the snapshot's), 128 a request: a batch of
+        N reads costs one round trip instead of N."""
+        backend = self._backend
+        todo: list[tuple[str, str | None]] = [
+            (k, None) for k in dict.fromkeys(backend._key(*t) for t in keys)
+            if k not in self._keys and k not in self.writes and self._listed(k) is None]
+        for p in dict.fromkeys(backend._kind_prefix(kind, ns) + name for kind, ns, name in prefixes or ()):
+            if self._listed(p) is None:
+                todo.append((p, _range_end(p)))
         for i in range(0, len(todo), _PREFETCH_BATCH):
             chunk = todo[i:i + _PREFETCH_BATCH]
             rev = self.revision()
-            out = self._backend._call("kv/txn", {"success": [
-                {"request_range": {"key": _b64(k), "revision": rev}} for k in chunk]})
-            for key, answer in zip(chunk, out.get("responses", [])):
+            out = backend._call("kv/txn", {"success": [
+                {"request_range": {"key": _b64(k), "revision": rev, **({"range_end": _b64(end)} if end else {})}}
+                for k, end in chunk]})
+            for (key, end), answer in zip(chunk, out.get("responses", [])):
                 kvs = (answer.get("response_range") or {}).get("kvs") or []
-                self._keys[key] = (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
-                self._points.add(key)
+                if end is None:
+                    self._keys[key] = (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+                    self._points.add(key)
+                else:
+                    self._listed_now(key, kvs)
 
     def revision(self) -> int:
         if self._rev is None:

@@ -112,6 +112,10 @@ class Writer:
         """Stored objects of an exact kind whose name starts with ``prefix``, sorted by name."""
         return self.txn.list_prefix(kind, namespace, prefix)
 
+    def prefetch(self, keys: list[tuple[str, str, str]], prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """The backend's read-ahead hint (``Transaction.prefetch``)."""
+        self.txn.prefetch(keys, prefixes)
+
     def next_value(self, counter: str, first: int) -> int:
         """The backend's named counter (for the allocators' IDs)."""
         return self.txn.next_value(counter, first)

@@ -285,3 +285,22 @@ def test_prefetch_reads_a_batch_at_the_snapshot_in_one_request(etcd_config):
     finally:
         one.close()
         two.close()
+
+
+@privileged
+def test_an_allocation_is_three_requests_whatever_the_other_nodes_hold(etcd_store):
+    import ipaddress
+    cidrs = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
+    for node in ("node-1", "node-2"):
+        for i in range(3):
+            etcd_store.allocate_leases("default", node, cidrs, f"default/{node}-{i}", f"{node}-{i}", "eth0")
+    calls = []
+    gateway = etcd_store.backend.gateway
+    real = gateway.call
+    gateway.call = lambda path, body, **kw: (calls.append((path, body)), real(path, body, **kw))[1]
+    leases = etcd_store.allocate_leases("default", "node-1", cidrs, "default/new", "new", "eth0")
+    assert sorted(str(l.ip) for l in leases) == ["10.244.0.4", "fd00:10:244::4"]
+    # the IPBlocks; the node's two blocks' leases and the Network in one Txn; the commit
+    assert [path for path, _ in calls] == ["kv/range", "kv/txn", "kv/txn"]
+    read = [base64.b64decode(op["request_range"]["key"]).decode() for op in calls[1][1]["success"]]
+    assert not any("node-2" in key or "10-244-1-" in key for key in read)
