@@ -6,6 +6,12 @@ that records its choice through a ``Records`` handle (the registry passes its ``
 kinds' rules check the record), and the choice and its record commit together. IDs come from the
 backend's named counters and are never reused.
 
+Pod addresses (``allocate_lease``) come from the node's own IPBlocks, the lowest free one first.
+An IPLease is named after its network and address (``kinds.lease_name``), so the leases of one
+block share a name prefix (``kinds.lease_prefix``) and are one range of the backend's keys: an
+allocation reads the leases of its node's blocks (``BlockLeases``), and a retried ADD finds the
+container's leases there too (``leases_for``), never reading every lease of the cluster.
+
 Services (``allocate_service``, run with the Service's own write) follow Kubernetes:
 
 - **Cluster IPs** come from the ranges of the Service's network (annotation ``lace.dev/network``,
@@ -66,6 +72,10 @@ class Records(Protocol):
     def get(self, kind: str, name: str, namespace: str = "") -> dict | None: ...
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]: ...
+
+    def list_prefix(self, kind: str, prefix: str, namespace: str = "") -> list[dict]: ...
+
+    def prefetch(self, keys: list[tuple[str, str, str]], prefixes: list[tuple[str, str, str]] | None = None) -> None: ...
 
     def create(self, obj: Mapping[str, Any]) -> dict: ...
 
@@ -218,10 +228,57 @@ def _node_blocks(w: Records, network: str, node: str, version: int) -> list[IPNe
     return sorted(out, key=lambda c: int(c.network_address))
 
 
-def leases_for(w: Records, node: str, container_id: str) -> list[dict]:
-    """The IPLease objects a container holds on ``node``."""
-    return [o for o in w.list("IPLease")
-            if o["spec"].get("containerID") == container_id and o["spec"]["node"] == node]
+class BlockLeases:
+    """The leases of address blocks as one transaction reads them: each block's leases are one
+    name-prefix range (a lease is named after its address), read once and shared by
+    ``leases_for`` and ``allocate_lease``; no list of every lease."""
+
+    def __init__(self, w: Records) -> None:
+        self.w = w
+        self._held: dict[tuple[str, IPNet], list[tuple[IPAddr, dict]]] = {}
+        self._used: dict[tuple[str, IPNet], set[IPAddr]] = {}
+
+    def read_ahead(self, blocks: Sequence[tuple[str, IPNet]]) -> None:
+        """Hint that the leases of these (network, block) are about to be read, with the
+        Networks a new lease's validation reads: on etcd, one request instead of one each."""
+        self.w.prefetch(sorted({("Network", "", network) for network, _ in blocks}),
+                        [("IPLease", "", K.lease_prefix(network, str(block))) for network, block in blocks
+                         if (network, block) not in self._held])
+
+    def held(self, network: str, block: IPNet) -> list[tuple[IPAddr, dict]]:
+        """(address, IPLease) of ``block``'s addresses in ``network``, by name."""
+        key = (network, block)
+        if key not in self._held:
+            out = []
+            for o in self.w.list_prefix("IPLease", K.lease_prefix(network, str(block))):
+                if o["spec"]["network"] == network:   # another network's name may share the prefix
+                    ip = ipaddress.ip_address(o["spec"]["ip"])
+                    if ip in block:                     # a prefix wider than the block: filter
+                        out.append((ip, o))
+            self._held[key] = out
+        return self._held[key]
+
+    def used(self, network: str, block: IPNet) -> set[IPAddr]:
+        """The addresses of ``block`` taken in ``network``, with those leased through this reader."""
+        key = (network, block)
+        if key not in self._used:
+            self._used[key] = {ip for ip, _ in self.held(network, block)}
+        return self._used[key]
+
+
+def leases_for(w: Records, node: str, container_id: str, seen: BlockLeases | None = None) -> list[dict]:
+    """The IPLease objects a container holds on ``node``, found in the node's blocks (IPBlocks
+    are few, one or a few per node and network; the leases of other nodes are not read)."""
+    seen = seen or BlockLeases(w)
+    blocks = [(o["spec"]["network"], ipaddress.ip_network(o["spec"]["cidr"])) for o in w.list("IPBlock")
+              if o["spec"]["node"] == node]
+    seen.read_ahead(blocks)
+    found: dict[str, dict] = {}
+    for network, block in blocks:
+        for _, lease in seen.held(network, block):
+            if lease["spec"].get("containerID") == container_id and lease["spec"]["node"] == node:
+                found[lease["metadata"]["name"]] = lease
+    return [found[name] for name in sorted(found)]
 
 
 def lease_of(obj: dict) -> Lease:
@@ -231,19 +288,22 @@ def lease_of(obj: dict) -> Lease:
 
 
 def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
-                   container_id: str, ifname: str, annotations: Mapping[str, str] | None = None) -> Lease:
+                   container_id: str, ifname: str, annotations: Mapping[str, str] | None = None,
+                   seen: BlockLeases | None = None) -> Lease:
     """One address for a container on ``node`` from the network's ``cidrs`` of one family: the
     lowest free one in the node's blocks, taking another block when they are full. The lease
     carries ``annotations`` from the start."""
     version = cidrs[0].version
     plen = block_prefixlen(cidrs[0])
-    used = {ipaddress.ip_address(o["spec"]["ip"]) for o in w.list("IPLease")
-            if o["spec"]["network"] == network}
+    # what is taken is read per block of this node, as the allocation reaches it: the leases of
+    # other nodes' blocks can never hold an address of ours, so they are not read at all
+    seen = seen or BlockLeases(w)
     for _attempt in range(64):   # a block too small to hold a pod address sends us round again
         blocks = _node_blocks(w, network, node, version)
         for blk in blocks:
+            taken = seen.used(network, blk)
             for ip in _usable(blk):
-                if ip in used:
+                if ip in taken:
                     continue
                 name = K.lease_name(network, str(ip))
                 try:
@@ -256,14 +316,15 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                                  "ip": str(ip), "pod": pod, "containerID": container_id,
                                  "ifname": ifname}})
                 except AlreadyExists:
-                    used.add(ip)      # a lease written by hand holds this address's name
+                    taken.add(ip)      # a lease written by hand holds this address's name
                     continue
+                taken.add(ip)
                 return Lease(network, ip, K.block_name(network, str(blk)), name)
         try:
             allocate_block(w, network, node, version, plen, additional=bool(blocks))
         except Exhausted as e:
             total = sum(sum(1 for _ in _usable(b)) for b in blocks)
-            inuse = sum(1 for b in blocks for ip in used if ip in b)
+            inuse = sum(len(seen.used(network, b)) for b in blocks)
             raise IpamExhausted(
                 f'network "{network}" has no free IPv{version} address for node "{node}": '
                 f"{inuse} of {total} addresses in use in its blocks "

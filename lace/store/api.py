@@ -203,7 +203,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def leases_for(self, node: str, container_id: str) -> list[dict]:
-        """The IPLease objects a container holds on ``node``."""
+        """The IPLease objects a container holds on ``node``, in the node's own IPBlocks."""
 
     @abc.abstractmethod
     def release_leases(self, node: str, container_id: str) -> int:

@@ -21,6 +21,17 @@ from lace.store.api import Heartbeat, Liveness, Watch
 T = TypeVar("T")
 
 
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string above every string starting with ``prefix`` (None: no bound, for
+    ``""``): the exclusive end of a key range holding exactly the keys with that prefix."""
+    while prefix:
+        last = ord(prefix[-1])
+        if last < 0x10FFFF:
+            return prefix[:-1] + chr(last + 1)
+        prefix = prefix[:-1]
+    return None
+
+
 class Transaction(abc.ABC):
     """Reads and writes that commit together, in revision order, or not at all.
 
@@ -35,6 +46,18 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         """Objects of one kind, in one namespace or (None) all, sorted by namespace and name."""
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        """Objects of one kind in one namespace (``""`` for a cluster-scoped kind) whose name
+        starts with ``prefix``, sorted by name.
+
+        Allocation records are named after what they hold (an IPLease after its address), so the
+        records of one address block share a prefix and this reads them without the rest of the
+        kind. This default lists the namespace and filters; a backend with ordered keys reads just
+        the range.
+        """
+        return [o for o in self.list(kind, namespace)
+                if o["metadata"].get("namespace", "") == namespace and o["metadata"]["name"].startswith(prefix)]
 
     @abc.abstractmethod
     def create(self, obj: dict) -> dict:
@@ -55,9 +78,11 @@ class Transaction(abc.ABC):
     def revision(self) -> int:
         """The cluster revision as this transaction sees it."""
 
-    def prefetch(self, keys: list[tuple[str, str, str]]) -> None:
-        """A hint: these objects (kind, namespace, name) are about to be read. A backend whose
-        every read is a round trip (etcd) reads them all in one; this default does nothing."""
+    def prefetch(self, keys: list[tuple[str, str, str]],
+                 prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """A hint: these objects (kind, namespace, name) and these name prefixes (kind, namespace,
+        prefix: ``list_prefix``) are about to be read. A backend whose every read is a round trip
+        (etcd) reads them all in one; this default does nothing."""
 
     @abc.abstractmethod
     def next_value(self, counter: str, first: int) -> int:

@@ -3,8 +3,12 @@
 **Keys**, like kube-apiserver's under its ``--etcd-prefix``: an object is the key
 ``<prefix>/registry/<Kind>/<namespace>/<name>`` (``<prefix>/registry/<Kind>/<name>`` for a
 cluster-scoped kind), its value the object's JSON *without* ``metadata.resourceVersion``; a named
-counter is ``<prefix>/counters/<name>`` (a decimal); ``<prefix>/txn-guard`` serializes writers
-(below). Several stores can share one etcd under different prefixes (the tests do).
+counter is ``<prefix>/counters/<name>`` (a decimal). Two kinds of bookkeeping keys, with empty
+values, back the transactions (below): ``<prefix>/guards/...`` record deletes and
+``<prefix>/txn-guard`` records every commit. Several stores can share one etcd under different
+prefixes (the tests do). Keys are ordered, so the objects of a kind whose names share a prefix are
+one key range: ``list_prefix`` reads the leases of one address block (an IPLease is named after
+its address) without the rest of the kind.
 
 **Revisions** are etcd's: an object's ``resourceVersion`` is its key's ``mod_revision``, set on
 every read rather than stored (as the apiserver does), and the cluster revision is etcd's header
@@ -15,16 +19,31 @@ after the commit. ``watch`` is an etcd watch on ``<prefix>/registry/`` from ``si
 watch checks before it starts, and etcd's compaction cancel ends a running one the same way), so
 clients relist. Compaction is etcd's own (``compact``, or the server's auto-compaction).
 
-**Transactions** are optimistic and serializable across processes and nodes: a transaction reads
-one snapshot (every range at the revision where it began), buffers its writes, and commits them
-in one etcd Txn whose compare says the guard key's ``mod_revision`` is still the one seen at the
-start; every lace write Txn also rewrites the guard. A commit therefore succeeds only if no other
-lace write committed since the snapshot: single-writer serializability, like SQLite's
-``BEGIN IMMEDIATE`` but without a lock a crashed writer could leave held. A lost race runs the
-whole transaction body again (``run``) on a fresh snapshot, with jittered backoff, a bounded
-number of times. Read-only transactions never commit: a snapshot needs no guard. (A finer scheme
-— compares on the keys read and a guard per kind listed — would let disjoint writers commit
-together; the read set is already confined to ``_EtcdTransaction`` for that.)
+**Transactions** are optimistic and serializable across processes and nodes. A transaction reads
+one snapshot (every read at the revision of its first one), records what it read, buffers its
+writes, and commits them in one etcd Txn whose compares say that nothing it read has changed
+since: each key read by itself still has the ``mod_revision`` it had (0 if it was absent), and
+each key range listed holds no key written after the snapshot (a compare with ``range_end``:
+every key's ``mod_revision`` below snapshot + 1, which catches modified and created keys). A
+deleted key leaves nothing in its range to compare, so a commit that deletes also rewrites a
+delete guard, ``<prefix>/guards/<Kind>/[<namespace>/]<name up to its last dash>`` (the leases of
+one address block share one), and a listed range also compares that no guard under its own cut
+(its prefix up to its last dash or slash, a prefix of the guard of every key it can hold) was
+rewritten. If every read would still give the same answer when the Txn applies, the transaction
+is as if it had run alone at that revision; two transactions never both commit if either read
+what the other wrote. Writers of disjoint keys and ranges — nodes allocating addresses from their
+own blocks — commit side by side instead of retrying each other. A transaction with more to check
+than MAX_COMPARES, or that listed a range of more than WIDE_RANGE keys (etcd reads a compared
+range whole while it applies the Txn), compares only ``<prefix>/txn-guard``, which every commit
+rewrites: it commits only if nothing at all was committed since its snapshot, as every writer did
+before the finer checks (like SQLite's ``BEGIN IMMEDIATE``, without a lock a crashed writer could
+leave held). A lost race runs the whole transaction body again (``run``) on a fresh snapshot, with
+jittered backoff, a bounded number of times. Read-only transactions never commit: a snapshot
+needs no check. Delete guards are never removed (removing one could hide a delete from a
+transaction still in flight), so there is one per family of names ever deleted: per address block
+for leases, per name stem for other kinds. Every lace client of one store must use the same
+scheme: a client that only compares ``txn-guard`` (an older lace) does not see another's commits
+that skip it, nor write the delete guards the newer ones check.
 
 **Liveness** keys, ``<prefix>/liveness/<node>``, are the one thing with an etcd lease: an agent
 grants a lease of its TTL, puts its node's key on it and keeps the lease alive; when the agent
@@ -62,7 +81,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -91,6 +110,12 @@ MAX_ATTEMPTS = 64
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.001, 0.05
 #: keys read in one Txn by ``prefetch`` (under etcd's default --max-txn-ops of 128)
 _PREFETCH_BATCH = 128
+#: conditions a commit checks at most before it checks "no commit since the snapshot" instead
+#: (etcd's default --max-txn-ops, 128, bounds a Txn's compares too)
+MAX_COMPARES = 64
+#: keys a listed range holds at most for a commit to check it key by key: etcd reads the whole
+#: range at the commit, inside its apply loop (larger ones fall back as above)
+WIDE_RANGE = 1024
 
 _COMPACTED = "required revision has been compacted"
 _FUTURE = "required revision is a future revision"
@@ -241,21 +266,20 @@ class _EtcdTransaction(Transaction):
     """One snapshot of the store, read at the revision where it began, and the writes to commit.
 
     Reads are cached (a range at a fixed revision never changes) and see this transaction's own
-    writes. Objects handed out by create/update/delete are kept, to be stamped with the commit's
+    writes. What was read is recorded, for the commit to check that none of it changed since the
+    snapshot (``compares``): the keys read one by one (objects, counters) and the key ranges
+    listed. Objects handed out by create/update/delete are kept, to be stamped with the commit's
     revision.
     """
 
     def __init__(self, backend: EtcdBackend, write: bool) -> None:
         self._backend = backend
         self._write = write
-        self._rev: int | None = None      # the snapshot revision; a read-only one starts lazily
-        self.guard_rev = 0
-        if write:
-            head, kvs = backend._range(backend._guard, None)
-            self._rev = head
-            self.guard_rev = int(kvs[0]["mod_revision"]) if kvs else 0
+        self._rev: int | None = None      # the snapshot revision: that of the first read
         self._keys: dict[str, tuple[bytes, int] | None] = {}     # key -> (value, mod_revision)
+        self._points: set[str] = set()                           # keys read one by one
         self._lists: dict[str, list[str]] = {}                   # prefix -> keys in it
+        self._wide = False                # a range too large to check key by key was listed
         self.writes: dict[str, bytes | None] = {}                # key -> value, None: delete
         self.stamped: list[dict] = []
 
@@ -267,13 +291,20 @@ class _EtcdTransaction(Transaction):
             self._rev = head
         return kvs
 
+    def _listed(self, key: str) -> str | None:
+        """A listed prefix that ``key`` is under, if any: its snapshot state is known already."""
+        return next((p for p in self._lists if key.startswith(p)), None)
+
     def _load(self, key: str) -> tuple[bytes, int] | None:
         if key in self.writes:
             value = self.writes[key]
             return None if value is None else (value, self.revision() + 1)
         if key not in self._keys:
+            if self._listed(key) is not None:
+                return None        # under a listed prefix and not in the listing: absent
             kvs = self._range(key)
             self._keys[key] = (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+            self._points.add(key)
         return self._keys[key]
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
@@ -281,40 +312,98 @@ class _EtcdTransaction(Transaction):
         return None if found is None else _decode(*found)
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
-        prefix = self._backend._kind_prefix(kind, namespace)
+        return self._list_range(self._backend._kind_prefix(kind, namespace))
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        # a key range: <prefix>/registry/<Kind>/[<namespace>/]<name prefix>
+        objs = self._list_range(self._backend._kind_prefix(kind, namespace) + prefix)
+        if not namespace:   # a namespaced kind's keys have a namespace where a name would be
+            objs = [o for o in objs if not o["metadata"].get("namespace")]
+        return objs
+
+    def _list_range(self, prefix: str) -> list[dict]:
         if prefix not in self._lists:
-            kvs = self._range(prefix, _range_end(prefix))
-            keys = []
-            for kv in kvs:
-                key = _unb64(kv["key"]).decode()
-                self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
-                keys.append(key)
-            self._lists[prefix] = keys
+            outer = self._listed(prefix)
+            if outer is not None:      # inside a range listed already: no request
+                self._lists[prefix] = [k for k in self._lists[outer] if k.startswith(prefix)]
+            else:
+                self._listed_now(prefix, self._range(prefix, _range_end(prefix)))
         keys = set(self._lists[prefix]) | {k for k in self.writes if k.startswith(prefix)}
         objs = [_decode(*found) for key in keys if (found := self._load(key)) is not None]
         objs.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         return objs
 
-    def prefetch(self, keys: list[tuple[str, str, str]]) -> None:
-        """Read the objects not read yet in one etcd Txn of range requests (at the snapshot's
-        revision, so the answers are the snapshot's), 128 keys a request: a batch of N objects
-        costs one round trip instead of N."""
-        todo = [k for k in dict.fromkeys(self._backend._key(*t) for t in keys)
-                if k not in self._keys and k not in self.writes]
+    def _listed_now(self, prefix: str, kvs: list[dict[str, Any]]) -> None:
+        """Record the snapshot's keys under ``prefix`` (a range read): to serve, and to check."""
+        keys = []
+        for kv in kvs:
+            key = _unb64(kv["key"]).decode()
+            self._keys[key] = (_unb64(kv.get("value", "")), int(kv["mod_revision"]))
+            keys.append(key)
+        self._lists[prefix] = keys
+        self._wide = self._wide or len(keys) > WIDE_RANGE
+
+    def prefetch(self, keys: list[tuple[str, str, str]],
+                 prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """Read the objects and name-prefix ranges not read yet in one etcd Txn of range requests
+        (at the snapshot's revision, so the answers are the snapshot's), 128 a request: a batch of
+        N reads costs one round trip instead of N."""
+        backend = self._backend
+        todo: list[tuple[str, str | None]] = [
+            (k, None) for k in dict.fromkeys(backend._key(*t) for t in keys)
+            if k not in self._keys and k not in self.writes and self._listed(k) is None]
+        for p in dict.fromkeys(backend._kind_prefix(kind, ns) + name for kind, ns, name in prefixes or ()):
+            if self._listed(p) is None:
+                todo.append((p, _range_end(p)))
         for i in range(0, len(todo), _PREFETCH_BATCH):
             chunk = todo[i:i + _PREFETCH_BATCH]
             rev = self.revision()
-            out = self._backend._call("kv/txn", {"success": [
-                {"request_range": {"key": _b64(k), "revision": rev}} for k in chunk]})
-            for key, answer in zip(chunk, out.get("responses", [])):
+            out = backend._call("kv/txn", {"success": [
+                {"request_range": {"key": _b64(k), "revision": rev, **({"range_end": _b64(end)} if end else {})}}
+                for k, end in chunk]})
+            for (key, end), answer in zip(chunk, out.get("responses", [])):
                 kvs = (answer.get("response_range") or {}).get("kvs") or []
-                self._keys[key] = (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+                if end is None:
+                    self._keys[key] = (_unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])) if kvs else None
+                    self._points.add(key)
+                else:
+                    self._listed_now(key, kvs)
 
     def revision(self) -> int:
         if self._rev is None:
             self._range(self._backend._guard)
         assert self._rev is not None
         return self._rev
+
+    def compares(self) -> list[dict[str, Any]]:
+        """The commit's condition: nothing this transaction read changed after its snapshot.
+
+        A key read one by one still has the mod_revision it had (0: still absent). A listed range
+        holds no key modified or created after the snapshot (every key's mod_revision is at most
+        the snapshot's) and lost none: no delete guard under the range's moved (a delete bumps
+        ``_delete_guard`` of its key, which is under ``_delete_guards`` of every range holding
+        the key). Keys under a listed range need no check of their own. So a commit succeeds only
+        if every read would give the same answer at the commit's revision: the transaction is as
+        if it ran there, alone, and writers of disjoint keys and ranges commit side by side.
+
+        Too much to check this way (more than MAX_COMPARES conditions, or a range of more than
+        WIDE_RANGE keys, which etcd would read whole at the commit) falls back to the one
+        condition that covers everything: no commit at all since the snapshot (every commit
+        rewrites ``<prefix>/txn-guard``).
+        """
+        backend = self._backend
+        after = self.revision() + 1
+        ranges = _outermost(self._lists)
+        out = [_unchanged_range(p, after) for p in ranges]
+        out += [_unchanged_range(g, after) for g in _outermost(backend._delete_guards(p) for p in ranges)]
+        for key in sorted(self._points):
+            if not any(key.startswith(p) for p in ranges):
+                found = self._keys[key]
+                out.append({"key": _b64(key), "target": "MOD", "result": "EQUAL",
+                            "mod_revision": 0 if found is None else found[1]})
+        if self._wide or len(out) > MAX_COMPARES:
+            return [{"key": _b64(backend._guard), "target": "MOD", "result": "LESS", "mod_revision": after}]
+        return out
 
     # ---- buffered writes ---------------------------------------------------------------------
 
@@ -355,6 +444,21 @@ class _EtcdTransaction(Transaction):
         return value
 
 
+def _outermost(prefixes: Iterable[str]) -> list[str]:
+    """The prefixes that no other one of them is a prefix of (their ranges hold the others')."""
+    out: list[str] = []
+    for p in sorted(set(prefixes)):
+        if not out or not p.startswith(out[-1]):
+            out.append(p)
+    return out
+
+
+def _unchanged_range(prefix: str, after: int) -> dict[str, Any]:
+    """A compare: no key starting with ``prefix`` was written at revision ``after`` or later."""
+    return {"key": _b64(prefix), "range_end": _b64(_range_end(prefix)), "target": "MOD",
+            "result": "LESS", "mod_revision": after}
+
+
 def _encode(obj: dict) -> bytes:
     """The stored value: the object without its resourceVersion (the key's mod_revision is)."""
     meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
@@ -381,6 +485,7 @@ class EtcdBackend(Backend):
                                 netns, timeout)
         self._registry = f"{prefix}/registry/"
         self._guard = f"{prefix}/txn-guard"
+        self._guards = f"{prefix}/guards/"
         self._liveness = f"{prefix}/liveness/"
 
     @property
@@ -401,6 +506,20 @@ class EtcdBackend(Backend):
 
     def _counter_key(self, counter: str) -> str:
         return f"{self.prefix}/counters/{counter}"
+
+    def _delete_guard(self, key: str) -> str:
+        """The key a delete of the registry key ``key`` rewrites: ``<prefix>/guards/<Kind>/
+        [<namespace>/]`` and the name up to its last dash (the leases of one address block share
+        one, ``.../guards/IPLease/default-10-244-1-``); one key per such family, never deleted."""
+        head, _, name = key[len(self._registry):].rpartition("/")
+        return f"{self._guards}{head}/{name[:name.rfind('-') + 1]}"
+
+    def _delete_guards(self, prefix: str) -> str:
+        """The prefix of every delete guard a key under the registry prefix ``prefix`` has: the
+        prefix cut after its last dash or slash (a key under it has its last dash, or its name's
+        last slash, at that point or later)."""
+        rel = prefix[len(self._registry):]
+        return f"{self._guards}{rel[:max(rel.rfind('-'), rel.rfind('/')) + 1]}"
 
     def _liveness_key(self, name: str) -> str:
         return f"{self._liveness}{name}"
@@ -461,21 +580,24 @@ class EtcdBackend(Backend):
                           hint="the store is under heavy write contention; retry")
 
     def _commit(self, txn: _EtcdTransaction) -> bool:
-        """Commit the buffered writes if nothing was written since the snapshot; False if something
-        was (the body must run again). Nothing buffered commits nothing (no new revision)."""
+        """Commit the buffered writes if nothing the transaction read changed since its snapshot
+        (``_EtcdTransaction.compares``); False if something did (the body must run again).
+        Nothing buffered commits nothing (no new revision)."""
         if not txn.writes:
             return True
         ops: list[dict[str, Any]] = []
+        guards: set[str] = set()
         for key, value in txn.writes.items():
             if value is None:
                 ops.append({"request_delete_range": {"key": _b64(key)}})
+                if key.startswith(self._registry):
+                    guards.add(self._delete_guard(key))
             else:
                 ops.append({"request_put": {"key": _b64(key), "value": _b64(value)}})
-        ops.append({"request_put": {"key": _b64(self._guard), "value": ""}})
-        out = self._call("kv/txn", {
-            "compare": [{"key": _b64(self._guard), "target": "MOD", "result": "EQUAL",
-                         "mod_revision": txn.guard_rev}],
-            "success": ops}, idempotent=False)
+        # a delete is invisible to a range's mod_revision compare: its guard key says it happened
+        ops += [{"request_put": {"key": _b64(g), "value": ""}} for g in sorted(guards)]
+        ops.append({"request_put": {"key": _b64(self._guard), "value": ""}})   # for the fallback
+        out = self._call("kv/txn", {"compare": txn.compares(), "success": ops}, idempotent=False)
         if not out.get("succeeded"):
             return False
         revision = str(out["header"]["revision"])

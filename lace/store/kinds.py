@@ -207,6 +207,22 @@ def lease_name(network: str, ip: str) -> str:
     return f"{network}-{_dashed(ipaddress.ip_address(ip).exploded if ':' in ip else ip)}"
 
 
+def lease_prefix(network: str, cidr: str) -> str:
+    """The name prefix every IPLease of an address in ``cidr`` shares in ``network``: the whole
+    octets (IPv4) or 16-bit groups (IPv6) of the block's address, as ``lease_name`` spells them
+    (``default-10-244-1-`` for 10.244.1.0/24). A block not on such a boundary gets its boundary's
+    prefix, which other addresses share too: filter what it lists by address."""
+    block = ipaddress.ip_network(cidr)
+    if block.version == 4:
+        parts, bits = str(block.network_address).split("."), 8
+    else:
+        parts, bits = block.network_address.exploded.split(":"), 16
+    whole = block.prefixlen // bits
+    if whole == len(parts):
+        return lease_name(network, str(block.network_address))   # one address: its own name
+    return "-".join([network, *parts[:whole], ""])
+
+
 def _dashed_ip(ip: str) -> str:
     addr = ipaddress.ip_address(ip)
     return _dashed(addr.exploded if addr.version == 6 else str(addr))

@@ -21,7 +21,10 @@ as it is made, with the apiserver's own guards: a create fails if the name is ta
 delete carries the resourceVersion (and uid) it read. Allocation records are named after what they
 hold (``IPBlock`` per CIDR, ``IPLease`` per address, ``Segment`` per identity), so two nodes
 allocating at once collide on a name and one of them runs its transaction again on fresher data —
-the same race-freedom the etcd backend gets from its guard key. A transaction that fails after
+the race-freedom the etcd backend gets from the compares of its commits. A read of the names with
+one prefix (``list_prefix``: the leases of one address block) filters the cache by name before
+copying anything; the apiserver itself has no such query (a field selector on ``metadata.name``
+matches whole names only). A transaction that fails after
 writing undoes its writes (best effort: deletes what it created, restores what it updated).
 Counters (network and segment IDs) live in one ConfigMap (``lace-counters``) updated with its
 resourceVersion; a counter is never rolled back, so a failed transaction may skip an ID (IDs are
@@ -131,10 +134,21 @@ class KubernetesTransaction(Transaction):
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         self.backend.ensure_synced(kind)
         self._snapshot()
-        objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-                for o in self.backend.cache.list(kind, namespace)}
+        return self._with_overlay(kind, namespace, "", self.backend.cache.list(kind, namespace))
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        # the cache filters names before copying: the apiserver itself has no name-prefix query
+        # (a field selector on metadata.name matches whole names only)
+        self.backend.ensure_synced(kind)
+        self._snapshot()
+        return self._with_overlay(kind, namespace, prefix,
+                                  self.backend.cache.list_prefix(kind, namespace, prefix))
+
+    def _with_overlay(self, kind: str, namespace: str | None, prefix: str, cached: list[dict]) -> list[dict]:
+        """``cached`` with this transaction's own writes of that kind, namespace and prefix."""
+        objs = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in cached}
         for (k, ns, name), obj in self.overlay.items():
-            if k != kind or (namespace is not None and ns != namespace):
+            if k != kind or (namespace is not None and ns != namespace) or not name.startswith(prefix):
                 continue
             if obj is None:
                 objs.pop((ns, name), None)

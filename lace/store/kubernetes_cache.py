@@ -160,6 +160,14 @@ class Cache:
             objs = [o for k, o in self.objects.get(kind, {}).items() if namespace is None or k[0] == namespace]
         return sorted((copy.deepcopy(o) for o in objs), key=_key)
 
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        """The objects of ``kind`` in ``namespace`` whose name starts with ``prefix``: filtered
+        by key before anything is copied (the apiserver has no name-prefix query to ask)."""
+        with self.cond:
+            objs = [o for k, o in self.objects.get(kind, {}).items()
+                    if k[0] == namespace and k[1].startswith(prefix)]
+        return sorted((copy.deepcopy(o) for o in objs), key=_key)
+
     def close(self) -> None:
         with self.cond:
             self.closed = True

@@ -108,6 +108,14 @@ class Writer:
         """Stored objects of an exact kind, sorted by namespace and name."""
         return self.txn.list(kind, namespace)
 
+    def list_prefix(self, kind: str, prefix: str, namespace: str = "") -> list[dict]:
+        """Stored objects of an exact kind whose name starts with ``prefix``, sorted by name."""
+        return self.txn.list_prefix(kind, namespace, prefix)
+
+    def prefetch(self, keys: list[tuple[str, str, str]], prefixes: list[tuple[str, str, str]] | None = None) -> None:
+        """The backend's read-ahead hint (``Transaction.prefetch``)."""
+        self.txn.prefetch(keys, prefixes)
+
     def next_value(self, counter: str, first: int) -> int:
         """The backend's named counter (for the allocators' IDs)."""
         return self.txn.next_value(counter, first)
@@ -372,19 +380,25 @@ class RegistryStore(Store):
 
     def allocate_leases(self, network: str, node: str, cidrs: Sequence[IPNet], pod: str,
                         container_id: str, ifname: str, annotations: Mapping[str, str] | None = None) -> list[Lease]:
-        existing = self.leases_for(node, container_id)
-        if existing:
-            for o in existing:   # a retried ADD of a container whose leases lack what it asks for now
-                ann = o["metadata"].get("annotations") or {}
-                if annotations and any(ann.get(k) != v for k, v in annotations.items()):
-                    o["metadata"]["annotations"] = {**ann, **annotations}
-                    self.update(o)
-            return [allocate.lease_of(o) for o in existing]
-        # every family in one transaction: one commit (and one wake-up of every watcher) per pod
-        return self.backend.run(lambda txn: [
-            allocate.allocate_lease(Writer(txn), network, [c for c in cidrs if c.version == version], node, pod,
-                                    container_id, ifname, annotations)
-            for version in sorted({c.version for c in cidrs})])
+        # one transaction: the container's leases, else every family's new one, with one commit
+        # (and one wake-up of every watcher) per pod; both read the same blocks' leases once
+        def body(txn: Transaction) -> list[Lease]:
+            w = Writer(txn)
+            seen = allocate.BlockLeases(w)
+            existing = allocate.leases_for(w, node, container_id, seen)
+            if existing:
+                for o in existing:   # a retried ADD of a container whose leases lack what it asks for now
+                    ann = o["metadata"].get("annotations") or {}
+                    if annotations and any(ann.get(k) != v for k, v in annotations.items()):
+                        changed = copy.deepcopy(o)
+                        changed["metadata"]["annotations"] = {**ann, **annotations}
+                        w.update(o, rules.validate(txn, changed))
+                return [allocate.lease_of(o) for o in existing]
+            return [allocate.allocate_lease(w, network, [c for c in cidrs if c.version == version], node, pod,
+                                            container_id, ifname, annotations, seen)
+                    for version in sorted({c.version for c in cidrs})]
+
+        return self.backend.run(body)
 
     def release_leases(self, node: str, container_id: str) -> int:
         names = [o["metadata"]["name"] for o in self.leases_for(node, container_id)]

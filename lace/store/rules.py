@@ -157,9 +157,23 @@ def guard_update(txn: Transaction, existing: dict, new: dict) -> None:
                 hint="keep the range, or drain the pods of that network first")
 
 
+def _guard_block(txn: Transaction, block: dict) -> None:
+    """An IPBlock may not go while it holds leases: a node's leases are found through its blocks
+    (``allocate.leases_for``), so a lease left without its block would never be released. A
+    Network's deletion takes its leases first, in the same transaction."""
+    spec = block["spec"]
+    cidr = ipaddress.ip_network(spec["cidr"])
+    held = [o["metadata"]["name"] for o in txn.list_prefix("IPLease", "", K.lease_prefix(spec["network"], str(cidr)))
+            if o["spec"]["network"] == spec["network"] and ipaddress.ip_address(o["spec"]["ip"]) in cidr]
+    if held:
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        raise Forbidden(f'{object_ref(block)} still holds {len(held)} lease(s): {shown}',
+                        hint="delete the pods that hold them first (or the leases themselves)")
+
+
 def guard_delete(txn: Transaction, obj: dict) -> None:
     """Refuse deleting what must exist or is still used: the default Network and the always-present
-    Namespaces, a Network with pods, services or routes pointing at it."""
+    Namespaces, a Network with pods, services or routes pointing at it, an IPBlock holding leases."""
     name = obj["metadata"]["name"]
     if obj["kind"] == "Namespace" and name in K.ALWAYS_NAMESPACES:
         raise Forbidden(f'Namespace "{name}" cannot be deleted: it always exists')
@@ -168,6 +182,8 @@ def guard_delete(txn: Transaction, obj: dict) -> None:
                         hint="change its spec.cidrs instead, or give networks their own spec.serviceCIDRs")
     if obj["kind"] in ("ServiceCIDR", "LoadBalancerIPPool"):
         _guard_service_ranges(txn, obj, deleted=True)
+    if obj["kind"] == "IPBlock":
+        _guard_block(txn, obj)
     if obj["kind"] != "Network":
         return
     if name == K.DEFAULT_NETWORK:

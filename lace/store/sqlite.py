@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
-from lace.store.backend import Backend, Transaction
+from lace.store.backend import Backend, Transaction, prefix_end
 from lace.store.errors import Gone, StoreError, Unavailable
 
 log = logging.getLogger("lace.store")
@@ -231,6 +231,16 @@ class _SqliteTransaction(Transaction):
             cur = self._conn.execute(
                 "SELECT json FROM objects WHERE kind = ? AND namespace = ? ORDER BY name",
                 (kind, namespace))
+        return [orjson.loads(r[0]) for r in cur]
+
+    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
+        end = prefix_end(prefix)
+        if end is None:
+            return self.list(kind, namespace)
+        # a range on the primary key (kind, namespace, name): the rows of the prefix, no others
+        cur = self._conn.execute(
+            "SELECT json FROM objects WHERE kind = ? AND namespace = ? AND name >= ? AND name < ? "
+            "ORDER BY name", (kind, namespace, prefix, end))
         return [orjson.loads(r[0]) for r in cur]
 
     def create(self, obj: dict) -> dict:

@@ -749,11 +749,21 @@ def _check_ip_lease(c: _Checker) -> None:
         elif not (ip.version == ipaddress.ip_network(block["spec"]["cidr"]).version
                   and ip in ipaddress.ip_network(block["spec"]["cidr"])):
             c.fail("spec.ip", f'{ip} is outside IPBlock "{spec["block"]}" ({block["spec"]["cidr"]})')
+        elif block["spec"]["network"] != spec["network"] or block["spec"]["node"] != spec["node"]:
+            # a node's leases are found through its own blocks (allocate.leases_for)
+            c.fail("spec.block", f'IPBlock "{spec["block"]}" is node {block["spec"]["node"]}\'s in Network '
+                                 f'"{block["spec"]["network"]}", not node {spec["node"]}\'s in "{spec["network"]}"',
+                   "lease from a block of the lease's own node and network")
     ns, sep, name = spec["pod"].partition("/")
     if not sep or not ns or not name:
         c.fail("spec.pod", f'"{spec["pod"]}" is not namespace/name', "write it as demo/web")
     if "ifname" in spec and not 0 < len(spec["ifname"]) <= 15:
         c.fail("spec.ifname", f'"{spec["ifname"]}" is not an interface name', "use 1 to 15 characters")
+    # one lease per (network, address) because the name says which: a second holder's create
+    # conflicts, and the allocator finds a block's leases by the prefix of their names
+    expected = K.lease_name(spec["network"], str(ip))
+    if c.obj["metadata"]["name"] != expected:
+        c.fail("metadata.name", "an IPLease is named after its network and address", f"name it {expected}")
 
 
 _CHECKS = {

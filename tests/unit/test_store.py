@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from lace.store import (AlreadyExists, Conflict, Forbidden, Gone, NotFound, SqliteStore, UnknownKind,
-                        ValidationError)
+from lace.store import (AlreadyExists, Conflict, Forbidden, Gone, IpamExhausted, NotFound, SqliteStore,
+                        UnknownKind, ValidationError)
 from lace.store import kinds as K
 
 
@@ -345,6 +345,128 @@ def test_leases(store):
     store.create(lease)
     with pytest.raises(AlreadyExists):
         store.create(lease)
+
+
+def lease(network, ip, node="node-1", container="c", block=None):
+    spec = {"network": network, "node": node, "ip": ip, "pod": "default/web", "containerID": container}
+    if block:
+        spec["block"] = K.block_name(network, block)
+    return {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+            "metadata": {"name": K.lease_name(network, ip)}, "spec": spec}
+
+
+def test_list_prefix_reads_one_name_range_and_sees_the_transaction_s_own_writes(store):
+    store.apply_all([lease("default", ip) for ip in ("10.244.1.5", "10.244.1.17", "10.244.10.5", "10.244.2.5")]
+                    + [pod(n) for n in ("web-1", "web-2", "db-1")])
+
+    def names(objs):
+        return [o["metadata"]["name"] for o in objs]
+
+    def body(txn):
+        first = names(txn.list_prefix("IPLease", "", "default-10-244-1-"))
+        txn.delete(txn.get("IPLease", "", K.lease_name("default", "10.244.1.5")))
+        txn.create(lease("default", "10.244.1.9"))
+        return (first, names(txn.list_prefix("IPLease", "", "default-10-244-1-")),
+                names(txn.list_prefix("Pod", "default", "web-")), txn.list_prefix("Pod", "kube-system", "web-"))
+
+    first, second, pods, none = store.backend.run(body, dry_run=True)
+    assert first == ["default-10-244-1-17", "default-10-244-1-5"]
+    assert second == ["default-10-244-1-17", "default-10-244-1-9"]
+    assert pods == ["web-1", "web-2"] and none == []
+    assert len(store.list("ipleases").items) == 4          # a dry run
+
+
+def test_an_iplease_is_named_after_its_network_and_address(store):
+    with pytest.raises(ValidationError, match="name it default-10-244-1-5"):
+        store.create({**lease("default", "10.244.1.5"), "metadata": {"name": "mine"}})
+    block = store.allocate_block("default", "node-1", 4, 24)
+    ip = str(next(ipaddress.ip_network(block).hosts()))
+    with pytest.raises(ValidationError, match="node-1's"):
+        store.create(lease("default", ip, node="node-2", block=block))
+
+
+class _ListSpy:
+    """A backend transaction that records which kinds are listed whole."""
+
+    def __init__(self, txn, listed):
+        self._txn, self._listed = txn, listed
+
+    def list(self, kind, namespace=None):
+        self._listed.append(kind)
+        return self._txn.list(kind, namespace)
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+
+def test_leases_come_from_the_node_s_own_blocks_reading_no_other_lease(store, monkeypatch):
+    store.create(net("small", ["10.60.0.0/27"]))          # two /28 blocks
+    cidrs = [ipaddress.ip_network("10.60.0.0/27")]
+    listed = []
+    real = store.backend.run
+    monkeypatch.setattr(store.backend, "run", lambda body, **kw: real(lambda txn: body(_ListSpy(txn, listed)), **kw))
+
+    def ip(node, container, **kw):
+        return str(store.allocate_leases("small", node, cidrs, f"default/{container}", container, "eth0", **kw)[0].ip)
+
+    assert ip("n1", "a") == "10.60.0.1"
+    assert ip("n2", "b") == "10.60.0.17"
+    store.create(lease("small", "10.60.0.2", node="n1", container="hand", block="10.60.0.0/28"))
+    assert ip("n1", "c") == "10.60.0.3"                     # the lowest free address
+    assert ip("n1", "a", annotations={"x": "y"}) == "10.60.0.1"   # a retried ADD: the same lease
+    assert store.get("iplease", K.lease_name("small", "10.60.0.1"))["metadata"]["annotations"] == {"x": "y"}
+    assert [o["metadata"]["name"] for o in store.leases_for("n1", "a")] == [K.lease_name("small", "10.60.0.1")]
+    assert store.leases_for("n2", "a") == []
+    assert store.release_leases("n1", "a") == 1
+    assert ip("n1", "d") == "10.60.0.1"
+    assert [ip("n1", f"f{i}") for i in range(11)] == [f"10.60.0.{i}" for i in range(4, 15)]
+    with pytest.raises(IpamExhausted) as info:
+        ip("n1", "full")
+    assert '"small"' in str(info.value) and '"n1"' in str(info.value) and "14 of 14" in str(info.value)
+    assert "IPLease" not in listed, "an allocation listed every lease"
+    monkeypatch.undo()
+    with pytest.raises(Forbidden, match="still holds 14 lease"):
+        store.delete("ipblock", K.block_name("small", "10.60.0.0/28"))
+    store.delete("network", "small")                       # its leases go first, then its blocks
+    assert not [o for o in store.list("ipleases").items if o["spec"]["network"] == "small"]
+    assert not [o for o in store.list("ipblocks").items if o["spec"]["network"] == "small"]
+
+
+def test_concurrent_allocations_and_releases_never_give_one_address_to_two_containers(store_factory):
+    """Clients allocating and releasing at once, two per node (the same blocks) and on two nodes:
+    every address a caller was given is its container's alone, as the store records it."""
+    stores = [store_factory() for _ in range(4)]
+    cidrs = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
+    given: dict[str, set[str]] = {}
+    released: set[str] = set()
+    errors: list[BaseException] = []
+
+    def work(i, s):
+        node = f"node-{i % 2}"
+        try:
+            for j in range(8):
+                cid = f"c{i}-{j}"
+                given[cid] = {str(lease.ip) for lease in
+                              s.allocate_leases("default", node, cidrs, f"default/p{i}-{j}", cid, "eth0")}
+                if j % 3 == 1:
+                    s.release_leases(node, cid)
+                    released.add(cid)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    held = {(o["spec"]["ip"]): o["spec"]["containerID"] for o in stores[0].list("ipleases").items}
+    kept = {cid: ips for cid, ips in given.items() if cid not in released}
+    assert all(len(ips) == 2 for ips in kept.values())
+    for cid, ips in kept.items():
+        for ip in ips:
+            assert held.get(ip) == cid, f"{ip} was given to {cid} but the store says {held.get(ip)}"
+    assert len(held) == 2 * len(kept)
 
 
 WRITER = textwrap.dedent("""

@@ -78,13 +78,92 @@ def test_a_commit_that_lost_the_race_raises_conflict_and_run_retries_the_body(et
 
         def body(txn):
             attempts.append(txn.revision())
+            assert txn.get("Pod", "default", f"y{len(attempts)}") is None
             if len(attempts) == 1:
-                two.create(pod(f"y{len(attempts)}"))   # a race lost once
+                two.create(pod("y1"))          # what the body read: a race lost once
             return txn.next_value("test-counter", 7)
 
         assert backend.run(body) == 7
         assert len(attempts) == 2 and attempts[1] > attempts[0]
         assert backend.run(body) == 8
+    finally:
+        one.close()
+        two.close()
+
+
+def _lease(ip, node="node-1", block="10.244.1.0/24"):
+    return {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+            "metadata": {"name": K.lease_name("default", ip)},
+            "spec": {"network": "default", "node": node, "block": K.block_name("default", block),
+                     "ip": ip, "pod": "default/web", "containerID": f"c-{ip}"}}
+
+
+def _block(cidr, node):
+    return {"apiVersion": K.LACE_API_VERSION, "kind": "IPBlock", "metadata": {"name": K.block_name("default", cidr)},
+            "spec": {"network": "default", "node": node, "cidr": cidr}}
+
+
+def _race(store, other, read, write):
+    """Whether a transaction of ``store`` that ran ``read`` commits after ``other`` ran ``write``
+    between its snapshot and its commit (False: it lost the race)."""
+    try:
+        with store.backend.transaction() as txn:
+            txn.revision()                        # the snapshot
+            read(txn)
+            write(other)
+            txn.next_value("race-counter", 0)     # something to commit
+        return True
+    except Conflict:
+        return False
+
+
+@privileged
+def test_a_commit_checks_what_it_read_so_disjoint_writers_commit_side_by_side(etcd_config):
+    one, two = open_store(etcd_config), open_store(etcd_config)
+    try:
+        one.apply_all([_block("10.244.1.0/24", "node-1"), _block("10.244.2.0/24", "node-2"),
+                       _lease("10.244.1.5"), _lease("10.244.1.6"), _lease("10.244.2.5", "node-2", "10.244.2.0/24")])
+        block1 = lambda txn: txn.list_prefix("IPLease", "", K.lease_prefix("default", "10.244.1.0/24"))
+        # a key read by itself: changed, created or deleted since the snapshot loses the race
+        assert not _race(one, two, lambda t: t.get("Pod", "default", "a"), lambda s: s.create(pod("a")))
+        assert not _race(one, two, lambda t: t.get("Pod", "default", "a"),
+                         lambda s: s.apply({**pod("a"), "metadata": {"name": "a", "namespace": "default",
+                                                                     "labels": {"x": "y"}}}))
+        assert not _race(one, two, lambda t: t.get("Pod", "default", "a"), lambda s: s.delete("pod", "a"))
+        # a range listed: a key created, changed or deleted in it loses the race
+        assert not _race(one, two, block1, lambda s: s.create(_lease("10.244.1.7")))
+        assert not _race(one, two, block1, lambda s: s.apply({**_lease("10.244.1.7"), "metadata": {
+            "name": K.lease_name("default", "10.244.1.7"), "annotations": {"a": "b"}}}))
+        assert not _race(one, two, block1, lambda s: s.delete("iplease", K.lease_name("default", "10.244.1.7")))
+        # a whole kind listed: a delete anywhere in it loses the race
+        assert not _race(one, two, lambda t: t.list("IPLease"),
+                         lambda s: s.delete("iplease", K.lease_name("default", "10.244.2.5")))
+        # what it did not read commits side by side: another block's leases, another key
+        assert _race(one, two, block1, lambda s: s.create(_lease("10.244.2.6", "node-2", "10.244.2.0/24")))
+        assert _race(one, two, block1, lambda s: s.delete("iplease", K.lease_name("default", "10.244.2.6")))
+        assert _race(one, two, lambda t: t.get("Pod", "default", "b"), lambda s: s.create(pod("c")))
+        # counters are keys: two writers of one counter never both commit
+        assert not _race(one, two, lambda t: None, lambda s: s.backend.run(lambda t: t.next_value("race-counter", 0)))
+    finally:
+        one.close()
+        two.close()
+
+
+@privileged
+def test_a_transaction_with_too_much_to_check_commits_only_if_nothing_committed_since(etcd_config, monkeypatch):
+    from lace.store import etcd as etcd_backend
+    one, two = open_store(etcd_config), open_store(etcd_config)
+    try:
+        monkeypatch.setattr(etcd_backend, "MAX_COMPARES", 4)     # 4 reads and the counter: 5
+        reads = lambda names: lambda t: [t.get("Pod", "default", n) for n in names]
+        assert not _race(one, two, reads("abcd"), lambda s: s.create(pod("unrelated")))
+        assert _race(one, two, reads("abc"), lambda s: s.create(pod("unrelated-2")))
+        monkeypatch.setattr(etcd_backend, "MAX_COMPARES", 64)
+        monkeypatch.setattr(etcd_backend, "WIDE_RANGE", 1)
+        one.create(pod("x"))
+        one.create(pod("y"))
+        assert not _race(one, two, lambda t: t.list("Pod", "default"),
+                         lambda s: s.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}))
     finally:
         one.close()
         two.close()
@@ -206,3 +285,22 @@ def test_prefetch_reads_a_batch_at_the_snapshot_in_one_request(etcd_config):
     finally:
         one.close()
         two.close()
+
+
+@privileged
+def test_an_allocation_is_three_requests_whatever_the_other_nodes_hold(etcd_store):
+    import ipaddress
+    cidrs = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
+    for node in ("node-1", "node-2"):
+        for i in range(3):
+            etcd_store.allocate_leases("default", node, cidrs, f"default/{node}-{i}", f"{node}-{i}", "eth0")
+    calls = []
+    gateway = etcd_store.backend.gateway
+    real = gateway.call
+    gateway.call = lambda path, body, **kw: (calls.append((path, body)), real(path, body, **kw))[1]
+    leases = etcd_store.allocate_leases("default", "node-1", cidrs, "default/new", "new", "eth0")
+    assert sorted(str(l.ip) for l in leases) == ["10.244.0.4", "fd00:10:244::4"]
+    # the IPBlocks; the node's two blocks' leases and the Network in one Txn; the commit
+    assert [path for path, _ in calls] == ["kv/range", "kv/txn", "kv/txn"]
+    read = [base64.b64decode(op["request_range"]["key"]).decode() for op in calls[1][1]["success"]]
+    assert not any("node-2" in key or "10-244-1-" in key for key in read)
