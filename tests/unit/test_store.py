@@ -299,6 +299,25 @@ def test_allocate_block_exhaustion(store):
         store.allocate_block("tiny", "c", 6, 64)
 
 
+def run_at_once(stores: list, work, timeout: float) -> None:
+    """``work(i, store)`` for every client at once, a thread each; an error in any fails the test."""
+    errors: list[BaseException] = []
+
+    def guarded(i, s):
+        try:
+            work(i, s)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), f"a client was still working after {timeout:g} s"
+
+
 def test_concurrent_clients_never_allocate_twice(store_factory):
     """Writers on separate clients racing for blocks, segment IDs and names: every allocation is
     distinct and every create of one name succeeds once (the transactions are serializable)."""
@@ -306,27 +325,18 @@ def test_concurrent_clients_never_allocate_twice(store_factory):
     blocks: list[str] = []
     segments: list[int] = []
     created: list[str] = []
-    errors: list[BaseException] = []
 
     def work(i, s):
-        try:
-            for j in range(4):
-                blocks.append(s.allocate_block("default", f"node-{i}-{j}", 4, 26))
-                segments.append(s.allocate_segment("default", "default", {"w": f"{i}-{j}"}))
-                try:
-                    s.create(pod("shared", labels={"by": str(i)}))
-                    created.append(str(i))
-                except AlreadyExists:
-                    pass
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
+        for j in range(4):
+            blocks.append(s.allocate_block("default", f"node-{i}-{j}", 4, 26))
+            segments.append(s.allocate_segment("default", "default", {"w": f"{i}-{j}"}))
+            try:
+                s.create(pod("shared", labels={"by": str(i)}))
+                created.append(str(i))
+            except AlreadyExists:
+                pass
 
-    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    run_at_once(stores, work, 60)
     nets = [ipaddress.ip_network(b) for b in blocks]
     assert len(nets) == 12
     assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
@@ -439,27 +449,18 @@ def test_concurrent_allocations_and_releases_never_give_one_address_to_two_conta
     cidrs = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
     given: dict[str, set[str]] = {}
     released: set[str] = set()
-    errors: list[BaseException] = []
 
     def work(i, s):
         node = f"node-{i % 2}"
-        try:
-            for j in range(8):
-                cid = f"c{i}-{j}"
-                given[cid] = {str(lease.ip) for lease in
-                              s.allocate_leases("default", node, cidrs, f"default/p{i}-{j}", cid, "eth0")}
-                if j % 3 == 1:
-                    s.release_leases(node, cid)
-                    released.add(cid)
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
+        for j in range(8):
+            cid = f"c{i}-{j}"
+            given[cid] = {str(lease.ip) for lease in
+                          s.allocate_leases("default", node, cidrs, f"default/p{i}-{j}", cid, "eth0")}
+            if j % 3 == 1:
+                s.release_leases(node, cid)
+                released.add(cid)
 
-    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_at_once(stores, work, 120)
     held = {(o["spec"]["ip"]): o["spec"]["containerID"] for o in stores[0].list("ipleases").items}
     kept = {cid: ips for cid, ips in given.items() if cid not in released}
     assert all(len(ips) == 2 for ips in kept.values())
