@@ -290,6 +290,11 @@ class Kubelet:
         if rec is not None and rec.get("ready"):
             if not self.prober.has(uid):
                 self.adopt(pod, rec)   # running before this kubelet started
+            elif uid not in self._written:
+                # set up, but its status write met an unavailable store (an etcd election): the
+                # pod would stay without a status, as nothing else writes it unless a probe
+                # changes; every relist tries again until one goes through
+                self.write_status(uid, rec)
             return
         fails, next_try = self.backoff.get(uid, (0, 0.0))
         if time.monotonic() < next_try:

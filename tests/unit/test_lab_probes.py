@@ -665,6 +665,48 @@ def test_a_restarted_kubelet_continues_from_the_stored_status(tmp_path):
         store.close()
 
 
+def test_a_running_status_the_store_refused_is_written_at_the_next_relist(tmp_path):
+    """A pod set up while the store was unavailable for its status write (an etcd election): the
+    next relist writes its Running status; nothing else would, as the pod has no probe to change."""
+    from lace.lab.kubelet import Kubelet
+    from lace.store import STORE_FILE, SqliteStore
+    from lace.store.errors import Unavailable
+    state = tmp_path / "lab"
+    state.mkdir()
+    (state / "lab.json").write_text(json.dumps({"nodes": [{"name": "worker-1", "netns": "lace-x-worker-1",
+                                                           "cgroup": "", "underlay_addr": "fd5e:ff::1"}]}))
+    store = SqliteStore(state / STORE_FILE)
+    stored = store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "default"},
+                          "spec": {"nodeName": "worker-1", "containers": [container()]}}).object
+    kubelet = Kubelet("x", str(state))
+    try:
+        uid = stored["metadata"]["uid"]
+        status = {"phase": "Running", "hostIP": "fd5e:ff::1", "startTime": NOW, "network": "default",
+                  "podIP": "10.244.0.5", "podIPs": [{"ip": "10.244.0.5"}]}
+        kubelet.sandboxes.put({"uid": uid, "namespace": "default", "name": "web", "node": "worker-1",
+                               "netns": "lace-x-p", "container_id": uid, "ready": True, "proc": "pod-x",
+                               "ips": ["10.244.0.5"], "probe_ips": [], "status": status})
+        assert kubelet.prober.add(probing.PodProbes.of(stored, time.monotonic(), NOW))   # as the set-up left it
+        real = kubelet.store.update_status
+
+        def unavailable(*_a, **_kw):
+            raise Unavailable("etcd is electing a leader")
+        kubelet.store.update_status = unavailable
+        with pytest.raises(Unavailable):
+            kubelet.start_pod(stored)              # a relist while the store still refuses
+        assert not (store.get("pods", "web", "default").get("status") or {}).get("phase")
+        kubelet.store.update_status = real
+        kubelet.start_pod(stored)                  # the next one, the store back
+        assert store.get("pods", "web", "default")["status"]["phase"] == "Running"
+        before = store.get("pods", "web", "default")["metadata"]["resourceVersion"]
+        kubelet.start_pod(stored)                  # written once: later relists write nothing
+        assert store.get("pods", "web", "default")["metadata"]["resourceVersion"] == before
+    finally:
+        kubelet.close()
+        kubelet.pool.shutdown(wait=True)
+        store.close()
+
+
 def test_prober_https_does_not_check_the_certificate(tmp_path, worker):
     import shutil
     import ssl
