@@ -91,6 +91,24 @@ def routes_for(addresses: list[IPAddr], cidrs: list[IPNet]) -> dict[str, str]:
     return {str(c): str(by_family[c.version]) for c in cidrs if c.version in by_family}
 
 
+def _own_addresses(dev: str | int, netns: str | None) -> list[str]:
+    """The device's addresses but the kernel's own IPv6 link-local one: what configure manages."""
+    return [c for c in netlink.addresses(dev, netns) if ipaddress.ip_interface(c).ip not in _LINK_LOCAL6]
+
+
+def _own_routes(ifindex: int, netns: str | None) -> dict[IPNet, netlink.RouteInfo]:
+    """The main table's routes through the device but default and IPv6 link-local ones, by
+    destination: what configure manages."""
+    out = {}
+    for r in netlink.routes(netns):
+        if r.oif != ifindex or r.dst in ("", "default"):
+            continue
+        dst = ipaddress.ip_network(r.dst)
+        if not (dst.version == 6 and dst.subnet_of(_LINK_LOCAL6)):
+            out[dst] = r
+    return out
+
+
 def _as_configured(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str | None,
                    links: Mapping[str, netlink.LinkInfo] | None) -> HostSetup | None:
     """The setup as it stands when the device is already what :func:`configure` would leave, else
@@ -103,19 +121,11 @@ def _as_configured(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns:
             or host.peer_ifindex != net.ifindex or net.peer_ifindex != host.ifindex \
             or host.mtu != mtu or net.mtu != mtu or host.arp or not host.admin_up or not net.admin_up:
         return None
-    have_addrs = {c for c in netlink.addresses(host.ifindex, netns)
-                  if ipaddress.ip_interface(c).ip not in _LINK_LOCAL6}
-    if have_addrs != {f"{ip}/{ip.max_prefixlen}" for ip in addresses}:
+    if set(_own_addresses(host.ifindex, netns)) != {f"{ip}/{ip.max_prefixlen}" for ip in addresses}:
         return None
     routes = routes_for(addresses, cidrs)
-    have_routes = {}
-    for r in netlink.routes(netns):
-        if r.oif != host.ifindex or r.dst in ("", "default"):
-            continue
-        dst = ipaddress.ip_network(r.dst)
-        if not (dst.version == 6 and dst.subnet_of(_LINK_LOCAL6)):
-            have_routes[dst] = r.src and ipaddress.ip_address(r.src)
-    if have_routes != {ipaddress.ip_network(d): ipaddress.ip_address(s) for d, s in routes.items()}:
+    have = {dst: r.src and ipaddress.ip_address(r.src) for dst, r in _own_routes(host.ifindex, netns).items()}
+    if have != {ipaddress.ip_network(d): ipaddress.ip_address(s) for d, s in routes.items()}:
         return None
     return HostSetup(tuple(addresses), tuple(routes), net.ifindex)
 
@@ -142,8 +152,8 @@ def configure(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str 
     want = {f"{ip}/{ip.max_prefixlen}" for ip in addresses}
     for cidr in sorted(want):
         netlink.add_address(HOST_IFNAME, cidr, netns)
-    for cidr in netlink.addresses(HOST_IFNAME, netns):
-        if cidr not in want and ipaddress.ip_interface(cidr).ip not in _LINK_LOCAL6:
+    for cidr in _own_addresses(HOST_IFNAME, netns):
+        if cidr not in want:
             netlink.del_address(HOST_IFNAME, cidr, netns)
     netlink.set_up(NET_IFNAME, netns)
     netlink.set_up(HOST_IFNAME, netns)
@@ -155,11 +165,8 @@ def configure(addresses: list[IPAddr], cidrs: list[IPNet], mtu: int, netns: str 
     for dst, src in routes.items():
         netlink.add_route(dst, netns=netns, dev=HOST_IFNAME, src=src)
     wanted = {ipaddress.ip_network(d) for d in routes}
-    for r in netlink.routes(netns):
-        if r.oif != host.ifindex or r.dst in ("", "default"):
-            continue
-        dst = ipaddress.ip_network(r.dst)
-        if dst not in wanted and not (dst.version == 6 and dst.subnet_of(_LINK_LOCAL6)):
+    for dst, r in _own_routes(host.ifindex, netns).items():
+        if dst not in wanted:
             netlink.del_route(r.dst, netns=netns, dev=HOST_IFNAME)
     return HostSetup(tuple(addresses), tuple(routes), net.ifindex)
 
