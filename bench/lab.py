@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import ipaddress
 import json
 import os
 import signal
@@ -297,6 +298,17 @@ def _p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
 
 
+def lease_address(store: Any, since: int, pod: str, timeout: float = 30) -> ipaddress.IPv4Address:
+    """The IPv4 address leased to ``pod`` (namespace/name) after store revision ``since``, from a
+    watch: waiting costs the machine nothing the pod's start could use."""
+    with store.watch(["ipleases"], since=since, timeout=timeout) as w:
+        for ev in w:
+            spec = ev.object["spec"]
+            if ev.type == "ADDED" and spec["pod"] == pod and ":" not in spec["ip"]:
+                return ipaddress.IPv4Address(spec["ip"])
+    raise SystemExit(f"{pod} got no address in {timeout:.0f} s")
+
+
 def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
     """Apply a pod, then ping its address every ms from the moment its IPLease is written (a
     store watch: waiting costs the machine nothing the pod's start could use)."""
@@ -312,15 +324,7 @@ def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
             since = store.revision()
             t0 = time.monotonic()
             store.apply(doc)
-            ip = None
-            with store.watch(["ipleases"], since=since, timeout=30) as w:
-                for ev in w:
-                    spec = ev.object["spec"]
-                    if ev.type == "ADDED" and spec["pod"] == f"default/{name}" and ":" not in spec["ip"]:
-                        ip = spec["ip"]
-                        break
-            if ip is None:
-                raise SystemExit(f"{name} got no address in 30 s")
+            ip = str(lease_address(store, since, f"default/{name}"))
             seq = 0
             while True:
                 seq += 1

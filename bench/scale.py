@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lab import Bench  # noqa: E402  (bench/lab.py)
+from lab import Bench, lease_address  # noqa: E402  (bench/lab.py)
 from policy import policy as policy_manifest  # noqa: E402  (bench/policy.py)
 
 from lace import netlink  # noqa: E402
@@ -339,16 +339,7 @@ def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
                 t1 = time.monotonic()
                 store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
                              "spec": {"nodeName": "worker-2", "containers": [{"name": "c", "image": "x"}]}})
-                ip = None
-                with store.watch(["ipleases"], since=since, timeout=30) as w:
-                    for ev in w:
-                        s = ev.object["spec"]
-                        if ev.type == "ADDED" and s["pod"] == f"default/{name}" and ":" not in s["ip"]:
-                            ip = ipaddress.ip_address(s["ip"])
-                            break
-                if ip is None:
-                    raise SystemExit(f"{name} got no address")
-                key = segment_key(1, ip)
+                key = segment_key(1, lease_address(store, since, f"default/{name}"))
                 wait_until(f"{name} in worker-1's segment map", lambda: seg.lookup(key) is not None, 30)
                 adds.append((time.monotonic() - t1) * 1000)
                 t1 = time.monotonic()
