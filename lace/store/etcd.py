@@ -95,7 +95,7 @@ from etcd3gw import exceptions as etcd_errors
 from lace import nsenter
 from lace.store import netns_http
 from lace.store.api import Heartbeat, Liveness, Watch, WatchEvent
-from lace.store.backend import Backend, Transaction
+from lace.store.backend import Backend, Transaction, prefix_end
 from lace.store.errors import Conflict, Gone, StoreError, Unavailable
 
 T = TypeVar("T")
@@ -132,8 +132,10 @@ def _unb64(text: str) -> bytes:
 
 
 def _range_end(prefix: str) -> str:
-    """The end of the key range that holds every key starting with ``prefix`` (ASCII keys)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    """The end of the key range that holds every key starting with ``prefix`` (never empty here)."""
+    end = prefix_end(prefix)
+    assert end is not None
+    return end
 
 
 @dataclass(frozen=True)
