@@ -36,14 +36,13 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 
 def build_snapshot(store: Any, node_name: str, uplink: str, mtu: int, kubelet_cgroup: int = 0,
                    services: ServiceCache | None = None,
-                   ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT, links: netlink.LinkIndex | None = None,
-                   fresh: bool = False) -> Snapshot:
+                   ct_endpoint_limit: int = CT_ENDPOINT_DEFAULT, links: netlink.LinkIndex | None = None) -> Snapshot:
     """Everything a pass needs; ``services``, the agent's service cache, stands in for listing
     Services and EndpointSlices (and keeps every unchanged service's frontends). ``links``: the
     agent's index of the namespace's interfaces, looked at only for interfaces it has not seen
-    (one index per pass instead of a request per pod, ~1 ms of CPU each in pyroute2), or read
-    afresh with ``fresh``; without it every interface is read."""
-    ifaces = (links or netlink.LinkIndex()).refresh(full=fresh or links is None)
+    (one index per pass instead of a request per pod, ~1 ms of CPU each in pyroute2; a resync
+    reads it afresh before the pass); without it every interface is read."""
+    ifaces = (links or netlink.LinkIndex()).refresh(full=links is None)
     net_objs = store.list("networks").items
     ids = by_name(net_objs)
     networks = {n.name: n for n in (parse_network(o, ids) for o in net_objs) if n}
