@@ -205,6 +205,8 @@ class FlowCollector:
         self.received = 0
         self.errors = 0
         self._ring: Any = None
+        #: ends the reader's wait from stop(): the bulk reader's wake (None: the reader polls)
+        self._wake: Callable[[], None] | None = None
         self._source = source
         self._ring_lost_source = ring_lost_source
         self._ring_lost_base: int | None = None
@@ -254,7 +256,7 @@ class FlowCollector:
         assert self._source is not None
         last_cal = last_lost = time.monotonic()
         read = True   # records arrived since the loss counter was last read
-        wait_ms = IDLE_POLL_MS if self._wakeable() else POLL_MS
+        wait_ms = IDLE_POLL_MS if self._wake is not None else POLL_MS
         while not self._stop.is_set():
             try:
                 data, others = self._source(wait_ms)
@@ -288,6 +290,7 @@ class FlowCollector:
             log.info("flow reader: %s; reading records one at a time", exc)
         else:
             self._ring = reader
+            self._wake = reader.wake
 
             def bulk(timeout_ms: int) -> tuple[bytes, int]:
                 return reader.read(RECORD) if reader.wait(timeout_ms) else (b"", 0)
@@ -321,21 +324,17 @@ class FlowCollector:
         self._thread = threading.Thread(target=self._run, name="flows", daemon=True)
         self._thread.start()
 
-    def _wakeable(self) -> bool:
-        """Whether the reader waits on a ring that stop() can wake (the bulk reader)."""
-        from lace.bpf import RingReader
-        return isinstance(self._ring, RingReader)
-
     def stop(self) -> None:
         self._stop.set()
-        if self._wakeable():
-            self._ring.wake()
+        if self._wake is not None:
+            self._wake()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+            self._wake = None
 
     @property
     def native_thread_id(self) -> int | None:
