@@ -27,9 +27,11 @@ from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
 from .api import ApiServer
+from .cluster import KINDS as CLUSTER_KINDS, ClusterCache
 from .conntrack import GC_INTERVAL_SECONDS, GcEndpoint, GcResult, flush_addresses, gc_pass, revnat_in_use
 from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, Entries, ct_limit, desired_maps
+from .podsync import PodSync
 from .servicesync import ServiceSync
 from .diff import diff_all
 from .endpoints import CniError, CniRequest, Endpoints
@@ -46,8 +48,7 @@ from .verify import register_routes as register_verify_routes
 
 log = logging.getLogger("lace.agent")
 
-WATCH_KINDS = ["networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "namespaces",
-               "networkpolicies", "services", "endpointslices"]
+WATCH_KINDS = [*CLUSTER_KINDS, "services", "endpointslices"]
 RESYNC_SECONDS = 30.0
 
 
@@ -107,12 +108,16 @@ class Agent:
         self.services = ServiceProgrammer()
         #: the service cache the watch keeps, and incremental passes for services that changed
         self.service_sync = ServiceSync(node, self.services, self.datapath, OWNED_MAPS)
+        #: every other watched kind, listed once and kept by the watch (lace.agent.cluster)
+        self.cluster = ClusterCache()
+        #: incremental passes for pods of other nodes (lace.agent.podsync)
+        self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS)
         self._watch_since: int | None = None
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
                                                     if m.map_type != "ringbuf"},
                                     lambda: status_doc(self, maps=False))
         self.endpoints = Endpoints(store, node, mtu, self.datapath, self.reconcile,
-                                   lambda net, ips: flush_addresses(self.datapath, net, ips))
+                                   lambda net, ips: flush_addresses(self.datapath, net, ips), self.cluster)
         # the one reader of the events ring buffer: a bounded history any number of clients follow
         self.flows = FlowCollector(node)
         self.api = ApiServer(socket_path)
@@ -150,7 +155,7 @@ class Agent:
         self.flows.start(self.datapath.map("events"), self.datapath.map("metrics"))
         self.liveness.renew_once()   # the record exists before the agent says it is ready
         self.liveness.start()
-        self._watch_since = self.service_sync.list(self.store)
+        self._watch_since = self._list()
         self.reconcile()
         # what the first pass built lives as long as the agent: keep the collector's full passes
         # from walking it again and again (tens of thousands of services are millions of objects)
@@ -218,18 +223,21 @@ class Agent:
                 except Exception as e:
                     self.loops["host-device"].failed(e)
                     raise
-            self.service_sync.take()   # a full pass covers whatever the watch left for it
+            # a full pass covers whatever the watch left for the incremental ones
+            self.service_sync.take()
+            self.pod_sync.take()
             # retired revnat frontends whose flows are all gone go (lace.services.program); the
             # conntrack tables are read for it only while some wait
             if resync and self.services.revnat_retired:
                 self.services.release_revnat(revnat_in_use(self.datapath))
             snap = build_snapshot(self.store, self.node, self.uplink, self.mtu, self.kubelet_cgroup_id,
-                                  self.service_sync.cache, self.ct_endpoint_limit, self.links)
+                                  self.service_sync.cache, self.ct_endpoint_limit, self.links, self.cluster)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
             self.datapath.apply(changes, OWNED_MAPS)
+            self.pod_sync.rebuilt(snap)
             if resync or "probes" in changes:   # a target went, or a release hook was missed
                 self._collect_probe_cookies(want["probes"])
             changed = {}
@@ -266,6 +274,24 @@ class Agent:
             self.watch_state.applied(started)
             if changed:
                 log.info("services %s: %s", ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
+                         ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
+            return changed
+
+    def sync_pods(self, keys: set[str]) -> dict[str, int] | None:
+        """An incremental pass for these pods (``namespace/name``) of other nodes only
+        (lace.agent.podsync). Returns the entries changed per map, or None when only a full pass
+        can decide."""
+        with self._reconcile_lock, self.metrics.pod_sync_duration.time():
+            started = time.time()
+            work = self.pod_sync.sync(keys)
+            if work is None:
+                return None
+            changed = {name: len(ch.updates) + len(ch.deletes) for name, ch in work.items()}
+            for name, n in changed.items():
+                self.metrics.map_writes.labels(name).inc(n)
+            self.watch_state.applied(started)
+            if changed:
+                log.info("pods %s: %s", ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
                          ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
             return changed
 
@@ -348,9 +374,12 @@ class Agent:
                 next_resync = time.monotonic() + RESYNC_SECONDS
             self.dirty.clear()
             keys, full = self.service_sync.take()
+            pods = self.pod_sync.take()
             try:
-                # only services changed: program those; anything else is a full pass
-                if resync or full or not keys or self.sync_services(keys) is None:
+                # only services or pods of other nodes changed: program those; anything else
+                # (or an incremental pass that declines) is a full pass
+                if resync or full or not (keys or pods) or \
+                        (pods and self.sync_pods(pods) is None) or (keys and self.sync_services(keys) is None):
                     time.sleep(0.005)   # coalesce a burst of writes into one pass
                     self.reconcile(resync=resync)
                 self.loops["reconcile"].ok()
@@ -363,6 +392,7 @@ class Agent:
                 log.warning("reconcile failed (retrying in %.1fs): %s", backoff, e)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+                self.service_sync.request_full()   # what the failed pass took is not lost
                 self.dirty.set()
 
     def ct_gc_once(self) -> GcResult:
@@ -397,7 +427,7 @@ class Agent:
         while not self.stopping.is_set():
             try:
                 if relist:   # first, or fell behind compaction: list again, and a full pass
-                    since = self.service_sync.list(self.store)
+                    since = self._list()
                     relist = False
                     self.dirty.set()
                 self._watch = self.store.watch(WATCH_KINDS, since=since)
@@ -409,7 +439,9 @@ class Agent:
                     # revision) resumes before it: replaying an event changes nothing
                     since = rv - 1
                     self.watch_state.event(rv)
-                    self.service_sync.event(ev)
+                    change = self.cluster.apply(ev)
+                    if not (self.service_sync.event(ev) or self.pod_sync.event(ev, change)):
+                        self.service_sync.request_full()
                     self.dirty.set()
             except Gone:
                 relist = True
@@ -421,6 +453,10 @@ class Agent:
                 else:
                     log.exception("watch failed")
                 self.stopping.wait(0.5)
+
+    def _list(self) -> int:
+        """List every watched kind into the caches; returns the revision to watch from."""
+        return min(self.service_sync.list(self.store), self.cluster.list(self.store))
 
     def _restart_watch(self) -> None:
         """End the current watch; the watch loop opens a new one from the last revision it saw

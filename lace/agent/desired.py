@@ -71,7 +71,7 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
     for p in s.pods:
-        out["segment"][segment_key(p.network, str(p.ip))] = segment_value(
+        out["segment"][segment_key(p.network, p.ip)] = segment_value(
             p.segment, local=(p.network, p.ip) in local)
     _host_segments(s, out["segment"])
     _underlay_peers(s, out["segment"])

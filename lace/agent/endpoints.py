@@ -28,6 +28,7 @@ from lace.store.kinds import pod_network
 
 from .hostdev import HOST_IFNAME
 from .ipam import Ipam, IpamExhausted
+from .cluster import ClusterCache
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease, lease_container,
                     probe_container_id)
 
@@ -106,15 +107,18 @@ class CniRequest:
 
 
 class Endpoints:
-    """CNI operations for this node; ``reconcile`` programs the maps from the store afterwards."""
+    """CNI operations for this node; ``reconcile`` programs the maps afterwards. A pass reads the
+    agent's cluster cache, which the watch keeps: what an operation wrote goes into the cache at
+    once (``learn``, ``forget``), so the pass that follows sees it without waiting for the watch."""
 
     def __init__(self, store, node: str, mtu: int, datapath, reconcile: Callable[[], None],
-                 flush_conntrack: Callable[[int, list], int]) -> None:
+                 flush_conntrack: Callable[[int, list], int], cluster: ClusterCache) -> None:
         self.store = store
         self.node = node
         self.mtu = mtu
         self.datapath = datapath
         self.reconcile = reconcile
+        self.cluster = cluster
         self.flush_conntrack = flush_conntrack
         self.ipam = Ipam(store, node)
 
@@ -169,6 +173,7 @@ class Endpoints:
             self.ipam.release(req.container_id)
             raise CniError(E_IPAM_EXHAUSTED, f"pod {ref}: no probe address: {e}") from None
         self.store.allocate_segment(net_name, req.pod_namespace, labels)
+        self.cluster.learn([pod, *leases, *probe_leases])
         mark("ipam")
 
         try:
@@ -279,8 +284,10 @@ class Endpoints:
             netlink.delete_link(host)
         except Exception as e:
             log.warning("delete %s: %s", host, e)
+        leases = self.ipam.leases_for(req.container_id) + self.ipam.leases_for(probe_container_id(req.container_id))
         self.ipam.release(req.container_id)
         self.ipam.release(probe_container_id(req.container_id))
+        self.cluster.forget(leases)
         self.reconcile()
 
     # -- DEL / CHECK -------------------------------------------------------------------------
@@ -297,6 +304,7 @@ class Endpoints:
         netlink.delete_link(host)
         self.ipam.release(req.container_id)
         self.ipam.release(probe_container_id(req.container_id))
+        self.cluster.forget(leases)
         self.reconcile()
         for o in leases:
             try:

@@ -200,6 +200,10 @@ class AgentMetrics:
             "lace_agent_service_sync_duration_seconds",
             "Duration of an incremental pass that programs only the services that changed",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=self.registry)
+        self.pod_sync_duration = Histogram(
+            "lace_agent_pod_sync_duration_seconds",
+            "Duration of an incremental pass that programs only pods of other nodes that changed",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=self.registry)
         self.reconcile_errors = Counter("lace_agent_reconcile_errors", "Failed reconcile passes",
                                         registry=self.registry)
         self.map_writes = Counter("lace_agent_map_writes", "Map entries written or deleted", ["map"],

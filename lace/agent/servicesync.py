@@ -53,15 +53,20 @@ class ServiceSync:
             self._full = True
         return min(int(services.resource_version), int(slices.resource_version))
 
-    def event(self, ev: WatchEvent) -> None:
-        """One watch event of any kind: a service to program again, or a full pass to run."""
-        if ev.object.get("kind") in SERVICE_KINDS:
-            keys = self.cache.apply(ev.type, ev.object)
-            with self._lock:
-                self._pending |= keys
-        else:
-            with self._lock:
-                self._full = True
+    def event(self, ev: WatchEvent) -> bool:
+        """One watch event: True when it is of a service kind (the services it touches are noted
+        for the next incremental pass), False when it is not this cache's to handle."""
+        if ev.object.get("kind") not in SERVICE_KINDS:
+            return False
+        keys = self.cache.apply(ev.type, ev.object)
+        with self._lock:
+            self._pending |= keys
+        return True
+
+    def request_full(self) -> None:
+        """The next pass must be a full one (a change no incremental pass covers)."""
+        with self._lock:
+            self._full = True
 
     def take(self) -> tuple[set[str], bool]:
         """What the watch left: (services to program again, whether a full pass is needed). Taking

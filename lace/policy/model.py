@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from lace.store import kinds as K
+from lace.store.records import PROTO_NUMBERS, ContainerPort
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -19,7 +20,6 @@ Labels = tuple[tuple[str, str], ...]
 #: annotation on a NetworkPolicy or a Namespace: report would-be drops as AUDIT, let traffic pass
 ANN_AUDIT = K.AUDIT_ANNOTATION
 
-PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 PROTO_NAMES = {v: k for k, v in PROTO_NUMBERS.items()}
 
 
@@ -34,15 +34,6 @@ class NamespaceInfo:
     name: str
     labels: Labels = ()
     audit: bool = False
-
-
-@dataclass(frozen=True)
-class ContainerPort:
-    """One containerPort of a pod (named ports resolve through these)."""
-
-    port: int
-    proto: int = 6
-    name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ are read elsewhere (``emulate``, for ``lace policy trace``); resolution itself d
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lace.store import kinds as K
+from lace.store.records import PodRecord
 
 from .ids import cidr_identity, normalise_cidr
-from .model import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, PROTO_NUMBERS, labels_tuple
+from .model import NamespaceInfo, PodInfo, PolicyInputs, labels_tuple
 from .parse import is_audit, parse_policy
 from .resolve import cidrs_of
 
@@ -24,24 +24,15 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
     return (network, namespace, tuple(sorted(labels.items())))
 
 
-def container_ports(pod: dict) -> tuple[ContainerPort, ...]:
-    out = []
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        for p in c.get("ports") or []:
-            out.append(ContainerPort(int(p["containerPort"]),
-                                     PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6), p.get("name")))
-    return tuple(out)
-
-
-def policy_inputs(store: Any, pods: dict[str, dict], addresses: Iterable[Any],
-                  segments: dict[tuple, int] | None = None, *, allocate: bool = True) -> PolicyInputs:
-    """Inputs from pod objects by ``ns/name``, their addresses (objects with network, ip, segment,
-    node, pod — lace.agent.model.PodAddress) and the store's segments by (network, namespace,
-    sorted labels); CIDR segments missing from ``segments`` are allocated unless ``allocate`` is off."""
-    if segments is None:
-        segments = segment_index(store)
+def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mapping[str, PodRecord],
+                  addresses: Iterable[Any], segments: dict[tuple, int],
+                  allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None) -> PolicyInputs:
+    """Inputs from Namespace and NetworkPolicy objects, pod records by ``ns/name``, their addresses
+    (objects with network, ip, segment, node, pod — lace.agent.model.PodAddress) and the store's
+    segments by (network, namespace, sorted labels); the segment of an ipBlock CIDR missing from
+    ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one."""
     inputs = PolicyInputs()
-    for o in store.list("namespaces").items:
+    for o in namespaces:
         meta = o.get("metadata") or {}
         inputs.namespaces[meta["name"]] = NamespaceInfo(meta["name"], labels_tuple(meta.get("labels")),
                                                         is_audit(meta.get("annotations")))
@@ -51,17 +42,16 @@ def policy_inputs(store: Any, pods: dict[str, dict], addresses: Iterable[Any],
         grouped.setdefault(a.pod, []).append(a)
         nets.add(a.network)
     for key, addrs in sorted(grouped.items()):
-        obj = pods.get(key)
-        if obj is None:
+        pod = pods.get(key)
+        if pod is None:
             continue
-        meta = obj["metadata"]
         inputs.pods.append(PodInfo(
-            namespace=meta["namespace"], name=meta["name"], labels=labels_tuple(meta.get("labels")),
-            network=K.pod_network(obj), network_id=addrs[0].network, segment=addrs[0].segment,
+            namespace=pod.namespace, name=pod.name, labels=pod.labels, network=pod.network,
+            network_id=addrs[0].network, segment=addrs[0].segment,
             ips=tuple(sorted((a.ip for a in addrs), key=lambda ip: (ip.version, ip))),
-            node=addrs[0].node, ports=container_ports(obj)))
+            node=addrs[0].node, ports=pod.ports))
     inputs.network_ids = tuple(sorted(nets | {1}))
-    inputs.policies = list(store.list("networkpolicies").items)
+    inputs.policies = list(policies)
     for obj in inputs.policies:
         try:
             cidrs = cidrs_of(parse_policy(obj))
@@ -70,8 +60,8 @@ def policy_inputs(store: Any, pods: dict[str, dict], addresses: Iterable[Any],
         for c in sorted(cidrs):
             net, ns, labels = cidr_identity(c)
             seg = segments.get(_labels_key(net, ns, labels))
-            if seg is None and allocate:
-                seg = store.allocate_segment(net, ns, labels)
+            if seg is None and allocate_segment is not None:
+                seg = allocate_segment(net, ns, labels)
                 segments[_labels_key(net, ns, labels)] = seg
             if seg is not None:
                 inputs.cidr_segments[normalise_cidr(c)] = seg
@@ -95,16 +85,16 @@ def inputs_from_store(store: Any, *, allocate: bool = False) -> PolicyInputs:
     ids = {o["metadata"]["name"]: int(o["status"]["id"]) for o in store.list("networks").items
            if "id" in (o.get("status") or {})}
     segments = segment_index(store)
-    pods = {f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}': p for p in store.list("pods").items}
+    pods = {p.key: p for p in map(PodRecord.of, store.list("pods").items)}
     addrs = []
     for lease in store.list("ipleases").items:
         s = lease["spec"]
         pod = pods.get(s["pod"])
         if pod is None or s["network"] not in ids:
             continue
-        seg = segments.get(_labels_key(s["network"], pod["metadata"]["namespace"],
-                                       pod["metadata"].get("labels") or {}))
+        seg = segments.get((s["network"], pod.namespace, pod.labels))
         if seg is None:
             continue
         addrs.append(_Address(ids[s["network"]], ipaddress.ip_address(s["ip"]), seg, s["node"], s["pod"]))
-    return policy_inputs(store, pods, addrs, segments, allocate=allocate)
+    return policy_inputs(store.list("namespaces").items, store.list("networkpolicies").items, pods, addrs,
+                         segments, store.allocate_segment if allocate else None)

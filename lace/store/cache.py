@@ -7,11 +7,14 @@ and a deletion is remembered by revision so a replayed create cannot bring the o
 A (re)list of a kind is authoritative and forgets that kind's deletions, so they are not kept
 forever; a replay that follows it comes in revision order and so brings each deletion after the
 create it undoes.
+
+A kind may be kept as slim records instead of whole objects (``lace.store.records``): the cache
+then converts each object as it arrives and compares records by the revision they carry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lace.store.kinds import object_key
@@ -21,39 +24,48 @@ def object_revision(obj: Mapping[str, Any]) -> int:
     return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
 
 
+def _revision(value: Any) -> int:
+    return object_revision(value) if isinstance(value, Mapping) else value.rv
+
+
 class ObjectCache:
     """Objects of some kinds by kind and ``namespace/name``, each at the newest revision seen."""
 
-    def __init__(self, kinds: Iterable[str]) -> None:
-        self.objects: dict[str, dict[str, dict]] = {kind: {} for kind in kinds}
+    def __init__(self, kinds: Iterable[str], records: Mapping[str, Callable[[dict], Any]] | None = None) -> None:
+        self.objects: dict[str, dict[str, Any]] = {kind: {} for kind in kinds}
+        #: kinds kept as records: kind -> the function that makes one from an object
+        self.records = dict(records or {})
         #: revision of the newest deletion seen per key, so a replayed create cannot resurrect it
         self._gone: dict[tuple[str, str], int] = {}
 
     def replace(self, kind: str, items: list[dict]) -> None:
         """Everything of one kind, from a list."""
-        self.objects[kind] = {object_key(o): o for o in items}
+        slim = self.records.get(kind)
+        self.objects[kind] = {object_key(o): (slim(o) if slim else o) for o in items}
         self._gone = {k: rv for k, rv in self._gone.items() if k[0] != kind}
 
-    def put(self, obj: dict) -> dict | None:
-        """Store ``obj`` unless a newer version (or deletion) is known; returns the previous one."""
+    def put(self, obj: dict) -> Any:
+        """Store ``obj`` (or its record) unless a newer version (or deletion) is known; returns the
+        previous one."""
         kind, key = obj["kind"], object_key(obj)
         old = self.objects[kind].get(key)
         rv = object_revision(obj)
-        if (old is not None and object_revision(old) >= rv) or self._gone.get((kind, key), 0) >= rv:
+        if (old is not None and _revision(old) >= rv) or self._gone.get((kind, key), 0) >= rv:
             return old
-        self.objects[kind][key] = obj
+        slim = self.records.get(kind)
+        self.objects[kind][key] = slim(obj) if slim else obj
         return old
 
-    def remove(self, obj: dict) -> dict | None:
+    def remove(self, obj: dict) -> Any:
         """Forget ``obj`` unless a newer version is known; returns what was removed."""
         kind, key = obj["kind"], object_key(obj)
         old = self.objects[kind].get(key)
-        if old is not None and object_revision(old) > object_revision(obj):
+        if old is not None and _revision(old) > object_revision(obj):
             return None
         self._gone[(kind, key)] = max(self._gone.get((kind, key), 0), object_revision(obj))
         return self.objects[kind].pop(key, None)
 
-    def apply(self, event_type: str, obj: dict) -> dict | None:
+    def apply(self, event_type: str, obj: dict) -> Any:
         """One watch event (ADDED, MODIFIED or DELETED); returns the object it replaced or removed."""
         return self.remove(obj) if event_type == "DELETED" else self.put(obj)
 

@@ -377,13 +377,15 @@ def api_socket():
     GET /v1/flows (a FlowCollector with no ring buffer)."""
     from lace.agent.api import ApiServer
     from lace.agent.daemon import Agent
+    from lace.agent.cluster import ClusterCache
     from lace.agent.endpoints import Endpoints
     from lace.agent.flows import FlowCollector
 
     with tempfile.TemporaryDirectory(prefix="lace-fuzz-api-") as root:
         store = SqliteStore(os.path.join(root, "store.db"))
         agent = type("AgentStandIn", (), {})()
-        agent.endpoints = _NoDatapathEndpoints(Endpoints(store, "n1", 1500, None, lambda: None, lambda *a: 0))
+        agent.endpoints = _NoDatapathEndpoints(Endpoints(store, "n1", 1500, None, lambda: None, lambda *a: 0,
+                                                                      ClusterCache()))
         server = ApiServer(os.path.join(root, "agent.sock"))
         server.route("POST", "/v1/cni", lambda body: Agent._cni(agent, body))
         for method, path, fn in FlowCollector("n1").routes():

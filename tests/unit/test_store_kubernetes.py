@@ -400,11 +400,12 @@ def _desired(store) -> dict:
     from lace.agent.model import by_name, parse_node
     from lace.policy.sources import policy_inputs
     from lace.services.model import frontends, imports_by_service
+    from lace.store.records import PodRecord
 
     nets = store.list("networks").items
     ids = by_name(nets)
-    pods = {f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}': p for p in store.list("pods").items}
-    inputs = policy_inputs(store, pods, [], allocate=False)
+    pods = {p.key: p for p in map(PodRecord.of, store.list("pods").items)}
+    inputs = policy_inputs(store.list("namespaces").items, store.list("networkpolicies").items, pods, [], {})
     return {
         "nodes": sorted(repr(n) for n in map(parse_node, store.list("nodes").items) if n),
         "frontends": frontends(store.list("services").items, store.list("endpointslices").items, ids,

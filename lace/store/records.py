@@ -1,0 +1,117 @@
+"""Slim records of the objects a node agent keeps for the whole cluster.
+
+An agent needs every Pod's identity and every IPLease's address, but not the rest of either object:
+keeping the stored dictionaries of 10k pods and 20k leases would cost ~60 MiB of Python objects
+that no pass reads. A record holds what the data plane and policy read, parsed once (labels
+sorted, the address an ``ipaddress`` object, the named container ports and the kubelet's probe
+ports worked out), and the object's resourceVersion, so a cache of records can tell a replayed
+event from a newer one as it can with whole objects (``lace.store.cache``). Kubernetes' metadata
+informers and Cilium's slim types make the same trade.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any, Union
+
+from lace.store import kinds as K
+
+IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+Labels = tuple[tuple[str, str], ...]
+
+PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+
+def revision(obj: dict[str, Any]) -> int:
+    return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPort:
+    """One containerPort of a pod (named ports resolve through these)."""
+
+    port: int
+    proto: int = 6
+    name: str | None = None
+
+
+def container_ports(pod: dict[str, Any]) -> tuple[ContainerPort, ...]:
+    out = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            out.append(ContainerPort(int(p["containerPort"]),
+                                     PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6), p.get("name")))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A Pod as policy and the data plane see it."""
+
+    namespace: str
+    name: str
+    labels: Labels
+    #: the primary network it asks for (lace.store.kinds.pod_network)
+    network: str
+    #: spec.nodeName ("" until it is bound)
+    node: str
+    ports: tuple[ContainerPort, ...] = ()
+    #: the TCP ports the node's kubelet probes (lace.probes.pod_probe_ports)
+    probe_ports: tuple[int, ...] = ()
+    rv: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> PodRecord:
+        from lace.probes import pod_probe_ports   # lace.probes reads the probe fields of the spec
+        meta = obj.get("metadata") or {}
+        return cls(meta.get("namespace") or "", meta["name"], tuple(sorted((meta.get("labels") or {}).items())),
+                   K.pod_network(obj), str((obj.get("spec") or {}).get("nodeName") or ""), container_ports(obj),
+                   tuple(sorted(pod_probe_ports(obj))), revision(obj))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """An IPLease: an address of a network held for a pod (or a node's host, or a pod's probe
+    address: ``container_id`` tells, lace.agent.model), with the endpoint the agent made for it."""
+
+    name: str
+    network: str
+    node: str
+    ip: IPAddr
+    #: ``namespace/name`` of the pod (``node/<name>`` for a host address)
+    pod: str
+    container_id: str
+    #: the agent's host-side interface and the pod's MAC (annotations; "" until the agent sets them)
+    host_ifname: str = ""
+    pod_mac: str = ""
+    rv: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"/{self.name}"
+
+    @property
+    def spec(self) -> dict[str, str]:
+        """The fields lace.agent.model's lease predicates read."""
+        return {"containerID": self.container_id}
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> LeaseRecord:
+        s, meta = obj["spec"], obj["metadata"]
+        ann = meta.get("annotations") or {}
+        return cls(meta["name"], s["network"], s["node"], ipaddress.ip_address(s["ip"]), s["pod"],
+                   str(s.get("containerID") or ""), ann.get(K.HOST_IFNAME_ANNOTATION, ""),
+                   ann.get(K.POD_MAC_ANNOTATION, ""), revision(obj))
+
+
+#: the records a cache keeps instead of whole objects, by kind
+RECORDS = {"Pod": PodRecord.of, "IPLease": LeaseRecord.of}

@@ -1,0 +1,209 @@
+"""Incremental pod passes (lace.agent.podsync) against the full pass they stand in for.
+
+A real store; the agent's cluster cache fed by the store's own watch; after every change, the
+segment map the incremental pass leaves must be exactly the one a full pass computes from a fresh
+snapshot, and the pass must decline (leaving the map alone) whenever policy could see the change.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from types import SimpleNamespace
+
+import pytest
+
+from lace.agent.cluster import KINDS, ClusterCache
+from lace.agent.desired import OWNED_MAPS, desired_maps
+from lace.agent.diff import MapChanges
+from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
+from lace.agent.podsync import PodSync
+from lace.agent.state import build_snapshot
+from lace.datapath.segment import segment_key
+from lace.store import SqliteStore
+from lace.store import kinds as K
+
+ME, FAR = "me", "far"
+
+
+class Links:
+    """The node namespace's interfaces as the snapshot reads them: just the uplink."""
+
+    def refresh(self, full: bool = False) -> dict:
+        return {"eth0": SimpleNamespace(ifindex=2, mac="02:00:00:00:00:02", name="eth0")}
+
+
+class Maps:
+    """The agent's record of the maps it wrote, with NodeDatapath's read and apply."""
+
+    def __init__(self, entries: dict[str, dict[bytes, bytes]]) -> None:
+        self.entries = {n: dict(e) for n, e in entries.items()}
+        self.writes = 0
+
+    def read(self, name: str, fresh: bool = False) -> dict[bytes, bytes]:
+        return self.entries[name]
+
+    def apply(self, changes: dict[str, MapChanges], order: tuple[str, ...]) -> None:
+        for name, ch in changes.items():
+            self.entries[name].update(ch.updates)
+            for k in ch.deletes:
+                del self.entries[name][k]
+            self.writes += len(ch.updates) + len(ch.deletes)
+
+
+def node(name: str, nid: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": {
+        ANN_LOCATOR: f"fd5e:c000:{nid:x}::/48", ANN_UNDERLAY: f"fd5e:ff::{nid:x}", ANN_NODE_ID: str(nid)}}}
+
+
+def pod(name: str, app: str, on: str = FAR, ports: tuple = ()) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default",
+                                                            "labels": {"app": app}},
+            "spec": {"nodeName": on, "containers": [{"name": "c", "image": "x", "ports": [
+                {"name": n, "containerPort": p} for n, p in ports]}]}}
+
+
+class Cluster:
+    """A store, the agent's caches over it, a full pass's maps, and the watch between them."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.apply_all([{"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": "default"},
+                          "spec": {"cidrs": list(K.DEFAULT_NETWORK_CIDRS)}}, node(ME, 1), node(FAR, 2)])
+        self.blocks = {n: ipaddress.ip_network(store.allocate_block("default", n, 4, 24)) for n in (ME, FAR)}
+        #: the upper half of the other node's block is an ipBlock of the policy
+        self.ipblock = list(self.blocks[FAR].subnets(1))[1]
+        self.next_ip = {n: 2 for n in (ME, FAR)}
+        store.apply({"apiVersion": K.NETWORKING_API_VERSION, "kind": "NetworkPolicy",
+                     "metadata": {"name": "outside", "namespace": "default"},
+                     "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [
+                         {"from": [{"ipBlock": {"cidr": str(self.ipblock)}}]},
+                         {"from": [{"podSelector": {}}], "ports": [{"port": "http"}]}]}})
+        for name, app in (("web-1", "web"), ("web-2", "web"), ("db-1", "db"), ("db-2", "db")):
+            self.add_pod(pod(name, app, ports=(("http", 8080),) if app == "web" else ()))
+        self.add_pod(pod("local", "web", on=ME, ports=(("http", 8080),)))
+        for labels in ({"app": "web"}, {"app": "db"}, {"app": "cache"}):
+            store.allocate_segment("default", "default", labels)
+        self.cluster = ClusterCache.listed(store)
+        self.since = store.revision()
+        self.maps = Maps(self.full())   # the first pass allocates the ipBlock's segment: a full pass
+        self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS)
+        assert not self.watch()
+        self.maps = Maps(self.full())
+        self.sync.datapath = self.maps
+        self.sync.rebuilt(self.snapshot())
+
+    def add_pod(self, obj: dict, ip: ipaddress.IPv4Address | None = None) -> ipaddress.IPv4Address:
+        n = obj["spec"]["nodeName"]
+        if ip is None:
+            ip = self.blocks[n].network_address + self.next_ip[n]
+            self.next_ip[n] += 1
+        ref = f"default/{obj['metadata']['name']}"
+        self.store.apply_all([obj, {
+            "apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+            "metadata": {"name": K.lease_name("default", str(ip)), "labels": {K.NODE_LABEL: n}},
+            "spec": {"network": "default", "node": n, "block": K.block_name("default", str(self.blocks[n])),
+                     "ip": str(ip), "pod": ref, "containerID": f"c-{obj['metadata']['name']}", "ifname": "eth0"}}])
+        return ip
+
+    def delete_pod(self, name: str, ip: ipaddress.IPv4Address) -> None:
+        self.store.delete("pods", name, "default")
+        self.store.delete("ipleases", K.lease_name("default", str(ip)))
+
+    def snapshot(self):
+        return build_snapshot(self.store, ME, "eth0", 1500, links=Links(), cluster=self.cluster)  # type: ignore[arg-type]
+
+    def full(self) -> dict[bytes, bytes]:
+        return desired_maps(self.snapshot())   # type: ignore[return-value]
+
+    def watch(self) -> bool:
+        """Feed the watch's events since the last call to the caches; whether every one of them
+        could take the incremental way."""
+        until, handled = self.store.revision(), True
+        if until == self.since:
+            return True
+        w = self.store.watch(list(KINDS), since=self.since, timeout=5)
+        try:
+            for ev in w:
+                handled &= self.sync.event(ev, self.cluster.apply(ev))
+                if int(ev.resource_version) >= until:
+                    break
+        finally:
+            w.stop()
+        self.since = until
+        return handled
+
+    def incremental(self) -> dict | None:
+        """The incremental pass over what the watch noted, or None when it declines."""
+        assert self.watch(), "every event was one an incremental pass may cover"
+        return self.sync.sync(self.sync.take())
+
+
+@pytest.fixture
+def c(tmp_path) -> Cluster:
+    store = SqliteStore(str(tmp_path / "store.db"))
+    try:
+        yield Cluster(store)
+    finally:
+        store.close()
+
+
+def agrees(c: Cluster) -> None:
+    assert c.maps.entries["segment"] == c.full()["segment"]
+
+
+def test_a_pod_of_another_node_with_a_known_identity_is_one_segment_entry_each_way(c):
+    ip = c.add_pod(pod("web-3", "web", ports=(("http", 8080),)))
+    work = c.incremental()
+    assert work is not None and list(work["segment"].updates) == [segment_key(1, ip)] and not work["segment"].deletes
+    agrees(c)
+    c.delete_pod("web-3", ip)
+    work = c.incremental()
+    assert work is not None and work["segment"].deletes == [segment_key(1, ip)]
+    agrees(c)
+
+
+def test_a_relabel_between_segments_that_keep_their_pods_moves_the_entry(c):
+    ip = c.add_pod(pod("db-3", "db"))
+    assert c.incremental() is not None
+    c.store.apply(pod("db-3", "web", ports=(("http", 8080),)))
+    work = c.incremental()
+    assert work is not None and list(work["segment"].updates) == [segment_key(1, ip)]
+    agrees(c)
+
+
+@pytest.mark.parametrize("why", ["first pod of a segment", "last pod of a segment", "new named port",
+                                 "address in an ipBlock", "segment not allocated"])
+def test_a_change_policy_could_see_is_left_to_a_full_pass(c, why):
+    before = dict(c.maps.entries["segment"])
+    if why == "first pod of a segment":
+        c.add_pod(pod("cache-1", "cache"))
+    elif why == "last pod of a segment":
+        c.store.delete("pods", "db-1", "default")
+        c.store.delete("pods", "db-2", "default")
+    elif why == "new named port":
+        c.add_pod(pod("web-3", "web", ports=(("http", 8080), ("admin", 9000))))
+    elif why == "address in an ipBlock":
+        c.add_pod(pod("web-3", "web", ports=(("http", 8080),)), ip=c.ipblock.network_address + 7)
+    else:
+        c.add_pod(pod("new-1", "never-seen"))
+    assert c.incremental() is None
+    assert c.maps.entries["segment"] == before, "a declined pass writes nothing"
+    assert c.maps.entries["segment"] != c.full()["segment"], "the full pass has something to do"
+
+
+def test_changes_on_this_node_ask_for_a_full_pass(c):
+    c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8080),)))
+    assert not c.watch()
+
+
+def test_a_declined_pass_leaves_what_it_checks_as_it_was(c):
+    c.add_pod(pod("cache-1", "cache"))
+    assert c.incremental() is None
+    # the full pass the agent then makes rebuilds the check; the next pod goes the short way
+    c.maps = Maps(c.full())
+    c.sync.datapath = c.maps
+    c.sync.rebuilt(c.snapshot())
+    ip = c.add_pod(pod("cache-2", "cache"))
+    work = c.incremental()
+    assert work is not None and list(work["segment"].updates) == [segment_key(1, ip)]
+    agrees(c)
