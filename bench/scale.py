@@ -263,6 +263,17 @@ def resyncs(lab: Lab, count: int = 2) -> list[float]:
     return out
 
 
+def pass_counts(before: dict[str, float], after: dict[str, float]) -> str:
+    """The agent's passes between two looks at its metrics: incremental pod passes (with their
+    mean duration) and full passes."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+    n = delta("lace_agent_pod_sync_duration_seconds_count")
+    mean = delta("lace_agent_pod_sync_duration_seconds_sum") / n * 1000 if n else 0.0
+    return (f"{n:.0f} incremental pod passes (mean {mean:.2f} ms), "
+            f"{delta('lace_agent_reconcile_duration_seconds_count'):.0f} full passes")
+
+
 def fmt_ms(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.1f} ms (min {min(xs):.1f}, max {max(xs):.1f})"
 
@@ -303,14 +314,16 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
                        all(seg.lookup(k) is not None for k in keys), 600, step=0.2)
             programmed = time.monotonic()
             rss, hwm = rss_mib(pid)
+            before = lab.metrics()
             adds, dels = one_pod_changes(lab, cluster, seg, a.changes)
+            passes = pass_counts(before, lab.metrics())
             sync = resyncs(lab)
             rss2, hwm2 = rss_mib(pid)
         finally:
             seg.close()
             store.close()
         return {"idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
-                "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync}
+                "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes}
 
 
 def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
@@ -385,6 +398,7 @@ def main() -> int:
     print(f"  agent RSS: {s['idle_rss']:.1f} MiB before, {s['rss']:.1f} MiB after (peak {s['hwm']:.1f})")
     print(f"  one pod of another node added, until in the agent's map:   {fmt_ms(s['adds'])}")
     print(f"  ... deleted, until out of it:                             {fmt_ms(s['dels'])}")
+    print(f"  the agent's passes for them: {s['passes']}")
     print(f"  full resync: {', '.join(f'{x:.2f} s' for x in s['resync'])}")
     if r is not None:
         print(f"\n{a.real_pods} real pods on a 3-node lab (all Running after {r['up']:.0f} s), worker-1's agent")

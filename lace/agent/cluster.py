@@ -50,7 +50,9 @@ class ClusterCache:
         events replayed past a newer one change nothing)."""
         revs = []
         for plural in self.plurals:
-            result = store.list(plural)
+            # pods and leases become records as they are read: 10k pods' whole objects are never
+            # all in memory at once (nor left behind as fragments of the heap)
+            result = store.list(plural, convert=RECORDS.get(self._kind[plural]))
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
                 if plural == "ipleases":
@@ -58,7 +60,6 @@ class ClusterCache:
                     for lease in self._objects.objects["IPLease"].values():
                         self._by_pod.setdefault(lease.pod, {})[lease.name] = lease
             revs.append(int(result.resource_version))
-            del result   # the objects themselves are not kept: let them go before the next list
         return min(revs)
 
     def apply(self, ev: WatchEvent) -> tuple[Any, Any] | None:

@@ -14,7 +14,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -225,6 +225,15 @@ class NodeDatapath:
             entries = self._read_kernel(cli_name)
             self._shadow[cli_name] = dict(entries)
             return entries
+
+    def held(self, cli_name: str, keys: Iterable[bytes]) -> Entries:
+        """These keys' entries as this agent last left them (the kernel's, read once, when it has
+        no record of the map yet): an incremental pass's lookups, without copying the map."""
+        with self._lock:
+            if cli_name not in self._shadow:
+                self._shadow[cli_name] = self._read_kernel(cli_name)
+            shadow = self._shadow[cli_name]
+            return {k: shadow[k] for k in keys if k in shadow}
 
     def read_kernel(self, cli_name: str) -> Entries:
         """The map's entries from the kernel, leaving what this agent last wrote as it is (an audit

@@ -135,7 +135,7 @@ class PodSync:
             return None   # a segment gains its first pod or loses its last, or its named ports change
         # an address both deleted and written is an update; one that holds the same entry is left
         changes.deletes = [k for k in changes.deletes if k not in changes.updates]
-        have = self.datapath.read("segment")
+        have = self.datapath.held("segment", [*changes.updates, *changes.deletes])
         changes.updates = {k: v for k, v in changes.updates.items() if have.get(k) != v}
         changes.deletes = [k for k in changes.deletes if k in have]
         work = {"segment": changes} if changes else {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -127,8 +127,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list(self, kind: str, namespace: str | None = None,
-             label_selector: Selector = None) -> ListResult:
-        """Objects of a kind, optionally in one namespace and matching a selector (dict or ``-l`` string)."""
+             label_selector: Selector = None, *, convert: Callable[[dict], Any] | None = None) -> ListResult:
+        """Objects of a kind, optionally in one namespace and matching a selector (dict or ``-l`` string).
+        ``convert`` turns each object into what the caller keeps (a slim record, lace.store.records)
+        as it is read, so a large list never holds every whole object at once."""
 
     @abc.abstractmethod
     def create(self, obj: Mapping[str, Any]) -> dict:

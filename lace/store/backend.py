@@ -12,7 +12,7 @@ above it (``rules.py``, ``allocate.py``, composed by ``registry.py``) so every b
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
@@ -46,6 +46,11 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def list(self, kind: str, namespace: str | None = None) -> list[dict]:
         """Objects of one kind, in one namespace or (None) all, sorted by namespace and name."""
+
+    def each(self, kind: str, namespace: str | None = None) -> Iterator[dict]:
+        """``list``'s objects one at a time, for a caller that keeps less than each whole object
+        (a backend that decodes each as it is read holds one at a time)."""
+        return iter(self.list(kind, namespace))
 
     def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
         """Objects of one kind in one namespace (``""`` for a cluster-scoped kind) whose name

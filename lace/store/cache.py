@@ -38,10 +38,11 @@ class ObjectCache:
         #: revision of the newest deletion seen per key, so a replayed create cannot resurrect it
         self._gone: dict[tuple[str, str], int] = {}
 
-    def replace(self, kind: str, items: list[dict]) -> None:
-        """Everything of one kind, from a list."""
+    def replace(self, kind: str, items: list[Any]) -> None:
+        """Everything of one kind, from a list (of objects, or of the kind's records already)."""
         slim = self.records.get(kind)
-        self.objects[kind] = {object_key(o): (slim(o) if slim else o) for o in items}
+        self.objects[kind] = {(object_key(o) if isinstance(o, Mapping) else o.key): (
+            slim(o) if slim and isinstance(o, Mapping) else o) for o in items}
         self._gone = {k: rv for k, rv in self._gone.items() if k[0] != kind}
 
     def put(self, obj: dict) -> Any:

@@ -12,6 +12,7 @@ informers and Cilium's slim types make the same trade.
 from __future__ import annotations
 
 import ipaddress
+import sys
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -21,6 +22,11 @@ IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 Labels = tuple[tuple[str, str], ...]
 
 PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+
+#: one copy of each string many records repeat (networks, nodes, namespaces, label keys and values,
+#: port names): 10k pods' copies of "default" are otherwise 10k strings
+_one = sys.intern
 
 
 def revision(obj: dict[str, Any]) -> int:
@@ -40,8 +46,10 @@ def container_ports(pod: dict[str, Any]) -> tuple[ContainerPort, ...]:
     out = []
     for c in (pod.get("spec") or {}).get("containers") or []:
         for p in c.get("ports") or []:
+            name = p.get("name")
             out.append(ContainerPort(int(p["containerPort"]),
-                                     PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6), p.get("name")))
+                                     PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6),
+                                     _one(name) if isinstance(name, str) else name))
     return tuple(out)
 
 
@@ -73,8 +81,9 @@ class PodRecord:
     def of(cls, obj: dict[str, Any]) -> PodRecord:
         from lace.probes import pod_probe_ports   # lace.probes reads the probe fields of the spec
         meta = obj.get("metadata") or {}
-        return cls(meta.get("namespace") or "", meta["name"], tuple(sorted((meta.get("labels") or {}).items())),
-                   K.pod_network(obj), str((obj.get("spec") or {}).get("nodeName") or ""), container_ports(obj),
+        labels = tuple(sorted((_one(k), _one(v)) for k, v in (meta.get("labels") or {}).items()))
+        return cls(_one(meta.get("namespace") or ""), meta["name"], labels, _one(K.pod_network(obj)),
+                   _one(str((obj.get("spec") or {}).get("nodeName") or "")), container_ports(obj),
                    tuple(sorted(pod_probe_ports(obj))), revision(obj))
 
 
@@ -108,7 +117,7 @@ class LeaseRecord:
     def of(cls, obj: dict[str, Any]) -> LeaseRecord:
         s, meta = obj["spec"], obj["metadata"]
         ann = meta.get("annotations") or {}
-        return cls(meta["name"], s["network"], s["node"], ipaddress.ip_address(s["ip"]), s["pod"],
+        return cls(meta["name"], _one(s["network"]), _one(s["node"]), ipaddress.ip_address(s["ip"]), s["pod"],
                    str(s.get("containerID") or ""), ann.get(K.HOST_IFNAME_ANNOTATION, ""),
                    ann.get(K.POD_MAC_ANNOTATION, ""), revision(obj))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lace.store import allocate, rules
@@ -227,7 +227,7 @@ class RegistryStore(Store):
         return self.backend.run(lambda txn: _stored(txn, kind, name, namespace), write=False)
 
     def list(self, kind: str, namespace: str | None = None,
-             label_selector: Selector = None) -> ListResult:
+             label_selector: Selector = None, *, convert: Callable[[dict], Any] | None = None) -> ListResult:
         info = K.resolve_kind(kind)
         selector: Mapping[str, Any] | None = None
         if isinstance(label_selector, str):
@@ -241,11 +241,13 @@ class RegistryStore(Store):
             except InvalidSelector as err:
                 raise ValidationError("label selector", err.field, err.problem) from None
             selector = label_selector
-        items, rv = self.backend.run(
-            lambda txn: (txn.list(info.kind, namespace if info.namespaced else None), txn.revision()),
-            write=False)
-        if selector is not None:
-            items = [o for o in items if matches(selector, o["metadata"].get("labels") or {})]
+        def body(txn: Any) -> tuple[list, int]:
+            items = []
+            for o in txn.each(info.kind, namespace if info.namespaced else None):
+                if selector is None or matches(selector, o["metadata"].get("labels") or {}):
+                    items.append(convert(o) if convert is not None else o)
+            return items, txn.revision()
+        items, rv = self.backend.run(body, write=False)
         return ListResult(items, str(rv))
 
     def create(self, obj: Mapping[str, Any]) -> dict:

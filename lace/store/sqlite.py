@@ -233,6 +233,11 @@ class _SqliteTransaction(Transaction):
                 (kind, namespace))
         return [orjson.loads(r[0]) for r in cur]
 
+    def each(self, kind: str, namespace: str | None = None) -> Iterator[dict]:
+        where, args = ("kind = ?", (kind,)) if namespace is None else ("kind = ? AND namespace = ?", (kind, namespace))
+        for (raw,) in self._conn.execute(f"SELECT json FROM objects WHERE {where} ORDER BY namespace, name", args):
+            yield orjson.loads(raw)
+
     def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
         end = prefix_end(prefix)
         if end is None:

@@ -33,14 +33,14 @@ class Links:
 
 
 class Maps:
-    """The agent's record of the maps it wrote, with NodeDatapath's read and apply."""
+    """The agent's record of the maps it wrote, with NodeDatapath's held and apply."""
 
     def __init__(self, entries: dict[str, dict[bytes, bytes]]) -> None:
         self.entries = {n: dict(e) for n, e in entries.items()}
         self.writes = 0
 
-    def read(self, name: str, fresh: bool = False) -> dict[bytes, bytes]:
-        return self.entries[name]
+    def held(self, name: str, keys) -> dict[bytes, bytes]:
+        return {k: self.entries[name][k] for k in keys if k in self.entries[name]}
 
     def apply(self, changes: dict[str, MapChanges], order: tuple[str, ...]) -> None:
         for name, ch in changes.items():
