@@ -274,6 +274,16 @@ def pass_counts(before: dict[str, float], after: dict[str, float]) -> str:
             f"{delta('lace_agent_reconcile_duration_seconds_count'):.0f} full passes")
 
 
+def restarted(lab: Lab) -> tuple[float, float, float]:
+    """Restart the agent into the cluster as it now is (as after an upgrade): seconds until it
+    reports ready again (its first full pass done), and its RSS and peak then (MiB)."""
+    t0 = time.monotonic()
+    lab.lace("lab", "restart-agent", "--lab", LAB, "worker-1")
+    lab.lace("status", "--wait", "--timeout", "120")
+    ready = time.monotonic() - t0
+    return (ready, *rss_mib(lab.agent().pid))
+
+
 def fmt_ms(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.1f} ms (min {min(xs):.1f}, max {max(xs):.1f})"
 
@@ -319,10 +329,11 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             passes = pass_counts(before, lab.metrics())
             sync = resyncs(lab)
             rss2, hwm2 = rss_mib(pid)
+            restart = restarted(lab)
         finally:
             seg.close()
             store.close()
-        return {"idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
+        return {"restart": restart, "idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
                 "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes}
 
 
@@ -400,6 +411,8 @@ def main() -> int:
     print(f"  ... deleted, until out of it:                             {fmt_ms(s['dels'])}")
     print(f"  the agent's passes for them: {s['passes']}")
     print(f"  full resync: {', '.join(f'{x:.2f} s' for x in s['resync'])}")
+    print(f"  agent restarted into it: ready after {s['restart'][0]:.1f} s, RSS {s['restart'][1]:.1f} MiB "
+          f"(peak {s['restart'][2]:.1f})")
     if r is not None:
         print(f"\n{a.real_pods} real pods on a 3-node lab (all Running after {r['up']:.0f} s), worker-1's agent")
         print(f"  agent RSS: {r['rss']:.1f} MiB (peak {r['hwm']:.1f})")

@@ -173,7 +173,7 @@ class Endpoints:
             self.ipam.release(req.container_id)
             raise CniError(E_IPAM_EXHAUSTED, f"pod {ref}: no probe address: {e}") from None
         self.store.allocate_segment(net_name, req.pod_namespace, labels)
-        self.cluster.learn([pod, *leases, *probe_leases])
+        self.cluster.learn([pod, *(lease.object for lease in (*leases, *probe_leases) if lease.object)])
         mark("ipam")
 
         try:

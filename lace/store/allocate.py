@@ -284,7 +284,7 @@ def leases_for(w: Records, node: str, container_id: str, seen: BlockLeases | Non
 def lease_of(obj: dict) -> Lease:
     """The Lease an IPLease object records."""
     return Lease(obj["spec"]["network"], ipaddress.ip_address(obj["spec"]["ip"]),
-                 obj["spec"].get("block", ""), obj["metadata"]["name"])
+                 obj["spec"].get("block", ""), obj["metadata"]["name"], obj)
 
 
 def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, pod: str,
@@ -310,7 +310,7 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                     meta: dict[str, Any] = {"name": name, "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}}
                     if annotations:
                         meta["annotations"] = dict(annotations)
-                    w.create({
+                    created = w.create({
                         "apiVersion": K.LACE_API_VERSION, "kind": "IPLease", "metadata": meta,
                         "spec": {"network": network, "node": node, "block": K.block_name(network, str(blk)),
                                  "ip": str(ip), "pod": pod, "containerID": container_id,
@@ -319,7 +319,7 @@ def allocate_lease(w: Records, network: str, cidrs: Sequence[IPNet], node: str, 
                     taken.add(ip)      # a lease written by hand holds this address's name
                     continue
                 taken.add(ip)
-                return Lease(network, ip, K.block_name(network, str(blk)), name)
+                return Lease(network, ip, K.block_name(network, str(blk)), name, created)
         try:
             allocate_block(w, network, node, version, plen, additional=bool(blocks))
         except Exhausted as e:

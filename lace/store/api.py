@@ -52,12 +52,14 @@ class ApplyResult:
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
-    """An address held for a container: its network, IP, IPBlock object name and IPLease name."""
+    """An address held for a container: its network, IP, IPBlock object name and IPLease name,
+    and the IPLease object as stored (a watch's cache can take it before the watch brings it)."""
 
     network: str
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     block: str
     name: str
+    object: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)

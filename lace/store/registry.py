@@ -389,13 +389,15 @@ class RegistryStore(Store):
             seen = allocate.BlockLeases(w)
             existing = allocate.leases_for(w, node, container_id, seen)
             if existing:
+                held = []
                 for o in existing:   # a retried ADD of a container whose leases lack what it asks for now
                     ann = o["metadata"].get("annotations") or {}
                     if annotations and any(ann.get(k) != v for k, v in annotations.items()):
                         changed = copy.deepcopy(o)
                         changed["metadata"]["annotations"] = {**ann, **annotations}
-                        w.update(o, rules.validate(txn, changed))
-                return [allocate.lease_of(o) for o in existing]
+                        o = w.update(o, rules.validate(txn, changed)).object
+                    held.append(allocate.lease_of(o))
+                return held
             return [allocate.allocate_lease(w, network, [c for c in cidrs if c.version == version], node, pod,
                                             container_id, ifname, annotations, seen)
                     for version in sorted({c.version for c in cidrs})]
