@@ -357,6 +357,21 @@ def test_leases(store):
         store.create(lease)
 
 
+def test_allocated_leases_carry_the_objects_as_stored_for_a_watch_cache(store):
+    """An agent puts the leases it allocated into its cache before its watch brings them: what it
+    puts there must be the stored object, at the revision the watch will bring."""
+    store.allocate_block("default", "node-1", 4, 24)
+    cidrs = [ipaddress.ip_network("10.244.0.0/16")]
+    (first,) = store.allocate_leases("default", "node-1", cidrs, "default/web", "abc", "eth0",
+                                     {K.HOST_IFNAME_ANNOTATION: "lace0abc"})
+    assert first.object == store.get("ipleases", first.name)
+    # a retried ADD that names other interfaces updates the lease: the update is what it returns
+    (retried,) = store.allocate_leases("default", "node-1", cidrs, "default/web", "abc", "eth0",
+                                       {K.HOST_IFNAME_ANNOTATION: "lace1abc"})
+    assert retried.object == store.get("ipleases", first.name)
+    assert retried.object["metadata"]["annotations"][K.HOST_IFNAME_ANNOTATION] == "lace1abc"
+
+
 def lease(network, ip, node="node-1", container="c", block=None):
     spec = {"network": network, "node": node, "ip": ip, "pod": "default/web", "containerID": container}
     if block:
