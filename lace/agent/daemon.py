@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from lace import __version__, netlink
 from lace.bpf import BPFError
@@ -33,7 +33,7 @@ from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, Entries, ct_limit, desired_maps
 from .podsync import PodSync
 from .servicesync import ServiceSync
-from .diff import diff_all
+from .diff import MapChanges, diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
 from .hostdev import HostDevice
@@ -262,9 +262,19 @@ class Agent:
         """An incremental pass for these services (``namespace/name``) only (lace.agent.servicesync).
         Returns the entries changed per map, or None when only a full pass can decide (a service
         map is full or would be)."""
-        with self._reconcile_lock, self.metrics.service_sync_duration.time():
+        return self._incremental("services", keys, self.service_sync.sync, self.metrics.service_sync_duration)
+
+    def sync_pods(self, keys: set[str]) -> dict[str, int] | None:
+        """An incremental pass for these pods (``namespace/name``) of other nodes only
+        (lace.agent.podsync). Returns the entries changed per map, or None when only a full pass
+        can decide."""
+        return self._incremental("pods", keys, self.pod_sync.sync, self.metrics.pod_sync_duration)
+
+    def _incremental(self, what: str, keys: set[str], sync: Callable[[set[str]], dict[str, MapChanges] | None],
+                     timer: Any) -> dict[str, int] | None:
+        with self._reconcile_lock, timer.time():
             started = time.time()
-            work = self.service_sync.sync(keys)
+            work = sync(keys)
             if work is None:
                 return None
             changed = {name: len(ch.updates) + len(ch.deletes) for name, ch in work.items()}
@@ -273,25 +283,7 @@ class Agent:
             self._export_pressure()
             self.watch_state.applied(started)
             if changed:
-                log.info("services %s: %s", ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
-                         ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
-            return changed
-
-    def sync_pods(self, keys: set[str]) -> dict[str, int] | None:
-        """An incremental pass for these pods (``namespace/name``) of other nodes only
-        (lace.agent.podsync). Returns the entries changed per map, or None when only a full pass
-        can decide."""
-        with self._reconcile_lock, self.metrics.pod_sync_duration.time():
-            started = time.time()
-            work = self.pod_sync.sync(keys)
-            if work is None:
-                return None
-            changed = {name: len(ch.updates) + len(ch.deletes) for name, ch in work.items()}
-            for name, n in changed.items():
-                self.metrics.map_writes.labels(name).inc(n)
-            self.watch_state.applied(started)
-            if changed:
-                log.info("pods %s: %s", ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
+                log.info("%s %s: %s", what, ", ".join(sorted(keys)[:5]) + (" ..." if len(keys) > 5 else ""),
                          ", ".join(f"{k} {v}" for k, v in sorted(changed.items())))
             return changed
 
