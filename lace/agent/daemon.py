@@ -36,6 +36,7 @@ from .servicesync import ServiceSync
 from .diff import MapChanges, diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
+from .heap import release_free_memory
 from .hostdev import HostDevice
 from .liveness import DEFAULT_TTL, LivenessKeeper
 from .metrics import AgentMetrics
@@ -256,6 +257,8 @@ class Agent:
             self._log_policy_pressure()
             self._log_service_pressure()
             self._export_pressure()
+            del snap, want, have, changes
+            release_free_memory()   # what the pass freed goes back to the kernel (lace.agent.heap)
             return changed
 
     def sync_services(self, keys: set[str]) -> dict[str, int] | None:
