@@ -36,6 +36,12 @@ class ClusterCache:
         self._objects = ObjectCache(self._kind.values(), RECORDS)
         #: pod key -> lease name -> lease
         self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
+        #: what a pass derives from one record and may reuse while the record stays the same
+        #: object (records are immutable: a change replaces them), by lease name and by pod key;
+        #: an object's entry goes with it. A pass then allocates next to nothing for what did not
+        #: change (lace.agent.state, lace.policy.sources)
+        self.lease_memo: dict[str, tuple] = {}
+        self.pod_memo: dict[str, tuple] = {}
         self.lock = threading.RLock()
 
     @classmethod
@@ -55,6 +61,8 @@ class ClusterCache:
             result = store.list(plural, convert=RECORDS.get(self._kind[plural]))
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
+                self.lease_memo.clear()
+                self.pod_memo.clear()
                 if plural == "ipleases":
                     self._by_pod = {}
                     for lease in self._objects.objects["IPLease"].values():
@@ -88,6 +96,10 @@ class ClusterCache:
             old = self._objects.objects[kind].get(key)
             self._objects.apply(event_type, obj)
             new = self._objects.objects[kind].get(key)
+            if new is None and kind == "IPLease":
+                self.lease_memo.pop(obj["metadata"]["name"], None)
+            elif new is None and kind == "Pod":
+                self.pod_memo.pop(key, None)
             if kind == "IPLease" and new is not old:
                 if old is not None:
                     mine = self._by_pod.get(old.pod)

@@ -74,6 +74,7 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
     local: dict[str, dict[str, Any]] = {}
     #: this node's containers -> their probe addresses (not pod addresses: no segment, no delivery)
     probe_ips: dict[str, list] = {}
+    memo = cluster.lease_memo
     for lease in cluster.items("ipleases"):
         if is_host_lease(lease.spec):
             if lease.network == K.DEFAULT_NETWORK:
@@ -91,14 +92,20 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
         seg = segments.get(identity)
         if seg is None:
             seg = segments[identity] = store.allocate_segment(lease.network, pod.namespace, pod.label_dict)
-        snap.pods.append(PodAddress(net_id, lease.ip, seg, lease.node, lease.pod))
+        hit = memo.get(lease.name)
+        if hit is not None and hit[0] is lease and hit[1] is pod and hit[2] == seg and hit[3] == net_id:
+            address = hit[4]
+        else:
+            address = PodAddress(net_id, lease.ip, seg, lease.node, lease.pod)
+            memo[lease.name] = (lease, pod, seg, net_id, address)
+        snap.pods.append(address)
         if lease.node == node_name and lease.host_ifname:
             ep = local.setdefault(lease.container_id, {
                 "pod": lease.pod, "network": net_id, "segment": seg, "host": lease.host_ifname,
                 "mac": lease.pod_mac, "ipv4": None, "ipv6": None})
             ep["ipv4" if lease.ip.version == 4 else "ipv6"] = lease.ip
     snap.policy = policy_inputs(cluster.items("namespaces"), cluster.items("networkpolicies"), pods, snap.pods,
-                                segments, store.allocate_segment)
+                                segments, store.allocate_segment, cluster.pod_memo)
     if services is not None:
         services.set_context(ids, imports_by_service(net_objs, ids), me.underlay4, me.underlay)
         snap.frontends = services.frontends()

@@ -26,11 +26,14 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 
 def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mapping[str, PodRecord],
                   addresses: Iterable[Any], segments: dict[tuple, int],
-                  allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None) -> PolicyInputs:
+                  allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None,
+                  memo: dict[str, tuple] | None = None) -> PolicyInputs:
     """Inputs from Namespace and NetworkPolicy objects, pod records by ``ns/name``, their addresses
     (objects with network, ip, segment, node, pod — lace.agent.model.PodAddress) and the store's
     segments by (network, namespace, sorted labels); the segment of an ipBlock CIDR missing from
-    ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one."""
+    ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one.
+    ``memo`` (pod key -> what was made of it) lets a caller that keeps it reuse each pod's PodInfo
+    while its record and addresses are the same objects as last time."""
     inputs = PolicyInputs()
     for o in namespaces:
         meta = o.get("metadata") or {}
@@ -41,15 +44,24 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
     for a in addresses:
         grouped.setdefault(a.pod, []).append(a)
         nets.add(a.network)
+    if memo is None:
+        memo = {}
     for key, addrs in sorted(grouped.items()):
         pod = pods.get(key)
         if pod is None:
             continue
-        inputs.pods.append(PodInfo(
+        hit = memo.get(key)
+        if hit is not None and hit[0] is pod and len(hit[1]) == len(addrs) and all(
+                a is b for a, b in zip(hit[1], addrs)):
+            inputs.pods.append(hit[2])
+            continue
+        info = PodInfo(
             namespace=pod.namespace, name=pod.name, labels=pod.labels, network=pod.network,
             network_id=addrs[0].network, segment=addrs[0].segment,
             ips=tuple(sorted((a.ip for a in addrs), key=lambda ip: (ip.version, ip))),
-            node=addrs[0].node, ports=pod.ports))
+            node=addrs[0].node, ports=pod.ports)
+        memo[key] = (pod, tuple(addrs), info)
+        inputs.pods.append(info)
     inputs.network_ids = tuple(sorted(nets | {1}))
     inputs.policies = list(policies)
     for obj in inputs.policies:

@@ -207,3 +207,18 @@ def test_a_declined_pass_leaves_what_it_checks_as_it_was(c):
     work = c.incremental()
     assert work is not None and list(work["segment"].updates) == [segment_key(1, ip)]
     agrees(c)
+
+
+def test_what_passes_reuse_across_changes_is_what_a_fresh_cache_makes(c):
+    """Full passes reuse the addresses and policy inputs of unchanged records: after adds,
+    relabels and deletes, the kept cache's snapshot equals one made from the store afresh."""
+    c.snapshot()
+    ip = c.add_pod(pod("db-3", "db"))
+    c.store.apply(pod("web-1", "db"))
+    c.delete_pod("db-3", ip)
+    c.store.delete("pods", "db-2", "default")
+    c.watch()
+    kept = c.snapshot()
+    fresh = build_snapshot(c.store, ME, "eth0", 1500, links=Links())   # type: ignore[arg-type]
+    assert kept.pods == fresh.pods and kept.policy.pods == fresh.policy.pods
+    assert kept.policy.pods and {p.name for p in kept.policy.pods if p.labels == (("app", "db"),)} == {"db-1", "web-1"}
