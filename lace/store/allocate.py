@@ -228,6 +228,19 @@ def _node_blocks(w: Records, network: str, node: str, version: int) -> list[IPNe
     return sorted(out, key=lambda c: int(c.network_address))
 
 
+def leases_in(objs: Iterable[dict], network: str, block: IPNet) -> list[tuple[IPAddr, dict]]:
+    """(address, IPLease) of the leases among ``objs`` — the name-prefix range of ``block``'s
+    leases (``K.lease_prefix``) — that hold an address of ``block`` in ``network``: another
+    network's lease names may share the prefix, and the prefix may be wider than the block."""
+    out = []
+    for o in objs:
+        if o["spec"]["network"] == network:
+            ip = ipaddress.ip_address(o["spec"]["ip"])
+            if ip in block:
+                out.append((ip, o))
+    return out
+
+
 class BlockLeases:
     """The leases of address blocks as one transaction reads them: each block's leases are one
     name-prefix range (a lease is named after its address), read once and shared by
@@ -249,13 +262,8 @@ class BlockLeases:
         """(address, IPLease) of ``block``'s addresses in ``network``, by name."""
         key = (network, block)
         if key not in self._held:
-            out = []
-            for o in self.w.list_prefix("IPLease", K.lease_prefix(network, str(block))):
-                if o["spec"]["network"] == network:   # another network's name may share the prefix
-                    ip = ipaddress.ip_address(o["spec"]["ip"])
-                    if ip in block:                     # a prefix wider than the block: filter
-                        out.append((ip, o))
-            self._held[key] = out
+            self._held[key] = leases_in(self.w.list_prefix("IPLease", K.lease_prefix(network, str(block))),
+                                        network, block)
         return self._held[key]
 
     def used(self, network: str, block: IPNet) -> set[IPAddr]:

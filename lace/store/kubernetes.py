@@ -142,7 +142,7 @@ class KubernetesTransaction(Transaction):
         self.backend.ensure_synced(kind)
         self._snapshot()
         return self._with_overlay(kind, namespace, prefix,
-                                  self.backend.cache.list_prefix(kind, namespace, prefix))
+                                  self.backend.cache.list(kind, namespace, prefix))
 
     def _with_overlay(self, kind: str, namespace: str | None, prefix: str, cached: list[dict]) -> list[dict]:
         """``cached`` with this transaction's own writes of that kind, namespace and prefix."""

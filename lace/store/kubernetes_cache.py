@@ -155,17 +155,13 @@ class Cache:
             obj = self.objects.get(kind, {}).get((namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def list(self, kind: str, namespace: str | None) -> list[dict]:
-        with self.cond:
-            objs = [o for k, o in self.objects.get(kind, {}).items() if namespace is None or k[0] == namespace]
-        return sorted((copy.deepcopy(o) for o in objs), key=_key)
-
-    def list_prefix(self, kind: str, namespace: str, prefix: str) -> list[dict]:
-        """The objects of ``kind`` in ``namespace`` whose name starts with ``prefix``: filtered
-        by key before anything is copied (the apiserver has no name-prefix query to ask)."""
+    def list(self, kind: str, namespace: str | None, prefix: str = "") -> list[dict]:
+        """The objects of ``kind`` (in ``namespace``, unless None) whose name starts with
+        ``prefix``: filtered by key before anything is copied (the apiserver has no name-prefix
+        query to ask)."""
         with self.cond:
             objs = [o for k, o in self.objects.get(kind, {}).items()
-                    if k[0] == namespace and k[1].startswith(prefix)]
+                    if (namespace is None or k[0] == namespace) and k[1].startswith(prefix)]
         return sorted((copy.deepcopy(o) for o in objs), key=_key)
 
     def close(self) -> None:

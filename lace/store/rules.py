@@ -163,8 +163,8 @@ def _guard_block(txn: Transaction, block: dict) -> None:
     Network's deletion takes its leases first, in the same transaction."""
     spec = block["spec"]
     cidr = ipaddress.ip_network(spec["cidr"])
-    held = [o["metadata"]["name"] for o in txn.list_prefix("IPLease", "", K.lease_prefix(spec["network"], str(cidr)))
-            if o["spec"]["network"] == spec["network"] and ipaddress.ip_address(o["spec"]["ip"]) in cidr]
+    held = [o["metadata"]["name"] for _, o in allocate.leases_in(
+        txn.list_prefix("IPLease", "", K.lease_prefix(spec["network"], str(cidr))), spec["network"], cidr)]
     if held:
         shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
         raise Forbidden(f'{object_ref(block)} still holds {len(held)} lease(s): {shown}',
