@@ -12,9 +12,8 @@ from typing import Any
 
 from lace.datapath.common import (NETWORK_OUTSIDE, SEGMENT_ANY, SEGMENT_SELECTED, SEGMENT_UNKNOWN, SEGMENT_WORLD,
                                   Direction)
-from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, POLICY_KEY, POLICY_PREFIX_ANY_PROTO,
-                                  POLICY_PREFIX_PROTO, TRIE_MAP, PolicyFlag, decode_policy_entry, decode_policy_key,
-                                  lookup_key, policy_maps, selected_key)
+from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, TRIE_MAP, PolicyFlag, decode_policy_entry,
+                                  decode_policy_key, lookup_key, policy_keys, policy_maps, selected_key)
 from lace.datapath.routing import decode_route, routing_key
 from lace.datapath.segment import (decode_prefix_segment_key, decode_segment_value, prefix_segment_key,
                                    segment_key)
@@ -111,16 +110,11 @@ class PolicyMaps:
             hit = self._policy.lookup(key)
             if hit is not None:
                 return hit
-        if has & PolicyFlag.PROTOS:
-            key = POLICY_KEY.pack(prefixlen=POLICY_PREFIX_PROTO, segment=subject, peer=peer,
-                                  direction=int(direction), proto=proto)
-            if key in self.policy_exact:
-                return key, self.policy_exact[key]
-        if has & PolicyFlag.ANY_PROTO:
-            key = POLICY_KEY.pack(prefixlen=POLICY_PREFIX_ANY_PROTO, segment=subject, peer=peer,
-                                  direction=int(direction))
-            if key in self.policy_exact:
-                return key, self.policy_exact[key]
+        for flag, any_proto in ((PolicyFlag.PROTOS, False), (PolicyFlag.ANY_PROTO, True)):
+            if has & flag:
+                (key,) = policy_keys(subject, peer, direction, None if any_proto else proto)
+                if key in self.policy_exact:
+                    return key, self.policy_exact[key]
         return None
 
     def check(self, subject: int, peer: int, direction: Direction, proto: int, dport: int) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from lace.datapath.common import NETWORK_OUTSIDE, POLICY_SEGMENTS, RESERVED_SEGM
 from .check import drift
 from .emulate import PolicyMaps
 from .evaluate import Endpoint, Evaluator, overall
-from .ids import CIDR_LABEL, cidr_from_label
 from .model import PROTO_NAMES, PodInfo, PolicyInputs
 from .program import assemble
 from .resolve import Resolution, resolve
