@@ -357,6 +357,20 @@ def test_leases(store):
         store.create(lease)
 
 
+def test_a_list_can_convert_each_object_as_it_reads_it(store):
+    """A cache that keeps slim records lists with ``convert``: the records of exactly the objects a
+    plain list gives, selector and namespace applied first, at the same revision."""
+    from lace.store.records import PodRecord
+    store.apply_all([pod("web-1", labels={"app": "web"}), pod("web-2", ns="kube-system", labels={"app": "web"}),
+                     pod("db-1", labels={"app": "db"})])
+    for ns, selector in ((None, None), ("default", None), (None, "app=web")):
+        plain = store.list("pods", ns, selector)
+        slim = store.list("pods", ns, selector, convert=PodRecord.of)
+        assert slim.items == [PodRecord.of(o) for o in plain.items] and slim.resource_version == plain.resource_version
+    assert [p.key for p in store.list("pods", None, "app=web", convert=PodRecord.of).items] == ["default/web-1",
+                                                                                             "kube-system/web-2"]
+
+
 def test_allocated_leases_carry_the_objects_as_stored_for_a_watch_cache(store):
     """An agent puts the leases it allocated into its cache before its watch brings them: what it
     puts there must be the stored object, at the revision the watch will bring."""
