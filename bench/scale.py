@@ -23,10 +23,15 @@ Then, for worker-1's agent:
   full resync      the agent's periodic resync (every 30 s: a full pass that also reads every
                    map back from the kernel), from its lace_agent_resync_duration_seconds
                    histogram, two passes
+  passes           the agent's incremental pod passes and full passes during the pod changes
+                   (its metrics), with the incremental passes' mean duration
+  restart          the agent restarted into the loaded cluster: until it is ready, its RSS then
 
 With --real-pods N (default 0: 1k real pods need several minutes and ~1 GB on a 2-core VM), the
 same measures on a second lab of three nodes with N real pods (namespaces, veths, endpoints on
-every node) instead of the synthetic cluster.
+every node) instead of the synthetic cluster. There a new pod (a replica of an existing label set)
+starts on worker-2 first, so its time to worker-1's map includes that start; it is also shown from
+the moment the bench's own store watch sees the pod's lease, and no verdict is drawn from it.
 
 Run as root after `make install`:
   .venv/bin/python bench/scale.py [--pods 10000] [--services 1000] [--policies 2000] [--nodes 50]
@@ -357,11 +362,15 @@ def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
         seg = lab.segment_map()
         try:
             adds, dels, leased = [], [], []
+            before = lab.metrics()
             for c in range(a.changes):
                 name = f"extra{c}"
                 since = store.revision()
                 t1 = time.monotonic()
-                store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                # another replica of a pod already there (its labels: a known identity), as the
+                # synthetic cluster's pod changes; a pod of a new identity is a full pass by design
+                store.apply({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": name, "namespace": "default", "labels": pod_labels(c)},
                              "spec": {"nodeName": "worker-2", "containers": [{"name": "c", "image": "x"}]}})
                 key = segment_key(1, lease_address(store, since, f"default/{name}"))
                 t2 = time.monotonic()   # worker-2's agent has written the pod's lease: worker-1 can know
@@ -372,13 +381,14 @@ def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
                 store.delete("pods", name, "default")
                 wait_until(f"{name} out of worker-1's segment map", lambda: seg.lookup(key) is None, 60)
                 dels.append((time.monotonic() - t1) * 1000)
+            passes = pass_counts(before, lab.metrics())
         finally:
             seg.close()
             store.close()
         sync = resyncs(lab)
         rss2, hwm2 = rss_mib(pid)
         return {"up": up, "rss": max(rss, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync,
-                "leased": leased}
+                "leased": leased, "passes": passes}
 
 
 def verdict(name: str, value: float, goal: float, unit: str) -> str:
@@ -420,17 +430,17 @@ def main() -> int:
         print(f"\n{a.real_pods} real pods on a 3-node lab (all Running after {r['up']:.0f} s), worker-1's agent")
         print(f"  agent RSS: {r['rss']:.1f} MiB (peak {r['hwm']:.1f})")
         print(f"  a new pod on worker-2 (apply to its address in worker-1's map): {fmt_ms(r['adds'])}")
-        print(f"  ... of which from its lease in the store to worker-1's map:   {fmt_ms(r['leased'])}")
+        print(f"  ... after the bench's own watch saw its lease (0: worker-1 was first): {fmt_ms(r['leased'])}")
         print(f"  ... deleted, until out of it:                                 {fmt_ms(r['dels'])}")
+        print(f"  worker-1's passes for them: {r['passes']}")
         print(f"  full resync: {', '.join(f'{x:.2f} s' for x in r['resync'])}")
     print("\ngoals")
     for title, res in (("synthetic", s), ("real pods", r)):
         if res is None:
             continue
         print(verdict(f"{title}: agent RSS", res["rss"], GOALS["rss"], "MiB"))
-        # with real pods, the pod's start on its own node comes first: worker-1's part starts at its lease
-        print(verdict(f"{title}: one pod change programmed", statistics.median(res.get("leased") or res["adds"]),
-                      GOALS["change"], "ms"))
+        if res is s:   # with real pods the pod's own start on worker-2 comes first: no verdict from it
+            print(verdict(f"{title}: one pod change programmed", statistics.median(res["adds"]), GOALS["change"], "ms"))
         print(verdict(f"{title}: full resync", max(res["resync"]), GOALS["resync"], "s"))
     return 0
 
