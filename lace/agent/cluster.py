@@ -36,12 +36,13 @@ class ClusterCache:
         self._objects = ObjectCache(self._kind.values(), RECORDS)
         #: pod key -> lease name -> lease
         self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
-        #: what a pass derives from one record and may reuse while the record stays the same
-        #: object (records are immutable: a change replaces them), by lease name and by pod key;
+        #: what a pass derives from one record or object and may reuse while it stays the same
+        #: object (records are immutable, and a change replaces an object too): by lease name
+        #: (lace.agent.state), and the policy inputs of each pod and policy (lace.policy.sources);
         #: an object's entry goes with it. A pass then allocates next to nothing for what did not
-        #: change (lace.agent.state, lace.policy.sources)
+        #: change
         self.lease_memo: dict[str, tuple] = {}
-        self.pod_memo: dict[str, tuple] = {}
+        self.inputs_memo: dict[Any, tuple] = {}
         self.lock = threading.RLock()
 
     @classmethod
@@ -62,7 +63,7 @@ class ClusterCache:
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
                 self.lease_memo.clear()
-                self.pod_memo.clear()
+                self.inputs_memo.clear()
                 if plural == "ipleases":
                     self._by_pod = {}
                     for lease in self._objects.objects["IPLease"].values():
@@ -99,7 +100,10 @@ class ClusterCache:
             if new is None and kind == "IPLease":
                 self.lease_memo.pop(obj["metadata"]["name"], None)
             elif new is None and kind == "Pod":
-                self.pod_memo.pop(key, None)
+                self.inputs_memo.pop(key, None)
+            elif new is None and kind == "NetworkPolicy":
+                meta = obj["metadata"]
+                self.inputs_memo.pop(("policy", meta.get("namespace"), meta["name"]), None)
             if kind == "IPLease" and new is not old:
                 if old is not None:
                     mine = self._by_pod.get(old.pod)

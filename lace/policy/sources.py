@@ -27,13 +27,14 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mapping[str, PodRecord],
                   addresses: Iterable[Any], segments: dict[tuple, int],
                   allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None,
-                  memo: dict[str, tuple] | None = None) -> PolicyInputs:
+                  memo: dict[Any, tuple] | None = None) -> PolicyInputs:
     """Inputs from Namespace and NetworkPolicy objects, pod records by ``ns/name``, their addresses
     (objects with network, ip, segment, node, pod — lace.agent.model.PodAddress) and the store's
     segments by (network, namespace, sorted labels); the segment of an ipBlock CIDR missing from
     ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one.
-    ``memo`` (pod key -> what was made of it) lets a caller that keeps it reuse each pod's PodInfo
-    while its record and addresses are the same objects as last time."""
+    ``memo`` lets a caller that keeps it reuse what was made of each pod (its PodInfo, by pod key,
+    while its record and addresses are the same objects as last time) and of each policy (its
+    ipBlock CIDRs, while it is the same object)."""
     inputs = PolicyInputs()
     for o in namespaces:
         meta = o.get("metadata") or {}
@@ -65,11 +66,18 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
     inputs.network_ids = tuple(sorted(nets | {1}))
     inputs.policies = list(policies)
     for obj in inputs.policies:
-        try:
-            cidrs = cidrs_of(parse_policy(obj))
-        except (KeyError, ValueError):
-            continue
-        for c in sorted(cidrs):
+        meta = obj.get("metadata") or {}
+        ident = ("policy", meta.get("namespace"), meta.get("name"))
+        hit = memo.get(ident)
+        if hit is not None and hit[0] is obj:
+            cidrs = hit[1]
+        else:
+            try:
+                cidrs = sorted(cidrs_of(parse_policy(obj)))
+            except (KeyError, ValueError):
+                continue
+            memo[ident] = (obj, cidrs)
+        for c in cidrs:
             net, ns, labels = cidr_identity(c)
             seg = segments.get(_labels_key(net, ns, labels))
             if seg is None and allocate_segment is not None:

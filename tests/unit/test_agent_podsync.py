@@ -217,8 +217,13 @@ def test_what_passes_reuse_across_changes_is_what_a_fresh_cache_makes(c):
     c.store.apply(pod("web-1", "db"))
     c.delete_pod("db-3", ip)
     c.store.delete("pods", "db-2", "default")
+    policy = c.store.get("networkpolicies", "outside", "default")
+    policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"] = "192.168.7.0/24"
+    c.store.apply(policy)
     c.watch()
     kept = c.snapshot()
     fresh = build_snapshot(c.store, ME, "eth0", 1500, links=Links())   # type: ignore[arg-type]
     assert kept.pods == fresh.pods and kept.policy.pods == fresh.policy.pods
+    assert kept.policy.cidr_segments == fresh.policy.cidr_segments and "192.168.7.0/24" in kept.policy.cidr_segments
+    assert desired_maps(kept) == desired_maps(fresh)
     assert kept.policy.pods and {p.name for p in kept.policy.pods if p.labels == (("app", "db"),)} == {"db-1", "web-1"}
