@@ -71,8 +71,8 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
     for p in s.pods:
-        key, value = p.segment_entry
-        out["segment"][key] = segment_value(p.segment, local=True) if (p.network, p.ip) in local else value
+        out["segment"][segment_key(p.network, p.ip)] = segment_value(
+            p.segment, local=(p.network, p.ip) in local)
     _host_segments(s, out["segment"])
     _underlay_peers(s, out["segment"])
     if s.policy is not None:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
 from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
-from lace.datapath.segment import segment_key, segment_value
 from lace.store import kinds as K
 
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -118,12 +116,6 @@ class PodAddress:
     segment: int
     node: str
     pod: str  # namespace/name
-
-    @cached_property
-    def segment_entry(self) -> tuple[bytes, bytes]:
-        """Its ``segment`` map entry (packed key, value) as any node but its own holds it, packed
-        once: a full pass reuses the PodAddress of an unchanged lease (lace.agent.state)."""
-        return segment_key(self.network, self.ip), segment_value(self.segment)
 
 
 @dataclass(frozen=True)
