@@ -289,6 +289,13 @@ def kill(name: str, state_dir: str | os.PathLike[str], sig: int = signal.SIGTERM
     return True
 
 
+def resume(pid: int) -> None:
+    """SIGCONT to a process (and its group) stopped with SIGSTOP, by pid and without the record's
+    lock: a process stopped while it held that lock (recording a child it spawned) would otherwise
+    wait for it forever, and whoever resumes it with it."""
+    _signal(pid, signal.SIGCONT)
+
+
 def _wait_gone(pid: int, starttime: int | None, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while alive(pid, starttime):

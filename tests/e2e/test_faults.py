@@ -244,11 +244,14 @@ def store_write_locked(lab: LabHandle) -> Iterator[None]:
 def kubelet_paused(lab: LabHandle) -> Iterator[None]:
     """The lab's kubelet (and any CNI call it is making) stopped with SIGSTOP for the block, so the
     block can write what the kubelet will react to and arrange the store before it reacts."""
+    kubelet = next((p for p in procs.list_procs(lab.dir) if p.name == "kubelet" and p.alive), None)
+    assert kubelet is not None, "the lab's kubelet is not running"
     assert procs.kill("kubelet", lab.dir, signal.SIGSTOP), "the lab's kubelet is not running"
     try:
         yield
     finally:
-        procs.kill("kubelet", lab.dir, signal.SIGCONT)
+        # by pid: the kubelet may have been stopped holding the lab's process-record lock
+        procs.resume(kubelet.pid)
 
 
 def _subsystem_healthy(lab: LabHandle, subsystem: str) -> dict[str, float]:
