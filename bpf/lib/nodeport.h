@@ -93,7 +93,7 @@ __lace_subprog int nodeport_new_flow(struct __sk_buff *skb, struct lace_flow *f,
 	int rc;
 
 	f->src_segment = segment_resolve(LACE_NETWORK_OUTSIDE, f->family, f->saddr);
-	rc = service_dnat(skb, f, key, svc, LACE_NETWORK_OUTSIDE);
+	rc = service_dnat(skb, f, key, svc, LACE_NETWORK_OUTSIDE, 0);
 	if (rc)
 		return rc;
 	f->dst_segment = segment_resolve(f->dst_network, f->family, f->daddr);

@@ -165,26 +165,89 @@ static __always_inline int service_translate(struct __sk_buff *skb, struct lace_
 	return 0;
 }
 
+/* How many other active slots a new flow tries when its backend's tuple is held
+ * (service_free_backend): every backend of a service with up to five. */
+#define LACE_SVC_TUPLE_TRIES 4
+
+/* Whether a live connection straight from f's source port to backend b holds the tuple the new
+ * service flow f would have there. */
+static __always_inline int service_direct_live(const struct lace_flow *f, const struct lace_backend *b)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *e;
+
+	if (service_is_hairpin(f, b->addr, b->network))
+		return 0;
+	ct_key(&k, f->family, f->src_network, f->proto, f->saddr, b->addr, f->sport, b->port);
+	e = ct_lookup(f->family, f->proto, &k);
+	return e && ct_live(e, f->proto, ct_now());
+}
+
+/* Another active backend of frontend svc (found under key) for the new flow f, whose first choice
+ * f->backend_id is held (service_direct_live): the first of the active slots after hash's whose
+ * backend is neither that one nor held too, at most LACE_SVC_TUPLE_TRIES of them. Returns its ID;
+ * 0 when none is. A global function: its loop is verified once, on its own, and the walk gets a
+ * scalar back. */
+__attribute__((noinline)) __u32 service_free_backend(const struct lace_flow *f, struct lace_service_key *key,
+						     const struct lace_service *svc, __u32 hash)
+{
+	struct lace_service *slot;
+	struct lace_backend *b;
+	__u32 i, id, active;
+
+	if (!f || !key || !svc)
+		return 0;
+	active = svc->active_count;
+	for (i = 1; i <= LACE_SVC_TUPLE_TRIES && i <= active; i++) {
+		key->slot = 1 + (hash + i) % active;
+		slot = bpf_map_lookup_elem(&lace_services, key);
+		key->slot = 0;
+		id = slot ? slot->backend_id : 0;
+		if (!id || id == f->backend_id)
+			continue;
+		b = lb_backend(id, key->family);
+		if (b && !service_direct_live(f, b))
+			return id;
+	}
+	return 0;
+}
+
 /* A new flow to the frontend svc (found under key), hashed as a flow of network hash_net: its
  * backend (ClientIP affinity, Maglev table, active slot) chosen and the packet translated to it.
- * Returns 0 or a drop reason: SERVICE_NO_BACKEND when no backend is active. */
+ * With check_held (a pod's flow), a backend whose tuple a live connection from the same source
+ * port holds (service_tuple_held) gives way to another active one whose tuple is free; the choice
+ * is then not remembered as the client's affinity. Returns 0 or a drop reason:
+ * SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when every one tried is held. */
 static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
-					const struct lace_service *svc, __u32 hash_net)
+					const struct lace_service *svc, __u32 hash_net, int check_held)
 {
 	struct lace_affinity_key client;
 	struct lace_backend *b;
 	union lace_addr backend, seen;
+	__be16 bport;
+	__u32 hash, id, bnet;
 	int pinned;
 
 	f->service_id = svc->service_id;
 	service_client(&client, f->service_id, f);
-	b = lb_choose(key, svc, &client, service_flow_hash(f, hash_net), &f->backend_id, &pinned);
+	hash = service_flow_hash(f, hash_net);
+	b = lb_choose(key, svc, &client, hash, &f->backend_id, &pinned);
 	if (!b)
 		return LACE_DROP_SERVICE_NO_BACKEND;
+	if (check_held && service_direct_live(f, b)) {
+		id = service_free_backend(f, key, svc, hash);
+		b = lb_backend(id, f->family);
+		if (!b)
+			return LACE_DROP_TUPLE_IN_USE;
+		f->backend_id = id;
+		pinned = 1;
+	}
+	lace_copy16_a8(&backend, b->addr);
+	bport = b->port;
+	bnet = b->network;
 	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
 		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
-	lace_copy16_a8(&backend, b->addr);
-	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
+	return service_translate(skb, f, backend.b, bport, bnet, seen.b);
 }
 
 /* The entry of a new service flow, once it is admitted and translated (f is the backend flow,
@@ -410,6 +473,38 @@ __lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 b
 	proto = service_ends(f, related, &client, &cport, &backend, &bport);
 	ct_key(&k, f->family, f->ct_network, proto, client, f->nat_addr, cport, f->nat_port);
 	return ct_lookup(f->family, proto, &k);
+}
+
+/* Whether the new plain flow f opens a connection straight to a service backend from a port that a
+ * live flow through one of the backend's frontends holds: at the backend the two are one tuple
+ * (service_direct_live, the other order). The service flow is found as service_lookup finds the
+ * one an ICMP error quotes, with f's own tuple put in f's inner_* for the lookup and taken out
+ * again, as is what the lookup wrote (f's nat_*, ct_network). */
+static __always_inline int service_flow_holds(struct lace_flow *f, __u64 now)
+{
+	struct lace_ct_entry *e;
+	__u32 ct_network = f->ct_network;
+	int held;
+
+	if (!ct_opens(f) || f->dst_network == LACE_NETWORK_OUTSIDE)
+		return 0;
+	lace_copy16_a8(f->inner_saddr, f->saddr);
+	lace_copy16_a8(f->inner_daddr, f->daddr);
+	f->inner_sport = f->sport;
+	f->inner_dport = f->dport;
+	f->inner_proto = f->proto;
+	e = service_lookup(f, f->dst_network, f->src_network, 1);
+	held = e && ct_live(e, f->proto, now);
+	lace_zero16(f->inner_saddr);
+	lace_zero16(f->inner_daddr);
+	f->inner_sport = 0;
+	f->inner_dport = 0;
+	f->inner_proto = 0;
+	lace_zero16(f->nat_addr);
+	f->nat_port = 0;
+	f->nat_kind = LACE_NAT_NONE;
+	f->ct_network = ct_network;
+	return held;
 }
 
 /* A reply of a service flow, from its backend (f's source, in backend_net) to its client: its

@@ -229,7 +229,7 @@ static __always_inline int new_flow_policy(struct __sk_buff *skb, struct lace_fl
 __lace_subprog int service_new_flow(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
 				    const struct lace_service *svc, struct lace_delivery **d)
 {
-	int rc = service_dnat(skb, f, key, svc, f->src_network);
+	int rc = service_dnat(skb, f, key, svc, f->src_network, 1);
 
 	if (rc)
 		return rc;
@@ -315,7 +315,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		if (svc) {
 			rc = service_new_flow(skb, f, &skey, svc, &d);
 			LACE_BENCH_STAGE(6);    /* backend chosen, DNAT, segment, policy, delivery */
-			if (rc == LACE_DROP_SERVICE_NO_BACKEND)
+			if (rc == LACE_DROP_SERVICE_NO_BACKEND || rc == LACE_DROP_TUPLE_IN_USE)
 				return lace_reject(skb, f, rc);
 			if (!rc)
 				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
@@ -399,6 +399,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
+	/* straight to a service backend onto the tuple a live service flow holds (lib/service.h) */
+	if (service_flow_holds(f, now))
+		return lace_reject(skb, f, LACE_DROP_TUPLE_IN_USE);
 	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 	if (!rc)
 		rc = ct_create(f, now);

@@ -43,6 +43,7 @@ class DropReason(enum.IntEnum):
     PROBE_DENIED = 27
     MAP_FULL = 28
     CT_ENDPOINT_LIMIT = 29
+    TUPLE_IN_USE = 30
 
     @property
     def label(self) -> str:
@@ -100,6 +101,7 @@ _DROP_LABEL: dict[int, str] = {
     27: 'probe-denied',
     28: 'map-full',
     29: 'ct-endpoint-limit',
+    30: 'tuple-in-use',
 }
 
 _DROP_TEXT: dict[int, str] = {
@@ -133,6 +135,7 @@ _DROP_TEXT: dict[int, str] = {
     27: 'traffic to a probe address that is not a kubelet probe of its pod',
     28: 'a datapath map is full',
     29: 'the endpoint holds as many conntrack flows as its limit allows',
+    30: 'another live connection from the same source port holds the tuple at the backend',
 }
 
 _DROP_RESERVED: frozenset[int] = frozenset({25})

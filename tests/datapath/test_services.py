@@ -329,6 +329,104 @@ def test_port_of_a_closed_service_flow_reused_straight_to_its_backend(dp, family
     assert ct(dp, NET1, a.ip(family), backend, 45000, TARGET, 6)["state"] == CtState.SYN_RECV
 
 
+# -- one tuple at the backend: a live connection keeps it --------------------------------------------
+
+def _reply(dp, family, backend: str, where: str, sport: int, dport: int, flags: str, proto: int = 6):
+    """A packet from backend:sport to pod a's port dport (from pod b, or over the uplink from node 2),
+    redirected into pod a: the IP packet a gets."""
+    a = dp.pods["a"]
+    seg = TCP(sport=sport, dport=dport, flags=flags) if proto == 6 else UDP(sport=sport, dport=dport)
+    if where == "local":
+        b = dp.pods["b"]
+        return fam_ip(family)(assert_to_pod(dp.from_pod(b, dp.l3(b, a.ip(family), family) / seg), dp, "a"))
+    pkt = fam_ip(family)(src=backend, dst=a.ip(family)) / seg
+    return fam_ip(family)(assert_to_pod(dp.from_uplink(dp.encap(pkt, NET1, NET1)), dp, "a"))
+
+
+def _direct(dp, family, backend: str, where: str, sport: int) -> None:
+    """Pod a's connection straight to backend:TARGET from sport, established."""
+    a = dp.pods["a"]
+    dp.from_pod(a, dp.l3(a, backend, family) / TCP(sport=sport, dport=TARGET, flags="S"))
+    _reply(dp, family, backend, where, TARGET, sport, "SA")
+    dp.from_pod(a, dp.l3(a, backend, family) / TCP(sport=sport, dport=TARGET, flags="A"))
+    assert ct(dp, NET1, a.ip(family), backend, sport, TARGET, 6)["state"] == CtState.ESTABLISHED
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_service_flow_onto_a_live_direct_connections_tuple_is_refused(dp, family, where):
+    """The client's kernel keeps client:p -> backend and client:p -> VIP apart, so a new connection to
+    a VIP may take the port of a live connection straight to the backend it is sent to: at the
+    backend both would be one tuple, the new SYN would meet the live connection and its answer would
+    reset it. With no other backend the new connection is refused at once (a reset from the VIP,
+    tuple-in-use), and the live connection goes on: its replies keep the backend's address."""
+    a = dp.pods["a"]
+    backend = dp.pods["b"].ip(family) if where == "local" else remote(family)
+    dp.service(VIP[family], PORT, [Backend(backend, TARGET)])
+    _direct(dp, family, backend, where, 46000)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46000, dport=PORT, flags="S", seq=41))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert (out.src, out.sport, out.dport, out[TCP].flags, out[TCP].ack) == (VIP[family], PORT, 46000, "RA", 42)
+    ev = res.events[-1]
+    assert ev["verdict"] == Verdict.DROP and DropReason(ev["reason"]) == DropReason.TUPLE_IN_USE
+    assert ev_addr(ev, "daddr") == VIP[family]
+    assert ct(dp, NET1, a.ip(family), VIP[family], 46000, PORT, 6) is None, "a refused flow leaves no entry"
+    out = _reply(dp, family, backend, where, TARGET, 46000, "A")
+    assert (out.src, out.sport) == (backend, TARGET), "the live connection's reply keeps its source"
+    # another port is no collision
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46001, dport=PORT, flags="S"))
+    assert res.retval == TC_ACT_REDIRECT and res.events[-1]["nat_kind"] == NatKind.DNAT, res.events
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_service_flow_onto_a_live_direct_connections_tuple_takes_another_backend(dp, family):
+    """With other backends active, the new connection goes to one whose tuple is free."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    backends = [Backend(b.ip(family), TARGET)] + [Backend(remote(family, h), TARGET) for h in (20, 21)]
+    svc = dp.service(VIP[family], PORT, backends, maglev_table=3)
+    sport = 46100
+    held = svc.predict(a.ip(family), sport)
+    _direct(dp, family, held.addr, "local" if held.addr == b.ip(family) else "remote", sport)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
+    assert res.retval == TC_ACT_REDIRECT, res.events
+    ev = res.events[-1]
+    got = Backend(ev_addr(ev, "daddr"), ev["dport"])
+    assert got in backends and got != held, (got, held)
+    assert nat_of(ct(dp, NET1, a.ip(family), VIP[family], sport, PORT, 6), family) == (got.addr, got.port)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_direct_connection_onto_a_live_service_flows_tuple_is_refused(dp, family, where):
+    """The other order: a live connection through the VIP holds client:p -> backend, so a SYN from
+    the same port straight to that backend is refused (a reset from the backend, tuple-in-use), and
+    the service flow's replies still come from the VIP."""
+    a = dp.pods["a"]
+    backend = dp.pods["b"].ip(family) if where == "local" else remote(family)
+    dp.service(VIP[family], PORT, [Backend(backend, TARGET)])
+    dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46200, dport=PORT, flags="S"))
+    assert _reply(dp, family, backend, where, TARGET, 46200, "SA").src == VIP[family]
+    res = dp.from_pod(a, dp.l3(a, backend, family) / TCP(sport=46200, dport=TARGET, flags="S", seq=9))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert (out.src, out.sport, out.dport, out[TCP].flags) == (backend, TARGET, 46200, "RA")
+    assert DropReason(res.events[-1]["reason"]) == DropReason.TUPLE_IN_USE
+    assert ct(dp, NET1, a.ip(family), backend, 46200, TARGET, 6) is None
+    out = _reply(dp, family, backend, where, TARGET, 46200, "A")
+    assert (out.src, out.sport) == (VIP[family], PORT), "the service flow's reply still from the VIP"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_closed_direct_connections_tuple_is_free_for_a_service_flow(dp, family):
+    """Only a live connection holds its tuple: once reset, its port goes through the VIP as usual."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family)
+    _direct(dp, family, b.ip(family), "local", 46300)
+    _reply(dp, family, b.ip(family), "local", TARGET, 46300, "R")
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46300, dport=PORT, flags="S"))
+    assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
+    assert res.events[-1]["nat_kind"] == NatKind.DNAT
+
+
 # -- backend choice ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("proto", PROTOS)

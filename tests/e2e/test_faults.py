@@ -38,7 +38,10 @@ RATE = 20.0
 #: how long a new connection and its request may take before the load counts it failed (a lost
 #: SYN is sent again after 1 s: one loss on a busy machine is not a failure, two are)
 CONNECT_TIMEOUT = 3.0
-#: how long a stream may make no progress before the load counts it broken
+#: how long a stream may make no progress before the load counts it broken. (Streams straight to a
+#: backend that stalled or were reset at random moments, one run in two, were a datapath bug: a new
+#: connection to the VIP given the stream's source port took the stream's tuple at the backend —
+#: tests/datapath/test_services.py, "one tuple at the backend".)
 STREAM_TIMEOUT = 10.0
 #: new connections that may fail in one fault window. The goal is none, and the datapath needs no
 #: agent to forward: a failure means a SYN and its retransmission 1 s later both went unanswered.
