@@ -43,6 +43,9 @@ class ClusterCache:
         #: change
         self.lease_memo: dict[str, tuple] = {}
         self.inputs_memo: dict[Any, tuple] = {}
+        #: kind -> its keys in order, kept until a key comes or goes (a pass reads 10k pods' and
+        #: leases' in order; sorting them each time cost ~10 ms a pass)
+        self._order: dict[str, list] = {}
         self.lock = threading.RLock()
 
     @classmethod
@@ -62,6 +65,7 @@ class ClusterCache:
             result = store.list(plural, convert=RECORDS.get(self._kind[plural]))
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
+                self._order.pop(self._kind[plural], None)
                 self.lease_memo.clear()
                 self.inputs_memo.clear()
                 if plural == "ipleases":
@@ -97,6 +101,8 @@ class ClusterCache:
             old = self._objects.objects[kind].get(key)
             self._objects.apply(event_type, obj)
             new = self._objects.objects[kind].get(key)
+            if (old is None) != (new is None):
+                self._order.pop(kind, None)
             if new is None and kind == "IPLease":
                 self.lease_memo.pop(obj["metadata"]["name"], None)
             elif new is None and kind == "Pod":
@@ -117,9 +123,13 @@ class ClusterCache:
 
     def items(self, plural: str) -> list[Any]:
         """Every object (or record) of a kind, in namespace/name order as a list gives them."""
+        kind = self._kind[plural]
         with self.lock:
-            objs = self._objects.objects[self._kind[plural]]
-            return [objs[k] for k in sorted(objs)]
+            objs = self._objects.objects[kind]
+            order = self._order.get(kind)
+            if order is None:
+                order = self._order[kind] = sorted(objs)
+            return [objs[k] for k in order]
 
     def network_ids(self) -> dict[str, int]:
         """Network name -> ID, of the networks that have one."""

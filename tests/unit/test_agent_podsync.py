@@ -227,3 +227,22 @@ def test_what_passes_reuse_across_changes_is_what_a_fresh_cache_makes(c):
     assert kept.policy.cidr_segments == fresh.policy.cidr_segments and "192.168.7.0/24" in kept.policy.cidr_segments
     assert desired_maps(kept) == desired_maps(fresh)
     assert kept.policy.pods and {p.name for p in kept.policy.pods if p.labels == (("app", "db"),)} == {"db-1", "web-1"}
+
+
+def test_the_cache_lists_each_kind_in_order_as_keys_come_and_go(c):
+    """A pass reads each kind in namespace/name order; the cache keeps that order between passes
+    and must still give it after adds, a change and deletes (the store's own list is the reference)."""
+    def names():
+        return [f"{o['metadata']['namespace']}/{o['metadata']['name']}" for o in c.store.list("pods").items]
+
+    def cached():
+        return [p.key for p in c.cluster.items("pods")]
+
+    c.snapshot()
+    assert cached() == names()
+    c.add_pod(pod("aa-0", "db"))
+    c.add_pod(pod("zz-9", "db"))
+    c.store.apply(pod("web-1", "cache"))
+    c.store.delete("pods", "db-2", "default")
+    c.watch()
+    assert cached() == names() and "default/aa-0" in cached() and "default/db-2" not in cached()
