@@ -46,6 +46,8 @@ class ClusterCache:
         #: kind -> its keys in order, kept until a key comes or goes (a pass reads 10k pods' and
         #: leases' in order; sorting them each time cost ~10 ms a pass)
         self._order: dict[str, list] = {}
+        #: segment_ids' answer, kept until a Segment changes (read by every pass, incremental too)
+        self._segment_ids: dict[tuple, int] | None = None
         self.lock = threading.RLock()
 
     @classmethod
@@ -66,6 +68,7 @@ class ClusterCache:
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
                 self._order.pop(self._kind[plural], None)
+                self._segment_ids = None
                 self.lease_memo.clear()
                 self.inputs_memo.clear()
                 if plural == "ipleases":
@@ -103,6 +106,8 @@ class ClusterCache:
             new = self._objects.objects[kind].get(key)
             if (old is None) != (new is None):
                 self._order.pop(kind, None)
+            if kind == "Segment" and new is not old:
+                self._segment_ids = None
             if new is None and kind == "IPLease":
                 self.lease_memo.pop(obj["metadata"]["name"], None)
             elif new is None and kind == "Pod":
@@ -136,10 +141,15 @@ class ClusterCache:
         return by_name(self._objects.objects["Network"].values())
 
     def segment_ids(self) -> dict[tuple, int]:
-        """(network, namespace, sorted labels) -> ID, of the segments that have one."""
-        return {(o["spec"]["network"], o["spec"]["namespace"], tuple(sorted((o["spec"].get("labels") or {}).items()))):
-                int(o["status"]["id"]) for o in self._objects.objects["Segment"].values()
-                if "id" in (o.get("status") or {})}
+        """(network, namespace, sorted labels) -> ID, of the segments that have one. The same dict
+        until a Segment changes: callers read it, never change it."""
+        with self.lock:
+            if self._segment_ids is None:
+                self._segment_ids = {
+                    (o["spec"]["network"], o["spec"]["namespace"], tuple(sorted((o["spec"].get("labels") or {}).items()))):
+                    int(o["status"]["id"]) for o in self._objects.objects["Segment"].values()
+                    if "id" in (o.get("status") or {})}
+            return self._segment_ids
 
     def pods(self) -> dict[str, PodRecord]:
         with self.lock:

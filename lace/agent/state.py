@@ -68,7 +68,7 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
         if s["network"] in ids:
             snap.blocks.append(Block(ids[s["network"]], s["node"], ipaddress.ip_network(s["cidr"])))
 
-    segments = cluster.segment_ids()
+    segments = dict(cluster.segment_ids())   # a pass may allocate segments into it
     pods = cluster.pods()
 
     local: dict[str, dict[str, Any]] = {}
