@@ -42,7 +42,12 @@ def host_lease_pod(node: str) -> str:
 
 def is_host_lease(spec: dict) -> bool:
     """Whether an IPLease spec records a node's host address rather than a pod's."""
-    return spec.get("containerID") == HOST_CONTAINER_ID
+    return is_host_container(str(spec.get("containerID") or ""))
+
+
+def is_host_container(container_id: str) -> bool:
+    """Whether an IPLease's containerID is a node's host address's (is_host_lease)."""
+    return container_id == HOST_CONTAINER_ID
 
 
 #: the IPLease of a pod's probe address (an address of the default network that the node's kubelet
@@ -59,13 +64,22 @@ def probe_container_id(container_id: str) -> str:
 
 def is_probe_lease(spec: dict) -> bool:
     """Whether an IPLease spec records a pod's probe address rather than one of its own."""
-    return str(spec.get("containerID") or "").startswith(PROBE_CONTAINER_PREFIX)
+    return is_probe_container(str(spec.get("containerID") or ""))
+
+
+def is_probe_container(container_id: str) -> bool:
+    """Whether an IPLease's containerID is a probe address's (is_probe_lease)."""
+    return container_id.startswith(PROBE_CONTAINER_PREFIX)
 
 
 def lease_container(spec: dict) -> str:
     """The container an IPLease belongs to (a probe lease's pod container)."""
-    cid = str(spec.get("containerID") or "")
-    return cid[len(PROBE_CONTAINER_PREFIX):] if cid.startswith(PROBE_CONTAINER_PREFIX) else cid
+    return pod_container(str(spec.get("containerID") or ""))
+
+
+def pod_container(container_id: str) -> str:
+    """The pod container an IPLease's containerID names (a probe lease's without its prefix)."""
+    return container_id[len(PROBE_CONTAINER_PREFIX):] if is_probe_container(container_id) else container_id
 
 
 @dataclass(frozen=True)

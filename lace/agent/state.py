@@ -22,7 +22,7 @@ from lace.store import kinds as K
 from .cluster import ClusterCache
 from .hostdev import NET_IFNAME
 from .model import (Block, HostAddress, HostLink, LocalEndpoint, NodeConfig,
-                    PodAddress, Snapshot, is_host_lease, is_probe_lease, lease_container, parse_network,
+                    PodAddress, Snapshot, is_host_container, is_probe_container, parse_network, pod_container,
                     parse_node)
 
 
@@ -76,13 +76,13 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
     probe_ips: dict[str, list] = {}
     memo = cluster.lease_memo
     for lease in cluster.items("ipleases"):
-        if is_host_lease(lease.spec):
+        if is_host_container(lease.container_id):
             if lease.network == K.DEFAULT_NETWORK:
                 snap.host_addresses.append(HostAddress(lease.node, lease.ip))
             continue
-        if is_probe_lease(lease.spec):
+        if is_probe_container(lease.container_id):
             if lease.node == node_name:
-                probe_ips.setdefault(lease_container(lease.spec), []).append(lease.ip)
+                probe_ips.setdefault(pod_container(lease.container_id), []).append(lease.ip)
             continue
         pod = pods.get(lease.pod)
         net_id = ids.get(lease.network)

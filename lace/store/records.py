@@ -108,11 +108,6 @@ class LeaseRecord:
     def key(self) -> str:
         return f"/{self.name}"
 
-    @property
-    def spec(self) -> dict[str, str]:
-        """The fields lace.agent.model's lease predicates read."""
-        return {"containerID": self.container_id}
-
     @classmethod
     def of(cls, obj: dict[str, Any]) -> LeaseRecord:
         s, meta = obj["spec"], obj["metadata"]
