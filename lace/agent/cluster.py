@@ -38,11 +38,12 @@ class ClusterCache:
         self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
         #: what a pass derives from one record or object and may reuse while it stays the same
         #: object (records are immutable, and a change replaces an object too): by lease name
-        #: (lace.agent.state), and the policy inputs of each pod and policy (lace.policy.sources);
-        #: an object's entry goes with it. A pass then allocates next to nothing for what did not
-        #: change
+        #: (lace.agent.state), and the policy inputs of each pod (by key) and policy (by namespace
+        #: and name; lace.policy.sources); an object's entry goes with it. A pass then allocates
+        #: next to nothing for what did not change
         self.lease_memo: dict[str, tuple] = {}
-        self.inputs_memo: dict[Any, tuple] = {}
+        self.pod_inputs_memo: dict[str, tuple] = {}
+        self.policy_inputs_memo: dict[tuple, tuple] = {}
         #: kind -> its keys in order, kept until a key comes or goes (a pass reads 10k pods' and
         #: leases' in order; sorting them each time cost ~10 ms a pass)
         self._order: dict[str, list] = {}
@@ -70,7 +71,8 @@ class ClusterCache:
                 self._order.pop(self._kind[plural], None)
                 self._segment_ids = None
                 self.lease_memo.clear()
-                self.inputs_memo.clear()
+                self.pod_inputs_memo.clear()
+                self.policy_inputs_memo.clear()
                 if plural == "ipleases":
                     self._by_pod = {}
                     for lease in self._objects.objects["IPLease"].values():
@@ -111,10 +113,10 @@ class ClusterCache:
             if new is None and kind == "IPLease":
                 self.lease_memo.pop(obj["metadata"]["name"], None)
             elif new is None and kind == "Pod":
-                self.inputs_memo.pop(key, None)
+                self.pod_inputs_memo.pop(key, None)
             elif new is None and kind == "NetworkPolicy":
                 meta = obj["metadata"]
-                self.inputs_memo.pop(("policy", meta.get("namespace"), meta["name"]), None)
+                self.policy_inputs_memo.pop((meta.get("namespace"), meta["name"]), None)
             if kind == "IPLease" and new is not old:
                 if old is not None:
                     mine = self._by_pod.get(old.pod)

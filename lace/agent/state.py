@@ -105,7 +105,8 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
                 "mac": lease.pod_mac, "ipv4": None, "ipv6": None})
             ep["ipv4" if lease.ip.version == 4 else "ipv6"] = lease.ip
     snap.policy = policy_inputs(cluster.items("namespaces"), cluster.items("networkpolicies"), pods, snap.pods,
-                                segments, store.allocate_segment, cluster.inputs_memo)
+                                segments, store.allocate_segment, cluster.pod_inputs_memo,
+                                cluster.policy_inputs_memo)
     if services is not None:
         services.set_context(ids, imports_by_service(net_objs, ids), me.underlay4, me.underlay)
         snap.frontends = services.frontends()

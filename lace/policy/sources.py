@@ -27,14 +27,15 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
 def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mapping[str, PodRecord],
                   addresses: Iterable[Any], segments: dict[tuple, int],
                   allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None,
-                  memo: dict[Any, tuple] | None = None) -> PolicyInputs:
+                  pod_memo: dict[str, tuple] | None = None,
+                  policy_memo: dict[tuple, tuple] | None = None) -> PolicyInputs:
     """Inputs from Namespace and NetworkPolicy objects, pod records by ``ns/name``, their addresses
     (objects with network, ip, segment, node, pod — lace.agent.model.PodAddress) and the store's
     segments by (network, namespace, sorted labels); the segment of an ipBlock CIDR missing from
     ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one.
-    ``memo`` lets a caller that keeps it reuse what was made of each pod (its PodInfo, by pod key,
-    while its record and addresses are the same objects as last time) and of each policy (its
-    ipBlock CIDRs, while it is the same object)."""
+    A caller that keeps ``pod_memo`` and ``policy_memo`` reuses what was made of each pod (its
+    PodInfo, by ``ns/name``, while its record and addresses are the same objects as last time) and
+    of each policy (its ipBlock CIDRs, by (namespace, name), while it is the same object)."""
     inputs = PolicyInputs()
     for o in namespaces:
         meta = o.get("metadata") or {}
@@ -45,13 +46,15 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
     for a in addresses:
         grouped.setdefault(a.pod, []).append(a)
         nets.add(a.network)
-    if memo is None:
-        memo = {}
+    if pod_memo is None:
+        pod_memo = {}
+    if policy_memo is None:
+        policy_memo = {}
     for key, addrs in sorted(grouped.items()):
         pod = pods.get(key)
         if pod is None:
             continue
-        hit = memo.get(key)
+        hit = pod_memo.get(key)
         if hit is not None and hit[0] is pod and len(hit[1]) == len(addrs) and all(
                 a is b for a, b in zip(hit[1], addrs)):
             inputs.pods.append(hit[2])
@@ -61,14 +64,14 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
             network_id=addrs[0].network, segment=addrs[0].segment,
             ips=tuple(sorted((a.ip for a in addrs), key=lambda ip: (ip.version, ip))),
             node=addrs[0].node, ports=pod.ports)
-        memo[key] = (pod, tuple(addrs), info)
+        pod_memo[key] = (pod, tuple(addrs), info)
         inputs.pods.append(info)
     inputs.network_ids = tuple(sorted(nets | {1}))
     inputs.policies = list(policies)
     for obj in inputs.policies:
         meta = obj.get("metadata") or {}
-        ident = ("policy", meta.get("namespace"), meta.get("name"))
-        hit = memo.get(ident)
+        ident = (meta.get("namespace"), meta.get("name"))
+        hit = policy_memo.get(ident)
         if hit is not None and hit[0] is obj:
             cidrs = hit[1]
         else:
@@ -76,7 +79,7 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
                 cidrs = sorted(cidrs_of(parse_policy(obj)))
             except (KeyError, ValueError):
                 continue
-            memo[ident] = (obj, cidrs)
+            policy_memo[ident] = (obj, cidrs)
         for c in cidrs:
             net, ns, labels = cidr_identity(c)
             seg = segments.get(_labels_key(net, ns, labels))
