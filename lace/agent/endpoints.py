@@ -284,11 +284,12 @@ class Endpoints:
             netlink.delete_link(host)
         except Exception as e:
             log.warning("delete %s: %s", host, e)
-        leases = self.ipam.leases_for(req.container_id) + self.ipam.leases_for(probe_container_id(req.container_id))
-        self.ipam.release(req.container_id)
-        self.ipam.release(probe_container_id(req.container_id))
-        self.cluster.forget(leases)
+        self.cluster.forget(self._release(req.container_id))
         self.reconcile()
+
+    def _release(self, container_id: str) -> list[dict]:
+        """Delete the container's leases and its probe leases; returns them as they were."""
+        return self.ipam.release(container_id) + self.ipam.release(probe_container_id(container_id))
 
     # -- DEL / CHECK -------------------------------------------------------------------------
 
@@ -299,11 +300,9 @@ class Endpoints:
 
     def _delete(self, req: CniRequest) -> dict[str, Any]:
         host = host_ifname(req.container_id)
-        leases = self.ipam.leases_for(req.container_id) + self.ipam.leases_for(probe_container_id(req.container_id))
         self.datapath.detach_pod(host)
         netlink.delete_link(host)
-        self.ipam.release(req.container_id)
-        self.ipam.release(probe_container_id(req.container_id))
+        leases = self._release(req.container_id)
         self.cluster.forget(leases)
         self.reconcile()
         for o in leases:

@@ -32,5 +32,6 @@ class Ipam:
                  ifname: str, annotations: Mapping[str, str] | None = None) -> list[Lease]:
         return self.store.allocate_leases(network, self.node, cidrs, pod, container_id, ifname, annotations)
 
-    def release(self, container_id: str) -> int:
+    def release(self, container_id: str) -> list[dict]:
+        """Delete the container's leases on this node; returns them as they were."""
         return self.store.release_leases(self.node, container_id)

@@ -210,8 +210,8 @@ class Store(abc.ABC):
         """The IPLease objects a container holds on ``node``, in the node's own IPBlocks."""
 
     @abc.abstractmethod
-    def release_leases(self, node: str, container_id: str) -> int:
-        """Delete a container's leases on ``node``; returns how many there were."""
+    def release_leases(self, node: str, container_id: str) -> list[dict]:
+        """Delete a container's leases on ``node``; returns them as they were."""
 
     @abc.abstractmethod
     def keep_alive(self, node: str, ttl: float, holder: str) -> Heartbeat:

@@ -404,10 +404,10 @@ class RegistryStore(Store):
 
         return self.backend.run(body)
 
-    def release_leases(self, node: str, container_id: str) -> int:
-        names = [o["metadata"]["name"] for o in self.leases_for(node, container_id)]
-        self._delete_leases(names)
-        return len(names)
+    def release_leases(self, node: str, container_id: str) -> list[dict]:
+        leases = self.leases_for(node, container_id)
+        self._delete_leases([o["metadata"]["name"] for o in leases])
+        return leases
 
     def _delete_leases(self, names: list[str]) -> None:
         # each its own write, as `delete` would; one already gone is what we wanted anyway

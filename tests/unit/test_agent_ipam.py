@@ -57,5 +57,5 @@ def test_release_frees_the_address(store):
     ipam = Ipam(store, "worker-1")
     cidrs = [ipaddress.ip_network("10.99.0.0/29")]
     first = ipam.allocate("tiny", cidrs, "x/a", "c1", "eth0")[0].ip
-    assert ipam.release("c1") == 1
+    assert [o["spec"]["containerID"] for o in ipam.release("c1")] == ["c1"]
     assert ipam.allocate("tiny", cidrs, "x/b", "c2", "eth0")[0].ip == first

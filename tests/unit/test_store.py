@@ -456,7 +456,7 @@ def test_leases_come_from_the_node_s_own_blocks_reading_no_other_lease(store, mo
     assert store.get("iplease", K.lease_name("small", "10.60.0.1"))["metadata"]["annotations"] == {"x": "y"}
     assert [o["metadata"]["name"] for o in store.leases_for("n1", "a")] == [K.lease_name("small", "10.60.0.1")]
     assert store.leases_for("n2", "a") == []
-    assert store.release_leases("n1", "a") == 1
+    assert [o["spec"]["containerID"] for o in store.release_leases("n1", "a")] == ["a"]
     assert ip("n1", "d") == "10.60.0.1"
     assert [ip("n1", f"f{i}") for i in range(11)] == [f"10.60.0.{i}" for i in range(4, 15)]
     with pytest.raises(IpamExhausted) as info:
