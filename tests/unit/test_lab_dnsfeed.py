@@ -28,7 +28,7 @@ while True:
 """
 
 
-def wait_until(fn, what, timeout=10.0):
+def wait_until(fn, what, timeout=30.0):
     deadline = time.monotonic() + timeout
     while not fn():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
