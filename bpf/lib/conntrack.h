@@ -220,15 +220,6 @@ static __always_inline int ct_live(const struct lace_ct_entry *e, __u8 proto, __
 	return proto != IPPROTO_TCP || e->state < LACE_CT_CLOSING || e->state > LACE_CT_CLOSED;
 }
 
-/* Whether a new flow f opens a connection: a TCP SYN without ACK, or any UDP packet without an
- * entry. A TCP segment picked up mid-stream continues one. */
-static __always_inline int ct_opens(const struct lace_flow *f)
-{
-	if (f->proto == IPPROTO_TCP)
-		return (f->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
-	return f->proto == IPPROTO_UDP;
-}
-
 /* A TCP segment with SYN and without ACK opens a connection: it is never a reply. A SYN that
  * reuses a tracked tuple reversed therefore meets policy as a new flow (as a SYN reopening a closed
  * tuple does), and new connections skip the reply lookup, a cold hash bucket in a large table.

@@ -165,12 +165,22 @@ static __always_inline int service_translate(struct __sk_buff *skb, struct lace_
 	return 0;
 }
 
-/* How many other active slots a new flow tries when its backend's tuple is held
+/* How many other active slots a new service flow tries when its backend's tuple is held
  * (service_free_backend): every backend of a service with up to five. */
 #define LACE_SVC_TUPLE_TRIES 4
 
 /* Whether a live connection straight from f's source port to backend b holds the tuple the new
- * service flow f would have there. */
+ * service flow f would have there: client:sport -> b's address:port. The client's kernel keeps
+ * only its own tuples apart, and client:p -> VIP is not client:p -> backend, so it may give a new
+ * connection to a VIP the port of a live connection straight to the backend the VIP then picks. At
+ * the backend the two would be one tuple: the new SYN would meet the live connection there, the
+ * backend's answer would come back as the service flow's reply, and the client's answer to that (a
+ * reset) would end the live connection. One lookup of the direct connection's entry (under f's
+ * source network; a hairpin flow reaches its own pod from the reserved address: never held).
+ * Not looked for, to keep new flows cheap: the other order (a new connection straight to a
+ * backend from a port a live service flow to it holds gets no answer — the backend answers the
+ * service flow, which keeps its replies — and times out), and one port through two frontends of
+ * the same backend. */
 static __always_inline int service_direct_live(const struct lace_flow *f, const struct lace_backend *b)
 {
 	union lace_ct_key k;
@@ -215,7 +225,7 @@ __attribute__((noinline)) __u32 service_free_backend(const struct lace_flow *f, 
 /* A new flow to the frontend svc (found under key), hashed as a flow of network hash_net: its
  * backend (ClientIP affinity, Maglev table, active slot) chosen and the packet translated to it.
  * With check_held (a pod's flow), a backend whose tuple a live connection from the same source
- * port holds (service_tuple_held) gives way to another active one whose tuple is free; the choice
+ * port holds (service_direct_live) gives way to another active one whose tuple is free; the choice
  * is then not remembered as the client's affinity. Returns 0 or a drop reason:
  * SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when every one tried is held. */
 static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
@@ -473,38 +483,6 @@ __lace_subprog struct lace_ct_entry *service_lookup(struct lace_flow *f, __u32 b
 	proto = service_ends(f, related, &client, &cport, &backend, &bport);
 	ct_key(&k, f->family, f->ct_network, proto, client, f->nat_addr, cport, f->nat_port);
 	return ct_lookup(f->family, proto, &k);
-}
-
-/* Whether the new plain flow f opens a connection straight to a service backend from a port that a
- * live flow through one of the backend's frontends holds: at the backend the two are one tuple
- * (service_direct_live, the other order). The service flow is found as service_lookup finds the
- * one an ICMP error quotes, with f's own tuple put in f's inner_* for the lookup and taken out
- * again, as is what the lookup wrote (f's nat_*, ct_network). */
-static __always_inline int service_flow_holds(struct lace_flow *f, __u64 now)
-{
-	struct lace_ct_entry *e;
-	__u32 ct_network = f->ct_network;
-	int held;
-
-	if (!ct_opens(f) || f->dst_network == LACE_NETWORK_OUTSIDE)
-		return 0;
-	lace_copy16_a8(f->inner_saddr, f->saddr);
-	lace_copy16_a8(f->inner_daddr, f->daddr);
-	f->inner_sport = f->sport;
-	f->inner_dport = f->dport;
-	f->inner_proto = f->proto;
-	e = service_lookup(f, f->dst_network, f->src_network, 1);
-	held = e && ct_live(e, f->proto, now);
-	lace_zero16(f->inner_saddr);
-	lace_zero16(f->inner_daddr);
-	f->inner_sport = 0;
-	f->inner_dport = 0;
-	f->inner_proto = 0;
-	lace_zero16(f->nat_addr);
-	f->nat_port = 0;
-	f->nat_kind = LACE_NAT_NONE;
-	f->ct_network = ct_network;
-	return held;
 }
 
 /* A reply of a service flow, from its backend (f's source, in backend_net) to its client: its

@@ -399,9 +399,6 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 	/* nowhere to deliver it: dropped before it leaves a conntrack entry behind */
 	if (!d && f->dst_network != LACE_NETWORK_OUTSIDE)
 		return lace_drop(skb, f, probe_no_delivery(f));
-	/* straight to a service backend onto the tuple a live service flow holds (lib/service.h) */
-	if (service_flow_holds(f, now))
-		return lace_reject(skb, f, LACE_DROP_TUPLE_IN_USE);
 	rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 	if (!rc)
 		rc = ct_create(f, now);
