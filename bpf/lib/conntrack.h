@@ -266,7 +266,8 @@ ct_reply(struct lace_flow *f, __u32 network, __u64 now)
 
 /* Look the packet up in its original direction under src_network: the entry (advanced, status
  * ESTABLISHED), or NULL — with *stale set when an entry of the tuple no longer stands for it
- * (status NEW: ct_create replaces it, and it is no reply either). */
+ * (status NEW: ct_create replaces it, and it is no reply either): 2 when that is a service flow's
+ * entry (lib/service.h: its reopening SYN looks for a connection holding its backend's tuple), else 1. */
 static __always_inline struct lace_ct_entry *
 ct_forward(struct lace_flow *f, __u32 src_network, __u64 now, int *stale)
 {
@@ -280,7 +281,7 @@ ct_forward(struct lace_flow *f, __u32 src_network, __u64 now, int *stale)
 		e = 0;                                  /* an alias answers replies only */
 	if (e && !ct_usable(e, f, 0, now)) {
 		f->ct_status = LACE_CT_STATUS_NEW;   /* ct_create replaces the stale entry */
-		*stale = 1;
+		*stale = (e->flags & LACE_CT_F_SERVICE) ? 2 : 1;
 		return 0;
 	}
 	if (e) {

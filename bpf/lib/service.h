@@ -59,6 +59,9 @@
 #define LACE_SVC_FLOW_AFFINITY 0x2   /* a new ClientIP affinity choice, remembered once admitted */
 #define LACE_SVC_FLOW_PROBE    0x4   /* a kubelet probe into another network (lib/probe.h): its
 				      * entries are flagged LACE_CT_F_PROBE */
+#define LACE_SVC_FLOW_REOPEN   0x8   /* a new flow on the tuple of a service flow's stale entry
+				      * (closed, or collided: service_ct_reply): its backend's tuple
+				      * is looked at before it is taken (service_direct_live) */
 
 /* Fixed, never random per boot: a flow must hash the same on every node and after a restart, so
  * that a flow whose conntrack entry was lost lands on the same backend. */
@@ -170,17 +173,10 @@ static __always_inline int service_translate(struct __sk_buff *skb, struct lace_
 #define LACE_SVC_TUPLE_TRIES 4
 
 /* Whether a live connection straight from f's source port to backend b holds the tuple the new
- * service flow f would have there: client:sport -> b's address:port. The client's kernel keeps
- * only its own tuples apart, and client:p -> VIP is not client:p -> backend, so it may give a new
- * connection to a VIP the port of a live connection straight to the backend the VIP then picks. At
- * the backend the two would be one tuple: the new SYN would meet the live connection there, the
- * backend's answer would come back as the service flow's reply, and the client's answer to that (a
- * reset) would end the live connection. One lookup of the direct connection's entry (under f's
- * source network; a hairpin flow reaches its own pod from the reserved address: never held).
- * Not looked for, to keep new flows cheap: the other order (a new connection straight to a
- * backend from a port a live service flow to it holds gets no answer — the backend answers the
- * service flow, which keeps its replies — and times out), and one port through two frontends of
- * the same backend. */
+ * service flow f would have there: client:sport -> b's address:port (its entry under f's source
+ * network; a hairpin flow reaches its own pod from the reserved address: never held). Asked only
+ * for a flow reopening a service flow's tuple (LACE_SVC_FLOW_REOPEN): a first SYN pays nothing,
+ * and a collision shows itself in the backend's answer (service_ct_reply). */
 static __always_inline int service_direct_live(const struct lace_flow *f, const struct lace_backend *b)
 {
 	union lace_ct_key k;
@@ -224,9 +220,10 @@ __attribute__((noinline)) __u32 service_free_backend(const struct lace_flow *f, 
 
 /* A new flow to the frontend svc (found under key), hashed as a flow of network hash_net: its
  * backend (ClientIP affinity, Maglev table, active slot) chosen and the packet translated to it.
- * With check_held (a pod's flow), a backend whose tuple a live connection from the same source
- * port holds (service_direct_live) gives way to another active one whose tuple is free; the choice
- * is then not remembered as the client's affinity. Returns 0 or a drop reason:
+ * With check_held (a pod's flow), a flow reopening a service flow's tuple (LACE_SVC_FLOW_REOPEN:
+ * after a collision its SYN comes again) does not take a backend whose tuple a live connection
+ * from the same source port holds (service_direct_live): another active one whose tuple is free
+ * takes it, and the choice is then not remembered as the client's affinity. Returns 0 or a drop reason:
  * SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when every one tried is held. */
 static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
 					const struct lace_service *svc, __u32 hash_net, int check_held)
@@ -244,7 +241,7 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	b = lb_choose(key, svc, &client, hash, &f->backend_id, &pinned);
 	if (!b)
 		return LACE_DROP_SERVICE_NO_BACKEND;
-	if (check_held && service_direct_live(f, b)) {
+	if (check_held && (f->svc_flags & LACE_SVC_FLOW_REOPEN) && service_direct_live(f, b)) {
 		id = service_free_backend(f, key, svc, hash);
 		b = lb_backend(id, f->family);
 		if (!b)
@@ -501,16 +498,29 @@ static __always_inline struct lace_ct_entry *service_ct_reply(struct lace_flow *
 		f->nat_kind = LACE_NAT_NONE;
 		e = 0;
 	}
-	if (e && f->proto == IPPROTO_TCP && e->state >= LACE_CT_FIN_WAIT && e->state <= LACE_CT_CLOSED) {
-		/* A closing service flow may share its backend tuple with a newer connection: the
-		 * client's kernel keeps only its own tuples apart, and client:p -> VIP differs from
-		 * client:p -> backend, so a port the service flow just closed may open a connection
-		 * straight to the backend, whose replies are the same packets. The backend can hold
-		 * one live connection per tuple: when the plain flow has an entry, the reply is its. */
+	if (e && f->proto == IPPROTO_TCP && ((e->state >= LACE_CT_FIN_WAIT && e->state <= LACE_CT_CLOSED) ||
+					      (e->state == LACE_CT_SYN_SENT && !(f->tcp_flags & (TCP_F_SYN | TCP_F_RST))))) {
+		/* A service flow may share its backend tuple with a connection straight to the
+		 * backend: the client's kernel keeps only its own tuples apart, and client:p -> VIP
+		 * differs from client:p -> backend. The backend holds one connection per tuple, and
+		 * their replies are the same packets; when the plain flow has an entry, they are its
+		 * replies in two cases. A port the service flow just closed may open a connection
+		 * straight to the backend. And a new service flow may take the port of a live direct
+		 * connection to the backend it was sent to: its SYN meets that connection there, which
+		 * answers it with an ACK (RFC 5961's challenge ACK) and goes on sending, never a SYN-ACK
+		 * — an answer without SYN to a service flow that has sent only its SYN is no answer of
+		 * its. Taken for its own, the live connection's packets would reach the client from the
+		 * VIP, and the client's reset would end it. The service flow has collided: it is closed
+		 * here, so its SYN, sent again, is a new flow that looks for a backend whose tuple is
+		 * free (LACE_SVC_FLOW_REOPEN). Nothing on the way of other packets: a state compare. */
 		plain = ct_reply(f, backend_net, now);
 		if (!plain && only_net != LACE_NETWORK_NONE && only_net != backend_net)
 			plain = ct_reply(f, only_net, now);
 		if (plain) {
+			if (e->state == LACE_CT_SYN_SENT) {
+				e->state = LACE_CT_CLOSED;
+				e->expires_ns = now + ct_timeout_ns(LACE_CT_CLOSED);
+			}
 			f->nat_kind = LACE_NAT_NONE;
 			return plain;
 		}
@@ -534,6 +544,8 @@ static __always_inline struct lace_ct_entry *service_classify(struct lace_flow *
 	int stale;
 
 	e = ct_forward(f, src_network, now, &stale);
+	if (stale == 2)
+		f->svc_flags |= LACE_SVC_FLOW_REOPEN;
 	if (e || stale)
 		return e;
 	e = service_ct_reply(f, src_network, only_net, now);

@@ -352,47 +352,66 @@ def _direct(dp, family, backend: str, where: str, sport: int) -> None:
     assert ct(dp, NET1, a.ip(family), backend, sport, TARGET, 6)["state"] == CtState.ESTABLISHED
 
 
+def _collide(dp, family, backend: str, where: str, sport: int):
+    """Pod a's live connection straight to backend:TARGET from sport, then a SYN from the same port to
+    the VIP, sent to that backend, and the backend's answer: an ACK for the live connection (RFC
+    5961's challenge ACK), never a SYN-ACK. Returns that answer as pod a gets it."""
+    a = dp.pods["a"]
+    _direct(dp, family, backend, where, sport)
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S", seq=41))
+    assert res.retval == TC_ACT_REDIRECT and res.events[-1]["nat_kind"] == NatKind.DNAT, res.events
+    return _reply(dp, family, backend, where, TARGET, sport, "A")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("where", ["local", "remote"])
-def test_a_service_flow_onto_a_live_direct_connections_tuple_is_refused(dp, family, where):
+def test_a_service_flow_onto_a_live_direct_connections_tuple_leaves_it_alone_and_is_refused(dp, family, where):
     """The client's kernel keeps client:p -> backend and client:p -> VIP apart, so a new connection to
     a VIP may take the port of a live connection straight to the backend it is sent to: at the
-    backend both would be one tuple, the new SYN would meet the live connection and its answer would
-    reset it. With no other backend the new connection is refused at once (a reset from the VIP,
-    tuple-in-use), and the live connection goes on: its replies keep the backend's address."""
+    backend both are one tuple. The backend's answer to the new SYN, an ACK without SYN, is the live
+    connection's and reaches it from the backend, as everything after it does; the service flow is
+    closed. Its SYN, sent again, finds the tuple still held and no other backend: refused at once, a
+    reset from the VIP (tuple-in-use)."""
     a = dp.pods["a"]
     backend = dp.pods["b"].ip(family) if where == "local" else remote(family)
     dp.service(VIP[family], PORT, [Backend(backend, TARGET)])
-    _direct(dp, family, backend, where, 46000)
+    out = _collide(dp, family, backend, where, 46000)
+    assert (out.src, out.sport) == (backend, TARGET), "the backend's ACK is the live connection's"
+    assert ct(dp, NET1, a.ip(family), VIP[family], 46000, PORT, 6)["state"] == CtState.CLOSED
+    out = _reply(dp, family, backend, where, TARGET, 46000, "PA")
+    assert (out.src, out.sport) == (backend, TARGET), "and so is everything after it"
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46000, dport=PORT, flags="S", seq=41))
     out = fam_ip(family)(assert_to_pod(res, dp, "a"))
     assert (out.src, out.sport, out.dport, out[TCP].flags, out[TCP].ack) == (VIP[family], PORT, 46000, "RA", 42)
     ev = res.events[-1]
     assert ev["verdict"] == Verdict.DROP and DropReason(ev["reason"]) == DropReason.TUPLE_IN_USE
     assert ev_addr(ev, "daddr") == VIP[family]
-    assert ct(dp, NET1, a.ip(family), VIP[family], 46000, PORT, 6) is None, "a refused flow leaves no entry"
     out = _reply(dp, family, backend, where, TARGET, 46000, "A")
-    assert (out.src, out.sport) == (backend, TARGET), "the live connection's reply keeps its source"
-    # another port is no collision
+    assert (out.src, out.sport) == (backend, TARGET)
+    assert ct(dp, NET1, a.ip(family), backend, 46000, TARGET, 6)["state"] == CtState.ESTABLISHED
+    # a port no live connection holds goes through the VIP as always
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46001, dport=PORT, flags="S"))
     assert res.retval == TC_ACT_REDIRECT and res.events[-1]["nat_kind"] == NatKind.DNAT, res.events
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_service_flow_onto_a_live_direct_connections_tuple_takes_another_backend(dp, family):
-    """With other backends active, the new connection goes to one whose tuple is free."""
+def test_a_collided_service_flow_takes_another_backend_when_its_syn_comes_again(dp, family):
+    """With other backends active, the SYN sent again goes to one whose tuple is free, not
+    remembered as the client's affinity."""
     a, b = dp.pods["a"], dp.pods["b"]
     backends = [Backend(b.ip(family), TARGET)] + [Backend(remote(family, h), TARGET) for h in (20, 21)]
     svc = dp.service(VIP[family], PORT, backends, maglev_table=3)
     sport = 46100
     held = svc.predict(a.ip(family), sport)
-    _direct(dp, family, held.addr, "local" if held.addr == b.ip(family) else "remote", sport)
+    where = "local" if held.addr == b.ip(family) else "remote"
+    assert _collide(dp, family, held.addr, where, sport).src == held.addr
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=sport, dport=PORT, flags="S"))
     assert res.retval == TC_ACT_REDIRECT, res.events
     ev = res.events[-1]
     got = Backend(ev_addr(ev, "daddr"), ev["dport"])
     assert got in backends and got != held, (got, held)
-    assert nat_of(ct(dp, NET1, a.ip(family), VIP[family], sport, PORT, 6), family) == (got.addr, got.port)
+    entry = ct(dp, NET1, a.ip(family), VIP[family], sport, PORT, 6)
+    assert nat_of(entry, family) == (got.addr, got.port) and entry["state"] == CtState.SYN_SENT
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -418,15 +437,17 @@ def test_a_direct_connection_onto_a_live_service_flows_tuple_leaves_the_service_
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_closed_direct_connections_tuple_is_free_for_a_service_flow(dp, family):
-    """Only a live connection holds its tuple: once reset, its port goes through the VIP as usual."""
+def test_a_collided_service_flows_syn_takes_the_tuple_once_the_direct_connection_closed(dp, family):
+    """Only a live connection holds its tuple: reset meanwhile, its port goes to the backend
+    through the VIP as usual."""
     a, b = dp.pods["a"], dp.pods["b"]
     one_backend(dp, family)
-    _direct(dp, family, b.ip(family), "local", 46300)
+    _collide(dp, family, b.ip(family), "local", 46300)
     _reply(dp, family, b.ip(family), "local", TARGET, 46300, "R")
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=46300, dport=PORT, flags="S"))
     assert fam_ip(family)(assert_to_pod(res, dp, "b")).dst == b.ip(family)
     assert res.events[-1]["nat_kind"] == NatKind.DNAT
+    assert ct(dp, NET1, a.ip(family), VIP[family], 46300, PORT, 6)["state"] == CtState.SYN_SENT
 
 
 # -- backend choice ------------------------------------------------------------------------------
