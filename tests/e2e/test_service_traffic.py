@@ -7,6 +7,7 @@ NetworkPolicy applied to the backend after translation."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -225,3 +226,61 @@ def test_agent_sigkill_keeps_a_stream_through_a_service(lab, ns):
     key = lambda e: (e["network"], e["addr"], e["port"], e["proto"])   # noqa: E731
     assert sorted(map(key, after)) == sorted(map(key, before)), "the restarted agent adopted the services"
     assert answers(lab, f"{ns}/near", v4, 2) == [f"{ns}/far"] * 2
+
+
+#: in a client pod: a keep-alive HTTP connection straight to BACKEND:80, then a connection to
+#: VIP:80 from the same source port (SO_REUSEADDR on both: the kernel keeps only its own tuples
+#: apart), then the first connection asked again; prints what happened as JSON
+COLLIDE = """
+import http.client, json, socket, sys, time
+backend, vip = sys.argv[1], sys.argv[2]
+fam = socket.AF_INET6 if ":" in backend else socket.AF_INET
+
+def bound(port):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", port))
+    return s
+
+def ask(host, s):
+    conn = http.client.HTTPConnection(host, 80, timeout=5)
+    conn.sock = s
+    conn.request("GET", "/")
+    return conn.getresponse().read().decode().strip()
+
+d = bound(0)
+d.settimeout(5)
+d.connect((backend, 80))
+port = d.getsockname()[1]
+first = ask(backend, d)
+v = bound(port)
+v.settimeout(10)
+t0 = time.monotonic()
+try:
+    v.connect((vip, 80))
+    via, error = ask(vip, v), None
+except OSError as e:
+    via, error = None, type(e).__name__
+took = time.monotonic() - t0
+print(json.dumps({"port": port, "first": first, "via": via, "error": error, "took": took,
+                  "after": [ask(backend, d) for _ in range(3)]}))
+"""
+
+
+def test_a_vip_connection_from_the_port_of_a_live_direct_one_leaves_it_alone(lab, ns):
+    """A pod holds a connection straight to a Service's only backend and opens one to the VIP from
+    the same source port: at the backend the two would be one tuple. The live connection goes on
+    answering; the new one is refused (a reset from the VIP after its SYN comes again, named
+    tuple-in-use), not left hanging, in both families."""
+    lab.apply([pod("solo", ns, "worker-2", labels={"app": "solo"}), pod("both-ways", ns, "worker-1")])
+    pods = lab.wait(ns, ["solo", "both-ways"])
+    lab.apply([service("solo", ns, {"app": "solo"})])
+    for backend, vip in zip(ips(pods["solo"]), vips(lab, ns, "solo")):
+        programmed(lab, vip, 1, nodes=("worker-1",))
+        rc, out = lab.exec(f"{ns}/both-ways", sys.executable, "-c", COLLIDE, backend, vip)
+        assert rc == 0, out
+        doc = json.loads(out.strip().splitlines()[-1])
+        assert doc["first"] == doc["after"][0] == doc["after"][-1] == f"{ns}/solo", doc
+        assert doc["via"] is None and doc["error"] == "ConnectionRefusedError" and doc["took"] < 5, doc
+    flows = node_json(lab, "worker-1", "trace", "flow", "--last", "300", "--verdict", "drop")
+    assert any(f["reason"] == "tuple-in-use" for f in flows["flows"]), flows
