@@ -223,16 +223,15 @@ __attribute__((noinline)) __u32 service_free_backend(const struct lace_flow *f, 
  * With check_held (a pod's flow), a flow reopening a service flow's tuple (LACE_SVC_FLOW_REOPEN:
  * after a collision its SYN comes again) does not take a backend whose tuple a live connection
  * from the same source port holds (service_direct_live): another active one whose tuple is free
- * takes it, and the choice is then not remembered as the client's affinity. Returns 0 or a drop reason:
- * SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when every one tried is held. */
+ * takes it, and the choice is then not remembered as the client's affinity. Returns 0 or a drop
+ * reason: SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when each one tried is held. */
 static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
 					const struct lace_service *svc, __u32 hash_net, int check_held)
 {
 	struct lace_affinity_key client;
 	struct lace_backend *b;
 	union lace_addr backend, seen;
-	__be16 bport;
-	__u32 hash, id, bnet;
+	__u32 hash, id;
 	int pinned;
 
 	f->service_id = svc->service_id;
@@ -249,12 +248,10 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 		f->backend_id = id;
 		pinned = 1;
 	}
-	lace_copy16_a8(&backend, b->addr);
-	bport = b->port;
-	bnet = b->network;
 	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
 		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
-	return service_translate(skb, f, backend.b, bport, bnet, seen.b);
+	lace_copy16_a8(&backend, b->addr);
+	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
 }
 
 /* The entry of a new service flow, once it is admitted and translated (f is the backend flow,
