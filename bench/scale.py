@@ -332,6 +332,7 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             before = lab.metrics()
             adds, dels = one_pod_changes(lab, cluster, seg, a.changes)
             passes = pass_counts(before, lab.metrics())
+            rss1 = rss_mib(pid)[0]
             sync = resyncs(lab)
             rss2, hwm2 = rss_mib(pid)
             restart = restarted(lab)
@@ -339,7 +340,7 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             seg.close()
             store.close()
         return {"restart": restart, "idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
-                "rss_steps": (rss, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes}
+                "rss_steps": (rss, rss1, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes}
 
 
 def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
@@ -420,7 +421,8 @@ def main() -> int:
           f"{a.policies:,} policies (objects written in {s['written']:.1f} s)")
     print(f"  programmed (first write to every pod in its segment map)  {s['programmed']:.1f} s")
     print(f"  agent RSS: {s['idle_rss']:.1f} MiB before, {s['rss']:.1f} MiB after (peak {s['hwm']:.1f}; "
-          f"{s['rss_steps'][0]:.1f} once programmed, {s['rss_steps'][1]:.1f} after the pod changes and resyncs)")
+          f"{s['rss_steps'][0]:.1f} once programmed, {s['rss_steps'][1]:.1f} after the pod changes, "
+          f"{s['rss_steps'][2]:.1f} after the resyncs)")
     print(f"  one pod of another node added, until in the agent's map:   {fmt_ms(s['adds'])}")
     print(f"  ... deleted, until out of it:                             {fmt_ms(s['dels'])}")
     print(f"  the agent's passes for them: {s['passes']}")

@@ -223,7 +223,18 @@ class NodeDatapath:
             if not fresh and cli_name in self._shadow:
                 return dict(self._shadow[cli_name])
             entries = self._read_kernel(cli_name)
-            self._shadow[cli_name] = dict(entries)
+            shadow = self._shadow.get(cli_name)
+            if shadow is None:
+                self._shadow[cli_name] = dict(entries)
+                return entries
+            # the record takes what the kernel holds but keeps its own objects where they are
+            # equal: replaced whole at every resync, its entries (tens of MiB at 10k pods) were
+            # made anew each 30 s among the pass's garbage, and the heap kept the holes they left
+            for k in [k for k in shadow if k not in entries]:
+                del shadow[k]
+            for k, v in entries.items():
+                if shadow.get(k) != v:
+                    shadow[k] = v
             return entries
 
     def held(self, cli_name: str, keys: Iterable[bytes]) -> Entries:

@@ -87,3 +87,27 @@ def test_a_node_whose_pins_predate_the_map_gets_it_pinned_new(pin_root: str) -> 
         assert dp.migrations == []
         assert os.path.exists(pin) and dp.entries("delivery-exact") == {}
         assert dp.map("segment").id == seg_id and dp.entries("segment") == {seg: segment_value(300, local=True)}
+
+
+def test_a_resync_read_takes_what_the_kernel_holds_and_keeps_the_records_own_entries(pin_root: str) -> None:
+    """The writer's record after a fresh read is the kernel's map, drift included, and the entries
+    that did not drift stay the very objects it held (a resync replacing them all every 30 s left
+    the agent's heap full of holes)."""
+    dp = NodeDatapath(pin_root)
+    dp.load()
+    try:
+        reconcile(dp, snapshot(3))
+        held = dp.read("segment", fresh=False)
+        m = dp.map("segment")
+        k_gone, k_changed = sorted(held)[:2]
+        m.delete(k_gone)
+        m.update(k_changed, segment_value(4242))
+        k_new = segment_key(1, "10.244.0.99")
+        m.update(k_new, segment_value(7))
+        kernel = dp.read("segment")   # what a resync does
+        assert dp.read("segment", fresh=False) == kernel == dp.read_kernel("segment")
+        assert k_gone not in kernel and kernel[k_changed] == segment_value(4242) and kernel[k_new] == segment_value(7)
+        after = dp.read("segment", fresh=False)
+        assert all(after[k] is held[k] for k in held if k not in (k_gone, k_changed))
+    finally:
+        dp.close()
