@@ -77,6 +77,12 @@ def lease_container(spec: dict) -> str:
     return pod_container(str(spec.get("containerID") or ""))
 
 
+def is_pod_container(container_id: str) -> bool:
+    """Whether an IPLease's containerID is a pod's own address's: neither a node's host address
+    (is_host_container) nor a probe address (is_probe_container)."""
+    return not is_host_container(container_id) and not is_probe_container(container_id)
+
+
 def pod_container(container_id: str) -> str:
     """The pod container an IPLease's containerID names (a probe lease's without its prefix)."""
     return container_id[len(PROBE_CONTAINER_PREFIX):] if is_probe_container(container_id) else container_id

@@ -35,7 +35,7 @@ from lace.store.api import WatchEvent
 
 from .cluster import ClusterCache
 from .diff import MapChanges
-from .model import PodAddress, Snapshot, is_host_container, is_probe_container
+from .model import PodAddress, Snapshot, is_pod_container
 
 #: kinds whose changes an incremental pod pass may program
 POD_KINDS = ("Pod", "IPLease")
@@ -74,7 +74,7 @@ class PodSync:
                 return False
             keys = {r.key for r in records}
         else:
-            if any(r.node == self.node or is_host_container(r.container_id) or is_probe_container(r.container_id) for r in records):
+            if any(r.node == self.node or not is_pod_container(r.container_id) for r in records):
                 return False
             keys = {r.pod for r in records}
         with self._lock:
@@ -160,7 +160,7 @@ class PodSync:
             return None
         out = []
         for lease in sorted(self.cluster.leases_of(key), key=lambda r: r.name):
-            if lease.node == self.node or is_host_container(lease.container_id) or is_probe_container(lease.container_id):
+            if lease.node == self.node or not is_pod_container(lease.container_id):
                 return None
             net_id = ids.get(lease.network)
             if net_id is None:

@@ -22,8 +22,8 @@ from lace.store import kinds as K
 from .cluster import ClusterCache
 from .hostdev import NET_IFNAME
 from .model import (Block, HostAddress, HostLink, LocalEndpoint, NodeConfig,
-                    PodAddress, Snapshot, is_host_container, is_probe_container, parse_network, pod_container,
-                    parse_node)
+                    PodAddress, Snapshot, is_host_container, is_probe_container, parse_network, parse_node,
+                    pod_container)
 
 
 class NotRegistered(Exception):
