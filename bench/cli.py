@@ -36,12 +36,12 @@ from lace.datapath import registry  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState  # noqa: E402
 from lace.datapath.node import PinnedMaps, load_objects  # noqa: E402
 from lace.store import STORE_FILE  # noqa: E402
+from lace.datapath.common import now_coarse
 
 #: share of the entries per table (sums to 1)
 SHARES = {"ct-tcp-v4": 0.45, "ct-udp-v4": 0.15, "ct-icmp-v4": 0.05,
           "ct-tcp-v6": 0.25, "ct-udp-v6": 0.07, "ct-icmp-v6": 0.03}
 PROTO = {"tcp": 6, "udp": 17, "icmp": 1}
-CLOCK_MONOTONIC_COARSE = 6
 
 
 def fill(m, name: str, n: int, seed: int, expired_half: bool) -> None:
@@ -72,7 +72,7 @@ def fill(m, name: str, n: int, seed: int, expired_half: bool) -> None:
     keys["dport"] = rng.choice(np.array([80, 443, 53, 8080], np.uint16), n)
     keys["proto"] = proto
     vals = np.zeros(n, dtype=CT_ENTRY.dtype)
-    now = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    now = now_coarse()
     vals["created_ns"] = now - rng.integers(0, 3600, n).astype(np.uint64) * 10**9
     vals["last_seen_ns"] = now
     life = rng.integers(10, 21600, n).astype(np.int64) * 10**9

@@ -11,6 +11,7 @@
 
 #define ETH_HLEN       14
 #define ETH_ALEN       6
+#define LACE_VLAN_HLEN 4   /* what is_skb_forwardable() allows past the MTU and the Ethernet header */
 #define ETH_P_IP       0x0800
 #define ETH_P_ARP      0x0806
 #define ETH_P_IPV6     0x86DD

@@ -35,6 +35,15 @@ struct {
 	LACE_PIN;
 } lace_devices SEC(".maps");
 
+/* nexthops: the underlay's next hop per SID, cached from the FIB by the datapath (lib/srv6.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LACE_NEXTHOPS_MAX);
+	__type(key, struct lace_nexthop_key);
+	__type(value, struct lace_nexthop);
+	LACE_PIN;
+} lace_nexthops SEC(".maps");
+
 /* routing: (source network, destination prefix) -> destination network. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);

@@ -85,12 +85,35 @@ static __always_inline int srv6_encap_to(struct __sk_buff *skb, struct lace_flow
 	return 0;
 }
 
-/* Route the encapsulated packet on the underlay and redirect it out; < 0 with *reason set on failure. */
+/* The outer header's MACs and the redirect out of the interface the underlay names for f->sid. */
+static __always_inline int srv6_send(struct __sk_buff *skb, const __u8 *dmac, const __u8 *smac, __u32 ifindex,
+				     int *reason)
+{
+	if (set_macs(skb, dmac, smac) < 0) {
+		*reason = LACE_DROP_ENCAP_FAILED;
+		return -1;
+	}
+	return bpf_redirect(ifindex, 0);
+}
+
+/* Route the encapsulated packet on the underlay and redirect it out; < 0 with *reason set on failure.
+ * The node's FIB is asked once per SID and LACE_NEXTHOP_TTL_NS (an IPv6 FIB lookup with its
+ * neighbour is about half of what a packet to another node costs the sending program on its own):
+ * the answer is kept in nexthops, and a packet that finds a fresh entry there is sent as the FIB
+ * said, after the MTU check the lookup makes (bpf_skb_fib_lookup: a packet longer than the
+ * interface takes, GSO aside, is refused; here it goes on to the lookup, which refuses it as
+ * before). A change on the underlay (its route, its neighbour's MAC) is followed within the TTL. */
 static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow *f,
 					const struct lace_config *cfg, int *reason)
 {
 	struct bpf_fib_lookup p = {};
+	struct lace_nexthop *nh;
+	__u64 now = bpf_ktime_get_coarse_ns();
 	long rc;
+
+	nh = bpf_map_lookup_elem(&lace_nexthops, f->sid);
+	if (nh && nh->expires_ns > now && (skb->len <= nh->mtu + ETH_HLEN + LACE_VLAN_HLEN || skb->gso_size))
+		return srv6_send(skb, nh->dmac, nh->smac, nh->ifindex, reason);
 
 	p.family = AF_INET6;
 	p.ifindex = cfg->uplink_ifindex;
@@ -100,11 +123,14 @@ static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow 
 
 	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (set_macs(skb, p.dmac, p.smac) < 0) {
-			*reason = LACE_DROP_ENCAP_FAILED;
-			return -1;
-		}
-		return bpf_redirect(p.ifindex, 0);
+		struct lace_nexthop fresh = {
+			.expires_ns = now + LACE_NEXTHOP_TTL_NS, .ifindex = p.ifindex, .mtu = p.mtu_result,
+		};
+
+		__builtin_memcpy(fresh.smac, p.smac, 6);
+		__builtin_memcpy(fresh.dmac, p.dmac, 6);
+		bpf_map_update_elem(&lace_nexthops, f->sid, &fresh, BPF_ANY);
+		return srv6_send(skb, p.dmac, p.smac, p.ifindex, reason);
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return bpf_redirect_neigh(p.ifindex, 0, 0, 0);

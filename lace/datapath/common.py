@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import time
 from typing import Union
 
 from lace.bpf.layout import Layout
+
+#: the datapath's clock (bpf_ktime_get_coarse_ns): conntrack, affinity, probe and next-hop times are in it
+CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
+
+
+def now_coarse() -> int:
+    """Now on the datapath's clock, in ns."""
+    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]

@@ -1,14 +1,19 @@
-"""devices: interfaces lace manages on the node, with their role and MAC (C: lace/abi/devices.h)."""
+"""devices: interfaces lace manages on the node, with their role and MAC; nexthops: the underlay's
+next hop per SID, which the datapath caches from the node's FIB (C: lace/abi/devices.h)."""
 
 from __future__ import annotations
 
 import enum
+import ipaddress
 from typing import Any
 
 from lace.bpf.layout import Layout
 from lace.datapath.common import enum_label, mac_bytes, mac_str, check_u32
 
 DEVICES_MAX = 4096
+NEXTHOPS_MAX = 4096
+#: how long a nexthops entry stands in for the node's FIB
+NEXTHOP_TTL_NS = 100_000_000
 
 
 class DeviceRole(enum.IntEnum):
@@ -32,7 +37,19 @@ DEVICE = Layout(
     [("mac", "bytes:6"), ("role", "u8"), ("flags", "u8")],
 )
 
-C_MACROS: dict[str, int] = {"LACE_DEVICES_MAX": DEVICES_MAX}
+#: struct lace_nexthop_key (devices.h): an SRv6 destination (a remote node's SID)
+NEXTHOP_KEY = Layout("struct lace_nexthop_key", [("sid", "bytes:16")])
+
+#: struct lace_nexthop (devices.h): what the FIB said for it, and until when the datapath trusts it
+NEXTHOP = Layout(
+    "struct lace_nexthop",
+    [("expires_ns", "u64"), ("ifindex", "u32"), ("mtu", "u32"), ("smac", "bytes:6"), ("dmac", "bytes:6"),
+     ("pad", "u32")],
+)
+
+C_MACROS: dict[str, int] = {
+    "LACE_DEVICES_MAX": DEVICES_MAX, "LACE_NEXTHOPS_MAX": NEXTHOPS_MAX, "LACE_NEXTHOP_TTL_NS": NEXTHOP_TTL_NS,
+}
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {"lace_device_role": (DeviceRole, "LACE_ROLE_")}
 
 
@@ -51,3 +68,17 @@ def decode_device_key(raw: bytes) -> dict[str, Any]:
 def decode_device(raw: bytes) -> dict[str, Any]:
     v = DEVICE.unpack(raw)
     return {"mac": mac_str(v["mac"]), "role": enum_label(DeviceRole, v["role"]), "flags": v["flags"]}
+
+
+def nexthop_key(sid: str | bytes) -> bytes:
+    return NEXTHOP_KEY.pack(sid=ipaddress.IPv6Address(sid).packed if isinstance(sid, str) else sid)
+
+
+def decode_nexthop_key(raw: bytes) -> dict[str, Any]:
+    return {"sid": str(ipaddress.IPv6Address(NEXTHOP_KEY.unpack(raw)["sid"]))}
+
+
+def decode_nexthop(raw: bytes) -> dict[str, Any]:
+    v = NEXTHOP.unpack(raw)
+    return {"ifindex": v["ifindex"], "dmac": mac_str(v["dmac"]), "smac": mac_str(v["smac"]), "mtu": v["mtu"],
+            "expires_ns": v["expires_ns"]}

@@ -91,6 +91,10 @@ _MAPS: tuple[MapDef, ...] = (
     MapDef("devices", "lace_devices", "hash", devices.DEVICE_KEY, devices.DEVICE, devices.DEVICES_MAX,
            "ifindex -> managed interface role and MAC",
            decode_key=devices.decode_device_key, decode_value=_value(devices.decode_device)),
+    MapDef("nexthops", "lace_nexthops", "lru_hash", devices.NEXTHOP_KEY, devices.NEXTHOP, devices.NEXTHOPS_MAX,
+           "SID -> the underlay interface, MACs and MTU the node's FIB gave for it (the datapath's own cache, "
+           "asked again after 100 ms)",
+           decode_key=devices.decode_nexthop_key, decode_value=_value(devices.decode_nexthop)),
     MapDef("routing", "lace_routing", "lpm_trie", routing.ROUTING_KEY, routing.ROUTE, routing.ROUTING_MAX,
            "(source network, destination prefix) -> destination network, masquerade",
            map_flags=BPF_F_NO_PREALLOC,
@@ -177,7 +181,7 @@ CT_TABLES: tuple[str, ...] = ("ct-tcp-v6", "ct-udp-v6", "ct-icmp-v6", "ct-tcp-v4
 #: the maps ``node bpf show`` accepts
 SHOWABLE: tuple[str, ...] = (
     "config", "devices", "routing", "delivery", "delivery-exact", "veth", "services", "revnat", "policy",
-    "segment", "prefix-segment", "probes", "probe-cookie",
+    "segment", "prefix-segment", "probes", "probe-cookie", "nexthops",
 )
 
 

@@ -7,7 +7,6 @@ destination whose candidates are all held is refused with nat-failed. IPv4 and I
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP
@@ -24,6 +23,7 @@ from lace.datapath.reasons import DropReason
 from lace.datapath.testbed import (NET1, NODE_ADDR4, OUTSIDE_ROUTER_MAC, TC_ACT_OK, TC_ACT_REDIRECT,
                                    UNDERLAY1, UPLINK_MAC, icmp_echo)
 from lace.datapath.trace import NatKind
+from lace.datapath.common import now_coarse
 
 from .test_services import assert_dropped, assert_to_pod, checksums_valid, ct_total
 
@@ -32,7 +32,6 @@ PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]
 REMOTE = {4: "203.0.113.1", 6: "2001:db8:cafe::1"}
 NODE = {4: NODE_ADDR4, 6: UNDERLAY1}
 TABLE = {6: "tcp", 17: "udp", 1: "icmp", 58: "icmp"}
-CLOCK_MONOTONIC_COARSE = 6
 
 
 def fam_ip(family):
@@ -59,7 +58,7 @@ def reservation(dp, family, port, dport, proto, remote=None):
 
 def hold(dp, family, port, dport, proto, *, holder: str = "10.1.1.77", expired: bool = False, remote=None):
     """A reservation of node:port -> remote:dport held by another pod (live unless ``expired``)."""
-    now = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    now = now_coarse()
     holder = holder if family == 4 else "fd10:1::77"
     fam, key = ct_key(NETWORK_OUTSIDE, NODE[family], remote or REMOTE[family], port, dport, proto)
     dp.m(f"ct-{TABLE[proto]}-v{int(fam)}").update(key, CT_ENTRY.pack(

@@ -18,7 +18,8 @@ from lace.datapath.reasons import DropReason
 from lace.datapath.common import Verdict
 from lace.datapath.conntrack import CtStatus
 
-from lace.datapath.common import mac_bytes
+from lace.datapath.common import mac_bytes, now_coarse
+from lace.datapath.devices import NEXTHOP, NEXTHOP_TTL_NS, decode_nexthop, decode_nexthop_key, nexthop_key
 
 from lace.datapath.testbed import NEIGH_MAC, UPLINK_MAC, NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, UNDERLAY1, icmp_echo
 
@@ -249,6 +250,61 @@ def test_remote_delivery_encapsulates_byte_by_byte(dp, family):
     ev = res.events[-1]
     assert ev["delivery"] == DeliveryKind.REMOTE and ev["node_id"] == 2
     assert ev["dst_segment"] == REMOTE["segment"]
+
+
+# -- the underlay's next hop, cached per SID (nexthops) ----------------------------------------
+
+def _remote_syn(dp, a, family: int, sport: int, payload: int = 32):
+    dst = REMOTE["ipv4" if family == 4 else "ipv6"]
+    return dp.l3(a, dst, family) / TCP(sport=sport, dport=8080, flags="S") / Raw(b"x" * payload)
+
+
+def _nexthops(dp) -> dict[str, dict]:
+    m = dp.m("nexthops")
+    return {decode_nexthop_key(k)["sid"]: decode_nexthop(v) for k, v in m.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_remote_delivery_caches_the_fib_answer_and_sends_by_it(dp, family):
+    a = dp.pods["a"]
+    assert _nexthops(dp) == {}
+    res = dp.from_pod(a, _remote_syn(dp, a, family, 43100))
+    assert res.retval == TC_ACT_REDIRECT, res.events
+    sid = "2001:db8:2:0:1:0:1:0"
+    nh = _nexthops(dp)[sid]
+    assert (nh["dmac"], nh["smac"], nh["ifindex"], nh["mtu"]) == (NEIGH_MAC, UPLINK_MAC, dp.ifindex["up0"], 1500)
+    now = now_coarse()
+    assert now < nh["expires_ns"] <= now + NEXTHOP_TTL_NS + 10_000_000
+    # while it is fresh, packets go where the entry says, without asking the FIB: an entry naming
+    # another next hop shows it (the FIB still says NEIGH_MAC)
+    other = "02:00:00:00:0f:99"
+    key = nexthop_key(sid)
+    raw = NEXTHOP.pack(expires_ns=nh["expires_ns"] + 10**12, ifindex=nh["ifindex"], mtu=1500,
+                       smac=mac_bytes(UPLINK_MAC), dmac=mac_bytes(other), pad=0)
+    dp.m("nexthops").update(key, raw)
+    res = dp.from_pod(a, _remote_syn(dp, a, family, 43101))
+    assert res.retval == TC_ACT_REDIRECT and res.data[0:6] == mac_bytes(other)
+    # once it has expired, the FIB is asked again and the entry renewed from its answer
+    dp.m("nexthops").update(key, NEXTHOP.pack(expires_ns=1, ifindex=nh["ifindex"], mtu=1500,
+                                              smac=mac_bytes(UPLINK_MAC), dmac=mac_bytes(other), pad=0))
+    res = dp.from_pod(a, _remote_syn(dp, a, family, 43102))
+    assert res.retval == TC_ACT_REDIRECT and res.data[0:6] == mac_bytes(NEIGH_MAC)
+    assert _nexthops(dp)[sid]["dmac"] == NEIGH_MAC and _nexthops(dp)[sid]["expires_ns"] > now
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_packet_longer_than_the_uplink_takes_is_refused_with_a_fresh_next_hop_too(dp, family):
+    """The FIB lookup refuses a (non-GSO) packet the uplink's MTU cannot take; a packet sent by the
+    cached answer meets the same check. Encapsulated, 1,480 bytes of IP are 1,520 on a 1,500 uplink."""
+    a = dp.pods["a"]
+    big = 1480 - (20 if family == 4 else 40) - 20
+    assert_dropped(dp.from_pod(a, _remote_syn(dp, a, family, 43200, payload=big)), DropReason.FIB_LOOKUP_FAILED)
+    assert _nexthops(dp) == {}, "a refused lookup caches nothing"
+    assert dp.from_pod(a, _remote_syn(dp, a, family, 43201)).retval == TC_ACT_REDIRECT
+    assert len(_nexthops(dp)) == 1
+    assert_dropped(dp.from_pod(a, _remote_syn(dp, a, family, 43202, payload=big)), DropReason.FIB_LOOKUP_FAILED)
+    fits = 1460 - (20 if family == 4 else 40) - 20   # 1,500 bytes encapsulated: goes by the cached answer
+    assert dp.from_pod(a, _remote_syn(dp, a, family, 43203, payload=fits)).retval == TC_ACT_REDIRECT
 
 
 def test_remote_without_underlay_route_dropped(dp):

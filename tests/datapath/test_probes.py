@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 import pytest
 from scapy.layers.inet import IP, TCP, UDP
@@ -29,6 +28,7 @@ from lace.datapath.probes import (PROBE_COOKIE, ProbeFlag, probe_address_key, pr
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.testbed import NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, icmp_echo
 from lace.datapath.trace import NatKind
+from lace.datapath.common import now_coarse
 
 from .test_host import HOST, assert_dropped, assert_into_pod, ct_entry, host  # noqa: F401 (fixture)
 from .test_services import checksums_valid
@@ -39,7 +39,6 @@ SO_COOKIE = 57
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROBE = {4: "10.1.1.200", 6: "fd10:1::c8"}     # pod c's probe address, in node 1's block of network 1
 PROBE_PORT, TARGET_PORT = 8080, 80
-CLOCK_MONOTONIC_COARSE = 6
 
 
 def fam_ip(family: int):
@@ -62,7 +61,7 @@ def ct_tables_empty(dp) -> bool:
 
 
 def write_ct(dp, net: int, src: str, dst: str, sport: int, dport: int, **fields) -> None:
-    now = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    now = now_coarse()
     fam, key = ct_key(net, src, dst, sport, dport, 6)
     entry = dict(created_ns=now, last_seen_ns=now, expires_ns=now + 3600 * 10**9, packets_fwd=1, bytes_fwd=60,
                  packets_rev=1, bytes_rev=60, src_segment=SEGMENT_HOST, dst_segment=0, dst_network=NET1,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import random
-import time
 
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, UDPerror
@@ -24,6 +23,7 @@ from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV
                                     service_key)
 from lace.datapath.testbed import (NET1, NET2, REMOTE, TC_ACT_REDIRECT, TC_ACT_SHOT, Backend, icmp_echo)
 from lace.datapath.trace import NatKind
+from lace.datapath.common import now_coarse
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]
@@ -31,7 +31,6 @@ ING, EGR = Direction.INGRESS, Direction.EGRESS
 VIP = {4: "10.96.0.10", 6: "fd00:10:96::a"}
 HAIRPIN = {4: str(HAIRPIN_IPV4), 6: str(HAIRPIN_IPV6)}
 PORT, TARGET = 80, 8080
-CLOCK_MONOTONIC_COARSE = 6
 
 
 def fam_ip(family):
@@ -507,7 +506,7 @@ def test_c_flow_hash_is_the_python_flow_hash(dp):
 
 
 def _coarse_now() -> int:
-    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    return now_coarse()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

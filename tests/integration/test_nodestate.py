@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import stat
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,9 +24,9 @@ from lace.datapath import conntrack as C
 from lace.datapath import probes as P
 from lace.datapath import registry
 from lace.datapath import services as S
-from lace.datapath.common import Direction, mac_bytes
+from lace.datapath.common import Direction, mac_bytes, now_coarse
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key
-from lace.datapath.devices import DeviceRole, device_key, device_value
+from lace.datapath.devices import NEXTHOP, DeviceRole, device_key, device_value, nexthop_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.node import PinnedMaps
 from lace.datapath.policy import POLICY_ENTRY, PolicyFlag, policy_entry, policy_keys, policy_maps, selected_key
@@ -37,7 +36,6 @@ from lace.store import SqliteStore
 
 from tests.integration.conftest import run
 
-COARSE = 6  # CLOCK_MONOTONIC_COARSE
 
 
 def fill(maps: dict[str, Any]) -> None:
@@ -46,6 +44,11 @@ def fill(maps: dict[str, Any]) -> None:
     m("config").update(cfg.config_key(), cfg.config_value(locator="2001:db8:1::/48", underlay_addr="2001:db8:f::1",
                                                           node_id=1, uplink_ifindex=1, mtu=1460))
     m("devices").update(device_key(77), device_value("02:00:00:00:01:0a", DeviceRole.POD_VETH))
+    # the datapath's next-hop cache: one fresh SID, one the FIB must be asked for again
+    for sid, left_ns in (("2001:db8:2:0:1:0:1:0", 60 * 10**9), ("2001:db8:3:0:1:0:1:0", -5 * 10**9)):
+        m("nexthops").update(nexthop_key(sid), NEXTHOP.pack(
+            expires_ns=now_coarse() + left_ns, ifindex=1, mtu=1500, smac=mac_bytes("02:00:00:00:0f:01"),
+            dmac=mac_bytes("02:00:00:00:0f:02"), pad=0))
     m("routing").update(routing_key(1, "10.244.0.0/16"), route_value(1))
     m("routing").update(routing_key(2, "0.0.0.0/0"), route_value(0xFFFFFFFF, masquerade=True))
     local = DELIVERY.pack(kind=DeliveryKind.LOCAL, ifindex=77, mac=mac_bytes("02:00:00:00:00:0a"),
@@ -84,7 +87,7 @@ def fill(maps: dict[str, Any]) -> None:
         network=2, endpoint_id=78, ifindex=78, target_addr="10.10.0.5", target_port=8080))
     m("probes").update(P.probe_address_key("10.244.1.40"), P.probe_value(
         network=2, endpoint_id=78, ifindex=78, target_addr="10.10.0.5", target_port=0, flags=P.ProbeFlag.ADDRESS))
-    now = time.clock_gettime_ns(COARSE)
+    now = now_coarse()
     m("probe-cookie").update(P.probe_cookie_key(12345), P.PROBE_COOKIE.pack(
         orig_addr=ipaddress.ip_address("10.244.1.40").packed.ljust(16, b"\0"), orig_port=8080, family=4,
         proto=6, network=2, created_ns=now))
@@ -194,6 +197,19 @@ def test_probe_maps(node_env: dict[str, str]) -> None:
     (c,) = json.loads(out)["entries"]
     assert (c["cookie"], c["orig_addr"], c["orig_port"]) == (12345, "10.244.1.40", 8080)
     assert (c["target_addr"], c["target_port"]) == ("10.10.0.5", 8080) and 0 <= c["age_s"] < 60
+
+
+def test_nexthops(node_env: dict[str, str]) -> None:
+    """The next-hop cache: per SID, where the datapath sends it and whether it still trusts that."""
+    rc, out, err = node(node_env, "bpf", "show", "nexthops", "-o", "json", "-n")
+    assert rc == 0 and err == "", err
+    rows = {e["sid"]: e for e in json.loads(out)["entries"]}
+    fresh, stale = rows["2001:db8:2:0:1:0:1:0"], rows["2001:db8:3:0:1:0:1:0"]
+    assert (fresh["dmac"], fresh["smac"], fresh["mtu"], fresh["ifindex"]) == ("02:00:00:00:0f:02", "02:00:00:00:0f:01",
+                                                                              1500, 1)
+    assert fresh["fresh"] and not stale["fresh"]
+    rc, out, _ = node(node_env, "bpf", "show", "nexthops", "-n")
+    assert rc == 0 and "02:00:00:00:0f:02" in out and "expired 5s ago" in out and " 59s" in out
 
 
 def test_names_and_unresolved(node_env: dict[str, str]) -> None:

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -40,10 +39,10 @@ from lace.datapath.node import LoadedDatapath, load_objects
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.trace import METRICS_VALUE, metrics_key
 from lace.lab import topology
+from lace.datapath.common import now_coarse
 
 pytestmark = pytest.mark.privileged
 
-CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 NODE_ADDR4, NODE_ADDR6 = "192.0.2.1", "2001:db8:f::1"   # the node's own addresses: its affinity identity
 VIP = {4: "10.96.0.10", 6: "fd00:96::10"}
 VIP_PORT = 80
@@ -175,7 +174,7 @@ class Host:
         return svc.AFFINITY.unpack(raw) if raw is not None else None
 
     def set_affinity(self, name: str, age_s: float, family: int = 4, service_id: int = 7) -> None:
-        now = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+        now = now_coarse()
         self.dp.map("affinity").update(
             svc.affinity_key(service_id, 1, NODE_ADDR4 if family == 4 else NODE_ADDR6),
             svc.AFFINITY.pack(last_used_ns=now - int(age_s * 1e9), backend_id=backend_id(name, family, Proto.TCP),
@@ -420,7 +419,7 @@ def test_an_affinity_entry_is_honoured_until_it_expires(host: Host) -> None:
     assert {g["data"] for g in host.many("tcp", 8)} == {"b"}
     # used just now: the entry's clock moved on
     entry = host.affinity()
-    assert entry is not None and time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE) - entry["last_used_ns"] < 10e9
+    assert entry is not None and now_coarse() - entry["last_used_ns"] < 10e9
     # older than the timeout: chosen afresh (by the cookie's hash) and recorded
     host.set_affinity("b", age_s=120)
     first = host.one("tcp")

@@ -133,7 +133,8 @@ def test_every_pinned_map_is_registered(objects: dict[str, BTF]) -> None:
 
 def test_registry_names() -> None:
     assert list(registry.MAPS) == [
-        "config", "devices", "routing", "delivery", "delivery-exact", "veth", "services", "backends", "maglev",
+        "config", "devices", "nexthops", "routing", "delivery", "delivery-exact", "veth", "services", "backends",
+        "maglev",
         "affinity", "revnat", "sock-revnat", "policy", "policy-exact", "segment",
         "prefix-segment", "probes", "probe-cookie", "ct-tcp-v4", "ct-udp-v4", "ct-icmp-v4", "ct-tcp-v6",
         "ct-udp-v6", "ct-icmp-v6", "endpoint-ct", "events", "metrics",

@@ -22,6 +22,7 @@ from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import NumericResolver, for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
+from lace.datapath.common import now_coarse
 from lace.datapath.policy import HOST_RULE, POLICY_MAPS
 from lace.datapath.probes import ProbeFlag
 from lace.datapath.registry import MapDef
@@ -151,6 +152,25 @@ def view_devices(entries: list[Entry], res: NumericResolver, names: Names, args:
         pod = res.pod_for_ifname(name) if name and e.value["role"] == "pod-veth" else None
         v.rows.append([idx, name or "(gone)", e.value["role"], e.value["mac"], pod])
         v.docs.append({"ifindex": idx, "name": name, **e.value, "pod": pod})
+    return v
+
+
+def view_nexthops(entries: list[Entry], res: NumericResolver, names: Names, args: Any) -> View:
+    """The datapath's cache of the node FIB's answer per SID: where packets to another node go out,
+    and for how long the datapath sends them there before it asks the FIB again."""
+    now = now_coarse()
+    v = View(["SID", "INTERFACE", "NEXT-HOP-MAC", "SOURCE-MAC", "MTU", "FRESH-FOR"])
+    for e in sorted(entries, key=lambda e: ipaddress.IPv6Address(e.key["sid"])):
+        val = e.value
+        name = names.ifname(val["ifindex"])
+        left_s = (val["expires_ns"] - now) / 1e9
+        if left_s <= 0:
+            fresh = f"expired {render.human_duration(-left_s)} ago"
+        else:
+            fresh = f"{left_s * 1000:.0f}ms" if left_s < 1 else render.human_duration(left_s)
+        v.rows.append([e.key["sid"], f'{val["ifindex"]}' + (f" ({name})" if name and not res.numeric else ""),
+                       val["dmac"], val["smac"], val["mtu"], fresh])
+        v.docs.append({**e.key, **val, "ifname": name, "fresh": left_s > 0})
     return v
 
 
@@ -417,6 +437,7 @@ VIEWS: dict[str, Callable[..., View]] = {
     "delivery-exact": view_delivery, "veth": view_veth, "services": view_services, "revnat": view_revnat,
     "policy": view_policy, "segment": view_segment,
     "prefix-segment": view_prefix_segment, "probes": view_probes, "probe-cookie": view_probe_cookie,
+    "nexthops": view_nexthops,
 }
 assert tuple(VIEWS) == registry.SHOWABLE
 

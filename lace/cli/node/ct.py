@@ -17,7 +17,6 @@ next packet, which is what an LRU eviction would do to it anyway.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,14 +32,10 @@ from lace.cli.node.env import NodeEnv
 from lace.cli.node.resolve import for_node
 from lace.cli.status import ExitStatus
 from lace.datapath import registry
+from lace.datapath.common import now_coarse
 from lace.datapath.conntrack import CT_ENTRY
 
-CLOCK_MONOTONIC_COARSE = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # Linux; Python 3.11 lacks the name
 TABLES = ("all", *registry.CT_TABLES)
-
-
-def now_coarse() -> int:
-    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
 
 
 def register(sub: Any, add_common: Callable[..., None]) -> None:

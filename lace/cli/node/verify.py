@@ -67,8 +67,8 @@ def check_maps(names: Sequence[str] | None) -> list[str]:
             if n not in out:
                 out.append(n)
             continue
-        owned_by_datapath = n.startswith("ct-") or n in ("affinity", "events", "metrics", "probe-cookie",
-                                                          "sock-revnat")
+        owned_by_datapath = n.startswith("ct-") or n in ("affinity", "events", "metrics", "nexthops",
+                                                          "probe-cookie", "sock-revnat")
         if owned_by_datapath:
             raise UsageError(f'map "{n}" is not audited: the datapath writes it itself, there is no desired '
                              "state to compare with", hint="audited maps: " + ", ".join(AUDITED))
