@@ -15,8 +15,10 @@ Then, for worker-1's agent:
 
   programmed       from the first object written to every pod's address in the agent's segment
                    map (the kernel's map, looked up through its pin)
-  RSS              the agent's resident memory once it has programmed everything (VmRSS), and
-                   its peak (VmHWM)
+  RSS              the agent's resident memory (VmRSS) once it has programmed everything and
+                   made no pass for 5 s (the passes for the policies and services written with
+                   the pods end after the pods are in the map), after the pod changes and after
+                   the resyncs, and its peak (VmHWM)
   one pod change   a pod of another node written with its lease, until its address is in the
                    agent's segment map; then deleted, until it is gone: the store's commit,
                    the watch's wake-up and the agent's pass (median of --changes)
@@ -255,6 +257,22 @@ def one_pod_changes(lab: Lab, cluster: Cluster, seg, changes: int) -> tuple[list
     return adds, dels
 
 
+def settled(lab: Lab, quiet: float = 5.0, timeout: float = 180.0) -> None:
+    """Wait until the agent has made no pass for ``quiet`` seconds: the segment map holds every pod
+    before the agent's last full passes for the policies and services written with them are done,
+    and memory measured then would miss them."""
+    name = "lace_agent_reconciles_total"
+    deadline = time.monotonic() + timeout
+    last, since = lab.metrics().get(name), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the agent was still making passes after {timeout:.0f} s")
+        time.sleep(0.5)
+        now = lab.metrics().get(name)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def resyncs(lab: Lab, count: int = 2) -> list[float]:
     """The durations of the agent's next ``count`` periodic resyncs (s), from its histogram."""
     name = "lace_agent_resync_duration_seconds"
@@ -328,6 +346,7 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
                        lambda: all(seg.lookup(k) is not None for k in keys[-50:]) and
                        all(seg.lookup(k) is not None for k in keys), 600, step=0.2)
             programmed = time.monotonic()
+            settled(lab)
             rss, hwm = rss_mib(pid)
             before = lab.metrics()
             adds, dels = one_pod_changes(lab, cluster, seg, a.changes)
@@ -421,7 +440,7 @@ def main() -> int:
           f"{a.policies:,} policies (objects written in {s['written']:.1f} s)")
     print(f"  programmed (first write to every pod in its segment map)  {s['programmed']:.1f} s")
     print(f"  agent RSS: {s['idle_rss']:.1f} MiB before, {s['rss']:.1f} MiB after (peak {s['hwm']:.1f}; "
-          f"{s['rss_steps'][0]:.1f} once programmed, {s['rss_steps'][1]:.1f} after the pod changes, "
+          f"{s['rss_steps'][0]:.1f} once programmed and settled, {s['rss_steps'][1]:.1f} after the pod changes, "
           f"{s['rss_steps'][2]:.1f} after the resyncs)")
     print(f"  one pod of another node added, until in the agent's map:   {fmt_ms(s['adds'])}")
     print(f"  ... deleted, until out of it:                             {fmt_ms(s['dels'])}")
