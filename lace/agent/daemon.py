@@ -33,7 +33,7 @@ from .datapath import NodeDatapath
 from .desired import OWNED_MAPS, Entries, ct_limit, desired_maps
 from .podsync import PodSync
 from .servicesync import ServiceSync
-from .diff import MapChanges, diff
+from .diff import MapChanges, diff_all
 from .endpoints import CniError, CniRequest, Endpoints
 from .flows import FlowCollector
 from .heap import release_free_memory
@@ -235,13 +235,8 @@ class Agent:
                                   self.service_sync.cache, self.ct_endpoint_limit, self.links, self.cluster)
             self.last_snapshot = snap
             want = desired_maps(snap, self.policy, self.services)
-            # map by map: a resync's read of the kernel (every entry made anew) is garbage before
-            # the next map's, so the heap holds one map's read at a time, not every map's at once
-            changes = {}
-            for name in OWNED_MAPS:
-                ch = diff(name, want[name], self.datapath.read(name, fresh=resync))
-                if ch:
-                    changes[name] = ch
+            have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
+            changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
             self.datapath.apply(changes, OWNED_MAPS)
             self.pod_sync.rebuilt(snap)
             if resync or "probes" in changes:   # a target went, or a release hook was missed
@@ -262,7 +257,7 @@ class Agent:
             self._log_policy_pressure()
             self._log_service_pressure()
             self._export_pressure()
-            del snap, want, changes
+            del snap, want, have, changes
             release_free_memory()   # what the pass freed goes back to the kernel (lace.agent.heap)
             return changed
 

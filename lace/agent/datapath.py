@@ -235,8 +235,7 @@ class NodeDatapath:
             for k, v in entries.items():
                 if shadow.get(k) != v:
                     shadow[k] = v
-            # the kernel's copy goes when this returns; the caller gets the record's objects
-            return dict(shadow)
+            return entries
 
     def held(self, cli_name: str, keys: Iterable[bytes]) -> Entries:
         """These keys' entries as this agent last left them (the kernel's, read once, when it has

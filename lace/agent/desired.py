@@ -10,7 +10,6 @@ ServiceProgrammer, which also keeps backend IDs and Maglev table numbers stable 
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 
 from lace.datapath import config as cfg
@@ -71,9 +70,9 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
             ct_max=ct_limit(s, ep.network))
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
-    seg = out["segment"]
     for p in s.pods:
-        seg[p.segment_key] = _segment_value(p.segment, (p.network, p.ip) in local)
+        out["segment"][segment_key(p.network, p.ip)] = segment_value(
+            p.segment, local=(p.network, p.ip) in local)
     _host_segments(s, out["segment"])
     _underlay_peers(s, out["segment"])
     if s.policy is not None:
@@ -87,12 +86,6 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
     out["revnat"] = svc.revnat_entries()
     _service_overflow_routes(s, svc, out["routing"])
     return out
-
-
-@functools.lru_cache(maxsize=65536)
-def _segment_value(segment: int, local: bool) -> bytes:
-    """A segment map value; every pod of a segment shares one bytes object (a full pass makes none)."""
-    return segment_value(segment, local=local)
 
 
 def ct_limit(s: Snapshot, network: int) -> int:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
 from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
-from lace.datapath.segment import segment_key
 from lace.store import kinds as K
 
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -131,19 +129,13 @@ class Block:
 
 @dataclass(frozen=True)
 class PodAddress:
-    """One pod address anywhere in the cluster with its segment (for segment / delivery maps).
-    The agent keeps an unchanged address's object from pass to pass (lace.agent.state), and with
-    it the segment map key packed once: a full pass then makes no new bytes for it."""
+    """One pod address anywhere in the cluster with its segment (for segment / delivery maps)."""
 
     network: int
     ip: IPAddr
     segment: int
     node: str
     pod: str  # namespace/name
-
-    @cached_property
-    def segment_key(self) -> bytes:
-        return segment_key(self.network, self.ip)
 
 
 @dataclass(frozen=True)
