@@ -24,6 +24,7 @@ from lace.cli.errors import UsageError
 from lace.cli.node import verify as nv
 from lace.cli.node.main import main as node_main
 from lace.cli.node.resolve import NumericResolver, Resolver
+from lace.datapath import registry
 from lace.datapath.delivery import DELIVERY, DeliveryKind, delivery_exact_key, delivery_key
 from lace.datapath.endpoint import endpoint_value, veth_key
 from lace.datapath.policy import POLICY_ENTRY
@@ -134,6 +135,14 @@ def test_a_scratch_service_programmer_leaves_the_agents_allocation_alone() -> No
 
 def test_cli_knows_the_audited_maps() -> None:
     assert nv.AUDITED == OWNED_MAPS
+
+
+def test_cli_knows_the_maps_the_datapath_owns() -> None:
+    """The maps the CLI names as written by the datapath are registered and not audited, and its
+    help text names each."""
+    owned = {n for n in registry.MAPS if n not in OWNED_MAPS and not n.startswith("ct-")}
+    assert set(nv.DATAPATH_OWNED) <= owned
+    assert all(n in nv.NOT_AUDITED_TEXT for n in nv.DATAPATH_OWNED)
 
 
 # ---- rendering ---------------------------------------------------------------------------------------

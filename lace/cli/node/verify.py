@@ -36,8 +36,9 @@ if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command r
 #: the maps the agent owns and the audit compares (lace.agent.desired.OWNED_MAPS), in its order
 AUDITED = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
            "policy", "policy-exact", "backends", "maglev", "revnat", "services", "probes")
-#: written by the datapath itself: no desired state to compare with
-NOT_AUDITED_TEXT = "conntrack (ct-*), affinity, events, metrics, probe-cookie and sock-revnat"
+#: written by the datapath itself, besides conntrack (ct-*): no desired state to compare with
+DATAPATH_OWNED = ("affinity", "events", "metrics", "nexthops", "probe-cookie", "sock-revnat")
+NOT_AUDITED_TEXT = f"conntrack (ct-*), {', '.join(DATAPATH_OWNED[:-1])} and {DATAPATH_OWNED[-1]}"
 #: the two maps policy entries are split into (lace.datapath.policy.POLICY_MAPS), shown alike
 POLICY_MAPS = ("policy", "policy-exact")
 KINDS = ("missing", "stale", "different")
@@ -67,9 +68,7 @@ def check_maps(names: Sequence[str] | None) -> list[str]:
             if n not in out:
                 out.append(n)
             continue
-        owned_by_datapath = n.startswith("ct-") or n in ("affinity", "events", "metrics", "nexthops",
-                                                          "probe-cookie", "sock-revnat")
-        if owned_by_datapath:
+        if n.startswith("ct-") or n in DATAPATH_OWNED:
             raise UsageError(f'map "{n}" is not audited: the datapath writes it itself, there is no desired '
                              "state to compare with", hint="audited maps: " + ", ".join(AUDITED))
         raise UsageError(f'unknown map "{n}"', hint="audited maps: " + ", ".join(AUDITED))
