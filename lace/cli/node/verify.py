@@ -37,7 +37,7 @@ if TYPE_CHECKING:   # lace.bpf, numpy and http.client load when a node command r
 AUDITED = ("config", "devices", "routing", "delivery", "delivery-exact", "veth", "segment", "prefix-segment",
            "policy", "policy-exact", "backends", "maglev", "revnat", "services", "probes")
 #: written by the datapath itself, besides conntrack (ct-*): no desired state to compare with
-DATAPATH_OWNED = ("affinity", "events", "metrics", "nexthops", "probe-cookie", "sock-revnat")
+DATAPATH_OWNED = ("affinity", "endpoint-ct", "events", "metrics", "nexthops", "probe-cookie", "sock-revnat")
 NOT_AUDITED_TEXT = f"conntrack (ct-*), {', '.join(DATAPATH_OWNED[:-1])} and {DATAPATH_OWNED[-1]}"
 #: the two maps policy entries are split into (lace.datapath.policy.POLICY_MAPS), shown alike
 POLICY_MAPS = ("policy", "policy-exact")
