@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from lace.bpf import ensure_bpffs  # noqa: E402
 from lace.datapath import registry  # noqa: E402
+from lace.datapath.common import now_coarse  # noqa: E402
 from lace.datapath.conntrack import CT4_KEY, CT6_KEY, CT_ENTRY, CtFlag, CtState  # noqa: E402
 from lace.datapath.node import PinnedMaps, load_objects  # noqa: E402
 from lace.store import STORE_FILE  # noqa: E402
-from lace.datapath.common import now_coarse
 
 #: share of the entries per table (sums to 1)
 SHARES = {"ct-tcp-v4": 0.45, "ct-udp-v4": 0.15, "ct-icmp-v4": 0.05,

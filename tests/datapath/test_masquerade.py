@@ -15,7 +15,7 @@ from scapy.layers.l2 import Ether
 from scapy.layers.sctp import SCTP
 from scapy.packet import Raw
 
-from lace.datapath.common import NETWORK_OUTSIDE, Verdict, addr16, addr_str, mac_bytes
+from lace.datapath.common import NETWORK_OUTSIDE, Verdict, addr16, addr_str, mac_bytes, now_coarse
 from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.masquerade import MASQ_PORT_MAX, MASQ_PORT_MIN, MASQ_TRIES, candidate_ports
@@ -23,7 +23,6 @@ from lace.datapath.reasons import DropReason
 from lace.datapath.testbed import (NET1, NODE_ADDR4, OUTSIDE_ROUTER_MAC, TC_ACT_OK, TC_ACT_REDIRECT,
                                    UNDERLAY1, UPLINK_MAC, icmp_echo)
 from lace.datapath.trace import NatKind
-from lace.datapath.common import now_coarse
 
 from .test_services import assert_dropped, assert_to_pod, checksums_valid, ct_total
 

@@ -20,7 +20,7 @@ import pytest
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 
-from lace.datapath.common import SEGMENT_HOST, Direction, Verdict, addr16, addr_str
+from lace.datapath.common import SEGMENT_HOST, Direction, Verdict, addr16, addr_str, now_coarse
 from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.probes import (PROBE_COOKIE, ProbeFlag, probe_address_key, probe_cookie_key, probe_key,
@@ -28,7 +28,6 @@ from lace.datapath.probes import (PROBE_COOKIE, ProbeFlag, probe_address_key, pr
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.testbed import NET1, NET2, REMOTE, TC_ACT_OK, TC_ACT_REDIRECT, icmp_echo
 from lace.datapath.trace import NatKind
-from lace.datapath.common import now_coarse
 
 from .test_host import HOST, assert_dropped, assert_into_pod, ct_entry, host  # noqa: F401 (fixture)
 from .test_services import checksums_valid

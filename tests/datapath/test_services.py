@@ -13,7 +13,7 @@ from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, UDPerror
 from scapy.layers.inet6 import ICMPv6DestUnreach, IPv6, IPerror6
 from scapy.packet import Raw
 
-from lace.datapath.common import Direction, Verdict, addr_str, mac_bytes
+from lace.datapath.common import Direction, Verdict, addr_str, mac_bytes, now_coarse
 from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.maglev import flow_hash
@@ -23,7 +23,6 @@ from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV
                                     service_key)
 from lace.datapath.testbed import (NET1, NET2, REMOTE, TC_ACT_REDIRECT, TC_ACT_SHOT, Backend, icmp_echo)
 from lace.datapath.trace import NatKind
-from lace.datapath.common import now_coarse
 
 FAMILIES = [pytest.param(4, id="v4"), pytest.param(6, id="v6")]
 PROTOS = [pytest.param(6, id="tcp"), pytest.param(17, id="udp")]

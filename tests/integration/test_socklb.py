@@ -33,13 +33,12 @@ from lace.bpf.cgroup import cgroup_link_target
 from lace.cli.commands import exec as lexec
 from lace.cli.invocation import Invocation
 from lace.datapath import services as svc
-from lace.datapath.common import Proto, Verdict
+from lace.datapath.common import Proto, Verdict, now_coarse
 from lace.datapath.config import config_key, config_value
 from lace.datapath.node import LoadedDatapath, load_objects
 from lace.datapath.reasons import DropReason, TracePoint
 from lace.datapath.trace import METRICS_VALUE, metrics_key
 from lace.lab import topology
-from lace.datapath.common import now_coarse
 
 pytestmark = pytest.mark.privileged
 
