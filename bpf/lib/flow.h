@@ -39,6 +39,7 @@ struct lace_flow {
 	__u32  backend_id;
 	__u32  ct_network;    /* the network the packet's conntrack entry is keyed under */
 	__u32  reserved2;
+	__u64  now_ns;        /* the walk's coarse clock reading (ct_now), 0 before the walk takes it */
 	__u8   nat_addr[16];
 	__u8   saddr[16];
 	__u8   daddr[16];

@@ -108,7 +108,8 @@ static __always_inline int srv6_forward(struct __sk_buff *skb, struct lace_flow 
 {
 	struct bpf_fib_lookup p = {};
 	struct lace_nexthop *nh;
-	__u64 now = bpf_ktime_get_coarse_ns();
+	/* the clock the walk read for conntrack; read here only on a walk that took none */
+	__u64 now = f->now_ns ? f->now_ns : bpf_ktime_get_coarse_ns();
 	long rc;
 
 	nh = bpf_map_lookup_elem(&lace_nexthops, f->sid);

@@ -97,7 +97,7 @@ static __always_inline int from_host(struct __sk_buff *skb, struct lace_flow *f)
 	if (!cfg)
 		return lace_drop(skb, f, LACE_DROP_NO_CONFIG);
 
-	now = ct_now();
+	now = f->now_ns = ct_now();
 	if (!f->icmp_error) {
 		e = ct_classify(f, net, now);
 		if (e) {

@@ -279,7 +279,7 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		return lace_drop(skb, f, LACE_DROP_NO_CONFIG);
 	LACE_BENCH_STAGE(2);            /* endpoint found and the source validated, config */
 
-	now = ct_now();
+	now = f->now_ns = ct_now();
 	if (!f->icmp_error) {
 		/* its own flow, a service flow's reply from its backend (lib/service.h), a reply */
 		e = service_classify(f, src_net, LACE_NETWORK_NONE, now);

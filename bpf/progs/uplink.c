@@ -61,7 +61,7 @@ __lace_subprog int from_outside(struct __sk_buff *skb, struct lace_flow *f, cons
 	if (parse_packet(skb, f))
 		return TC_ACT_OK;
 	f->src_network = LACE_NETWORK_OUTSIDE;
-	now = ct_now();
+	now = f->now_ns = ct_now();
 	if (f->icmp_error) {
 		e = ct_related(f, LACE_NETWORK_OUTSIDE, LACE_NETWORK_OUTSIDE, now, &quoted_orig);
 		if (!e || !quoted_orig || !(e->flags & LACE_CT_F_MASQ))
@@ -139,7 +139,7 @@ __lace_subprog int from_underlay(struct __sk_buff *skb, struct lace_flow *f, con
 	if (dst_net == LACE_NETWORK_NONE || src_net == LACE_NETWORK_NONE)
 		return lace_drop(skb, f, LACE_DROP_BAD_SID);
 
-	now = ct_now();
+	now = f->now_ns = ct_now();
 	if (f->icmp_error) {
 		e = ct_related(f, src_net, dst_net, now, &quoted_orig);
 		if (!e) {       /* from a service backend, about its flow (lib/service.h) */
