@@ -186,7 +186,7 @@ static __always_inline int service_direct_live(const struct lace_flow *f, const 
 		return 0;
 	ct_key(&k, f->family, f->src_network, f->proto, f->saddr, b->addr, f->sport, b->port);
 	e = ct_lookup(f->family, f->proto, &k);
-	return e && ct_live(e, f->proto, ct_now());
+	return e && ct_live(e, f->proto, f->now_ns);
 }
 
 /* Another active backend of frontend svc (found under key) for the new flow f, whose first choice
