@@ -88,7 +88,9 @@ class Agent:
         self._service_pressure_logged: tuple[int, int] | None = None
         self._revnat_left_out_logged = 0
         self.stats: dict[str, Any] = {"reconciles": 0, "errors": 0, "last_error": None,
-                                      "last_reconcile": None, "started": time.time()}
+                                      "last_reconcile": None, "started": time.time(),
+                                      # the periodic resync: how many ran, when the next one is due
+                                      "resyncs": 0, "next_resync": None}
         # lace.agent.status: each loop's last success / error / failures, the watch, the last snapshot
         self.loops = Loops()
         self.watch_state = WatchState()
@@ -247,6 +249,7 @@ class Agent:
                 changed[name] = n
                 self.metrics.map_writes.labels(name).inc(n)
             self.stats["reconciles"] += 1
+            self.stats["resyncs"] += resync
             self.stats["last_reconcile"] = time.time()
             self.stats["last_error"] = None   # healthy again: the last pass went through
             self.stats["endpoints"] = len(snap.endpoints)
@@ -360,6 +363,7 @@ class Agent:
         # every RESYNC_SECONDS whatever the watch brings: a node whose store never goes quiet for
         # that long still gets its repairs and its revnat housekeeping
         next_resync = time.monotonic() + RESYNC_SECONDS
+        self.stats["next_resync"] = time.time() + RESYNC_SECONDS
         while not self.stopping.is_set():
             self.dirty.wait(max(0.0, next_resync - time.monotonic()))
             resync = time.monotonic() >= next_resync
@@ -367,6 +371,7 @@ class Agent:
                 return
             if resync:
                 next_resync = time.monotonic() + RESYNC_SECONDS
+                self.stats["next_resync"] = time.time() + RESYNC_SECONDS
             self.dirty.clear()
             keys, full = self.service_sync.take()
             pods = self.pod_sync.take()
