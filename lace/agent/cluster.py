@@ -3,7 +3,8 @@ watch, as a Kubernetes informer keeps one (``lace.store.cache``).
 
 A pass reads its objects here instead of listing the store: with 10k pods that is ~35k objects
 a pass does not decode again. Pods and IPLeases, most of them, are kept as slim records
-(``lace.store.records``); the other kinds are few and kept whole. Services and EndpointSlices
+(``lace.store.records``), NetworkPolicies parsed (2k policies' stored objects are ~6 MiB that no
+pass reads once they are parsed); the other kinds are few and kept whole. Services and EndpointSlices
 have a cache of their own (``lace.services.cache``), which also keeps their frontends.
 
 Leases are also indexed by the pod they belong to, so a change of one pod finds its addresses
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from lace.policy.parse import parse_policy
 from lace.store import kinds as K
 from lace.store.api import WatchEvent
 from lace.store.cache import ObjectCache
@@ -26,6 +28,10 @@ from .model import by_name
 #: what a pass reads, by plural name (the service cache keeps services and endpointslices)
 KINDS = ("networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "namespaces", "networkpolicies")
 
+#: the kinds kept as records: pods and leases slim (lace.store.records), NetworkPolicies parsed as
+#: resolution reads them (lace.policy.parse), never the stored objects beside them
+KEPT_AS = {**RECORDS, "NetworkPolicy": parse_policy}
+
 
 class ClusterCache:
     """The watched kinds' objects (module docstring); readers take ``lock`` for a consistent view."""
@@ -33,7 +39,7 @@ class ClusterCache:
     def __init__(self, kinds: Iterable[str] = KINDS) -> None:
         self.plurals = tuple(kinds)
         self._kind = {p: K.resolve_kind(p).kind for p in self.plurals}
-        self._objects = ObjectCache(self._kind.values(), RECORDS)
+        self._objects = ObjectCache(self._kind.values(), KEPT_AS)
         #: pod key -> lease name -> lease
         self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
         #: what a pass derives from one record or object and may reuse while it stays the same
@@ -65,7 +71,7 @@ class ClusterCache:
         for plural in self.plurals:
             # pods and leases become records as they are read: 10k pods' whole objects are never
             # all in memory at once (nor left behind as fragments of the heap)
-            result = store.list(plural, convert=RECORDS.get(self._kind[plural]))
+            result = store.list(plural, convert=KEPT_AS.get(self._kind[plural]))
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
                 self._order.pop(self._kind[plural], None)

@@ -12,7 +12,7 @@ from typing import Any
 from lace.store.selectors import matches
 
 from .model import IPAddr, PodInfo, PolicyInputs
-from .parse import EGRESS, INGRESS, ParsedPolicy, Peer, Rule, is_audit, parse_policy
+from .parse import EGRESS, INGRESS, ParsedPolicy, Peer, Rule, is_audit
 from .world import NS_NAME_LABEL
 
 
@@ -56,7 +56,7 @@ class DirectionDecision:
 class Evaluator:
     def __init__(self, inputs: PolicyInputs) -> None:
         self.inputs = inputs
-        self.policies = sorted((parse_policy(o) for o in inputs.policies), key=lambda p: p.key)
+        self.policies = sorted(inputs.policies, key=lambda p: p.key)
         self.ns_labels: dict[str, dict[str, str]] = {}
         for p in inputs.pods:
             self.ns_labels.setdefault(p.namespace, {})

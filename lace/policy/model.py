@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Union
 
 from lace.store import kinds as K
 from lace.store.records import PROTO_NUMBERS, ContainerPort
+
+if TYPE_CHECKING:   # lace.policy.parse reads this module's names
+    from .parse import ParsedPolicy
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -60,11 +63,11 @@ class PodInfo:
 
 @dataclass
 class PolicyInputs:
-    """Everything resolution reads. ``policies`` are NetworkPolicy objects as the store holds them;
-    ``cidr_segments`` maps each ipBlock CIDR (normalised string) to its allocated segment ID."""
+    """Everything resolution reads. ``policies`` are the NetworkPolicies parsed
+    (``lace.policy.parse.ParsedPolicy``); ``cidr_segments`` maps each ipBlock CIDR (normalised string) to its allocated segment ID."""
 
     namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
     pods: list[PodInfo] = field(default_factory=list)
-    policies: list[dict[str, Any]] = field(default_factory=list)
+    policies: list[ParsedPolicy] = field(default_factory=list)
     cidr_segments: dict[str, int] = field(default_factory=dict)
     network_ids: tuple[int, ...] = (1,)

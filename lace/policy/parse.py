@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ EGRESS = "egress"
 DIRECTIONS = (INGRESS, EGRESS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IPBlockPeer:
     cidr: IPNet
     excepts: tuple[IPNet, ...] = ()
@@ -34,7 +36,7 @@ class IPBlockPeer:
         return not any(ip in e for e in self.excepts if e.version == ip.version)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Peer:
     """One entry of from/to: selectors (None = not given) or an ipBlock."""
 
@@ -43,14 +45,14 @@ class Peer:
     ip_block: IPBlockPeer | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PortSpec:
     proto: int
     port: int | str | None = None   # str = a named port
     end_port: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rule:
     direction: str
     index: int
@@ -58,8 +60,12 @@ class Rule:
     ports: tuple[PortSpec, ...] | None  # None: any protocol and port
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParsedPolicy:
+    """A NetworkPolicy as resolution reads it. The agent keeps this instead of the stored object
+    (its cluster cache converts each policy as it arrives), so it carries the object's
+    resourceVersion as the slim records of lace.store.records do."""
+
     namespace: str
     name: str
     pod_selector: dict
@@ -67,7 +73,8 @@ class ParsedPolicy:
     egress: bool
     rules: tuple[Rule, ...]
     audit: bool          # the policy's own lace.dev/audit annotation
-    fingerprint: str     # what resolution of this policy depends on from the object itself
+    fingerprint: str     # what resolution of this policy depends on from the object itself (a digest)
+    rv: int = 0          # the object's resourceVersion
 
     @property
     def key(self) -> str:
@@ -119,6 +126,12 @@ def parse_policy(obj: dict) -> ParsedPolicy:
                               tuple(_peer(p) for p in peers) if peers else None,
                               tuple(_port(p or {}) for p in ports) if ports else None))
     audit = is_audit(meta.get("annotations"))
-    fp = json.dumps([spec, audit], sort_keys=True, default=str)
+    fp = hashlib.sha256(json.dumps([spec, audit], sort_keys=True, default=str).encode()).hexdigest()
     return ParsedPolicy(meta.get("namespace") or "default", meta["name"], spec.get("podSelector") or {},
-                        "Ingress" in types, "Egress" in types, tuple(rules), audit, fp)
+                        "Ingress" in types, "Egress" in types, tuple(rules), audit, fp,
+                        int(meta.get("resourceVersion") or 0))
+
+
+def parsed(policies: Iterable[dict | ParsedPolicy]) -> list[ParsedPolicy]:
+    """NetworkPolicy objects parsed (the agent's cache holds them parsed already)."""
+    return [p if isinstance(p, ParsedPolicy) else parse_policy(p) for p in policies]

@@ -54,7 +54,7 @@ from lace.datapath.common import NETWORK_OUTSIDE
 
 from .ids import policy_ids
 from .model import PolicyInputs
-from .parse import EGRESS, INGRESS, IPBlockPeer, ParsedPolicy, Peer, Rule, parse_policy
+from .parse import EGRESS, INGRESS, IPBlockPeer, ParsedPolicy, Peer, Rule
 from .world import SegmentInfo, World, selector_key
 
 log = logging.getLogger("lace.policy")
@@ -239,23 +239,11 @@ class Resolver:
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[tuple, PolicyResolution]] = {}
-        self._parsed: dict[str, tuple[str, ParsedPolicy]] = {}
         self.stats = {"resolved": 0, "cached": 0}
-
-    def _parse(self, obj: dict) -> ParsedPolicy:
-        meta = obj.get("metadata") or {}
-        key = f'{meta.get("namespace") or "default"}/{meta["name"]}'
-        rv = str(meta.get("resourceVersion") or "")
-        hit = self._parsed.get(key)
-        if hit and rv and hit[0] == rv:
-            return hit[1]
-        p = parse_policy(obj)
-        self._parsed[key] = (rv, p)
-        return p
 
     def resolve(self, inputs: PolicyInputs) -> Resolution:
         world = World(inputs)
-        parsed = sorted((self._parse(o) for o in inputs.policies), key=lambda p: p.key)
+        parsed = sorted(inputs.policies, key=lambda p: p.key)
         ids = policy_ids(p.key for p in parsed)
         results = []
         live = set()
@@ -276,8 +264,6 @@ class Resolver:
             resolved += 1
         for k in set(self._cache) - live:
             del self._cache[k]
-        for k in set(self._parsed) - live:
-            del self._parsed[k]
         self.stats["resolved"] += resolved
         self.stats["cached"] += len(parsed) - resolved
         self.last_resolved = resolved

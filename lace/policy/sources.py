@@ -16,7 +16,7 @@ from lace.store.records import PodRecord
 
 from .ids import cidr_identity, normalise_cidr
 from .model import NamespaceInfo, PodInfo, PolicyInputs, labels_tuple
-from .parse import is_audit, parse_policy
+from .parse import ParsedPolicy, is_audit, parsed
 from .resolve import cidrs_of
 
 
@@ -24,12 +24,13 @@ def _labels_key(network: str, namespace: str, labels: dict[str, str]) -> tuple:
     return (network, namespace, tuple(sorted(labels.items())))
 
 
-def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mapping[str, PodRecord],
+def policy_inputs(namespaces: Iterable[dict], policies: Iterable[dict | ParsedPolicy], pods: Mapping[str, PodRecord],
                   addresses: Iterable[Any], segments: dict[tuple, int],
                   allocate_segment: Callable[[str, str, dict[str, str]], int] | None = None,
                   pod_memo: dict[str, tuple] | None = None,
                   policy_memo: dict[tuple, tuple] | None = None) -> PolicyInputs:
-    """Inputs from Namespace and NetworkPolicy objects, pod records by ``ns/name``, their addresses
+    """Inputs from Namespace and NetworkPolicy objects (or policies parsed already, as the agent's
+    cache keeps them), pod records by ``ns/name``, their addresses
     (objects with network, ip, segment, node, pod — lace.agent.model.PodAddress) and the store's
     segments by (network, namespace, sorted labels); the segment of an ipBlock CIDR missing from
     ``segments`` is allocated with ``allocate_segment`` (the store's), or left out without one.
@@ -67,19 +68,15 @@ def policy_inputs(namespaces: Iterable[dict], policies: list[dict], pods: Mappin
         pod_memo[key] = (pod, tuple(addrs), info)
         inputs.pods.append(info)
     inputs.network_ids = tuple(sorted(nets | {1}))
-    inputs.policies = list(policies)
-    for obj in inputs.policies:
-        meta = obj.get("metadata") or {}
-        ident = (meta.get("namespace"), meta.get("name"))
+    inputs.policies = parsed(policies)
+    for policy in inputs.policies:
+        ident = (policy.namespace, policy.name)
         hit = policy_memo.get(ident)
-        if hit is not None and hit[0] is obj:
+        if hit is not None and hit[0] is policy:
             cidrs = hit[1]
         else:
-            try:
-                cidrs = sorted(cidrs_of(parse_policy(obj)))
-            except (KeyError, ValueError):
-                continue
-            policy_memo[ident] = (obj, cidrs)
+            cidrs = sorted(cidrs_of(policy))
+            policy_memo[ident] = (policy, cidrs)
         for c in cidrs:
             net, ns, labels = cidr_identity(c)
             seg = segments.get(_labels_key(net, ns, labels))

@@ -18,7 +18,7 @@ from lace.datapath.common import SEGMENT_ANY, SEGMENT_HOST, SEGMENT_SELECTED, Di
 from lace.datapath.policy import (ANY_PEER_SHIFT, EXACT_MAP, POLICY_ENTRY, POLICY_MAPS, POLICY_PREFIX_FULL, POLICY_PREFIX_PROTO,
                                   TRIE_MAP, PolicyFlag, decode_policy_entry, decode_policy_key, entry_kind, is_marker,
                                   lookup_key, map_of, policy_entry, policy_keys, policy_maps, selected_key)
-from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs
+from lace.policy import ContainerPort, NamespaceInfo, PodInfo, PolicyInputs, parse_policy
 from lace.policy.emulate import LpmTable, PolicyMaps
 from lace.policy.ids import base_policy_id
 from lace.policy.program import PolicyProgrammer
@@ -41,14 +41,8 @@ def plen(key: bytes) -> int:
 
 # -- the agent's desired maps ------------------------------------------------------------------------
 
-def policy_snapshot():
-    """worker-1 runs x/a (segment 300): ingress from x/b (301) on an exact port, a port range, a
-    whole protocol and any protocol (and the node's host, as for every segment selected for
-    ingress); egress on exact ports only. x/b on worker-2 is selected for ingress too."""
-    s = snapshot()
-    pa = PodInfo("x", "a", (("app", "a"),), "default", 1, 300, (ia.ip_address("10.244.0.5"),), "worker-1",
-                 (ContainerPort(8080, 6, "http"),))
-    pb = PodInfo("x", "b", (("app", "b"),), "default", 1, 301, (ia.ip_address("10.244.1.9"),), "worker-2")
+def policy_objects() -> list[dict]:
+    """policy_snapshot's NetworkPolicies: x/a's ingress and egress, x/b's ingress."""
     from_b = [{"podSelector": {"matchLabels": {"app": "b"}}}]
     ingress = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                "metadata": {"name": "a-in", "namespace": "x", "resourceVersion": "1"},
@@ -62,8 +56,19 @@ def policy_snapshot():
     b_in = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": "b-in", "namespace": "x", "resourceVersion": "1"},
             "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [{"ports": [{"port": 9000, "endPort": 9007}]}]}}
+    return [ingress, egress, b_in]
+
+
+def policy_snapshot():
+    """worker-1 runs x/a (segment 300): ingress from x/b (301) on an exact port, a port range, a
+    whole protocol and any protocol (and the node's host, as for every segment selected for
+    ingress); egress on exact ports only. x/b on worker-2 is selected for ingress too."""
+    s = snapshot()
+    pa = PodInfo("x", "a", (("app", "a"),), "default", 1, 300, (ia.ip_address("10.244.0.5"),), "worker-1",
+                 (ContainerPort(8080, 6, "http"),))
+    pb = PodInfo("x", "b", (("app", "b"),), "default", 1, 301, (ia.ip_address("10.244.1.9"),), "worker-2")
     s.policy = PolicyInputs(namespaces={"x": NamespaceInfo("x", (("ns", "x"),))}, pods=[pa, pb],
-                            policies=[ingress, egress, b_in])
+                            policies=[parse_policy(p) for p in policy_objects()])
     return s
 
 
@@ -104,8 +109,10 @@ def test_marker_flags_follow_the_entries_and_the_agent_rewrites_the_marker_alone
     s = policy_snapshot()
     programmer = PolicyProgrammer("worker-1")
     before = desired_maps(s, programmer)
-    s.policy.policies[0]["spec"]["ingress"][0]["ports"] = [{"port": 80}]   # no range, no whole protocol
-    s.policy.policies[0]["metadata"]["resourceVersion"] = "2"
+    changed = policy_objects()[0]
+    changed["spec"]["ingress"][0]["ports"] = [{"port": 80}]   # no range, no whole protocol
+    changed["metadata"]["resourceVersion"] = "2"
+    s.policy.policies[0] = parse_policy(changed)
     after = desired_maps(s, programmer)
     assert after["policy"] == {}
     assert flags(after["policy-exact"][selected_key(300, ING)]) == SEL | PORTS | ANY_PROTO

@@ -29,7 +29,7 @@ def inputs(*policies, cidrs=None) -> PolicyInputs:
     i.pods = [PodInfo("x", "a", (("app", "a"),), "default", 1, 300, (ipaddress.ip_address("10.0.0.1"),), "n1", ports),
               PodInfo("x", "b", (("app", "b"),), "default", 1, 301, (ipaddress.ip_address("10.0.0.2"),), "n2", ports),
               PodInfo("y", "c", (("app", "c"),), "default", 1, 302, (ipaddress.ip_address("10.0.1.3"),), "n2", ())]
-    i.policies = list(policies)
+    i.policies = [parse_policy(p) for p in policies]
     i.cidr_segments = dict(cidrs or {})
     return i
 

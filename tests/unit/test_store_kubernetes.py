@@ -411,9 +411,9 @@ def _desired(store) -> dict:
         "frontends": frontends(store.list("services").items, store.list("endpointslices").items, ids,
                                imports_by_service(nets, ids), "worker-1"),
         "namespaces": inputs.namespaces,
-        # policies reach the resolver as the objects themselves: compare what the resolver reads
-        "policies": sorted(repr((p["metadata"]["namespace"], p["metadata"]["name"], p["spec"]))
-                           for p in inputs.policies),
+        # policies reach the resolver parsed: compare what it reads (not the stores' revisions)
+        "policies": sorted(repr((p.namespace, p.name, p.pod_selector, p.ingress, p.egress, p.rules, p.audit,
+                                 p.fingerprint)) for p in inputs.policies),
     }
 
 

@@ -124,7 +124,7 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
 def expected_endpoints(store: Any, pods: list[dict[str, Any]]) -> list[Expected]:
     """What the store says about each of ``pods``: leases, segment, selecting policies."""
     from lace.agent.model import ANN_HOST_IFNAME, ANN_POD_MAC, is_host_lease, is_probe_lease
-    from lace.policy.parse import EGRESS, INGRESS, parse_policy
+    from lace.policy.parse import EGRESS, INGRESS
     from lace.policy.resolve import DIR, resolve
     from lace.policy.sources import inputs_from_store, segment_index
 
@@ -141,13 +141,7 @@ def expected_endpoints(store: Any, pods: list[dict[str, Any]]) -> list[Expected]
             continue   # node/<n> and probe/<ns>/<pod> hold no pod's own address
         leases.setdefault(s["pod"], []).append(lease)
     resolution = resolve(inputs_from_store(store, allocate=False))
-    parsed = {}
-    for obj in resolution.world.inputs.policies:
-        try:
-            pp = parse_policy(obj)
-        except (KeyError, ValueError):
-            continue
-        parsed[pp.key] = pp
+    parsed = {pp.key: pp for pp in resolution.world.inputs.policies}
     out = []
     for pod in pods:
         meta = pod["metadata"]
