@@ -89,7 +89,9 @@ class NodeDatapath:
         #: reconcile diffs against this instead of reading an LPM trie back entry by entry; the
         #: periodic resync reads the kernel again and repairs anything changed behind its back
         self._shadow: dict[str, Entries] = {}
-        #: table maps' memory, mapped on first use (lace.agent.datapath.TABLES)
+        #: table maps' memory (lace.agent.datapath.TABLES), mapped while a read or a write uses
+        #: it: the Maglev array is 16 MiB of the kernel's pages, which a mapping kept between
+        #: passes would count in the agent's RSS for nothing
         self._mapped: dict[str, mmap.mmap] = {}
         self._values: dict[str, np.ndarray] = {}
 
@@ -118,9 +120,12 @@ class NodeDatapath:
 
     def _unmap(self) -> None:
         self._values.clear()
-        for mm in self._mapped.values():
-            mm.close()
-        self._mapped.clear()
+        for name, mm in list(self._mapped.items()):
+            try:
+                mm.close()
+            except BufferError:   # a view still lives (an exception's frame): unmapped next time
+                continue
+            del self._mapped[name]
 
     def _memory(self, cli_name: str) -> np.ndarray:
         """A table map's u32 values, one per array element, in the map's own memory (shared with
@@ -256,6 +261,12 @@ class NodeDatapath:
         size = TABLES.get(cli_name)
         if size is None:
             return self._objects(cli_name).entries(cli_name)
+        try:
+            return self._read_tables(cli_name, size)
+        finally:
+            self._unmap()
+
+    def _read_tables(self, cli_name: str, size: int) -> Entries:
         # a table map: whole tables that hold anything (an all-zero table is no table; 0 is unused)
         count = self.map(cli_name).max_entries // size
         tables = self._memory(cli_name)[:count * size].reshape(count, size)
@@ -265,14 +276,17 @@ class NodeDatapath:
         """Make before break: every map's updates in ``order`` (backends and Maglev tables before the
         frontends that point at them), then every map's deletes in reverse order."""
         with self._lock:
-            for name in order:
-                ch = changes.get(name)
-                if ch and ch.updates:
-                    self._guarded(name, self._update, ch.updates)
-            for name in reversed(order):
-                ch = changes.get(name)
-                if ch and ch.deletes:
-                    self._guarded(name, self._delete, ch.deletes)
+            try:
+                for name in order:
+                    ch = changes.get(name)
+                    if ch and ch.updates:
+                        self._guarded(name, self._update, ch.updates)
+                for name in reversed(order):
+                    ch = changes.get(name)
+                    if ch and ch.deletes:
+                        self._guarded(name, self._delete, ch.deletes)
+            finally:
+                self._unmap()
 
     def _guarded(self, cli_name: str, fn, arg) -> None:
         try:

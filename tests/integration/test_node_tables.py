@@ -1,5 +1,6 @@
 """The agent's table maps (Maglev) read and written through their memory mapping: each table lands
-at exactly the array elements the datapath looks up, and reads back as written."""
+at exactly the array elements the datapath looks up, and reads back as written; the mapping lasts
+only as long as the read or the write (the array's pages are not kept in the agent's RSS)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ from lace.datapath.services import MAGLEV_SIZE, maglev_key
 pytestmark = pytest.mark.privileged
 
 
+def bpf_map_mappings() -> int:
+    """The kernel's map pages mapped into this process, in KiB (/proc/self/smaps)."""
+    total, in_map = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0] and not line.startswith(("Rss", "Size")):
+                in_map = line.rstrip().endswith("anon_inode:bpf-map")
+            elif in_map and line.startswith("Size:"):
+                total += int(line.split()[1])
+    return total
+
+
 def _entry(m, table: int, index: int) -> int:
     return struct.unpack("<I", m.lookup(maglev_key(table, index)))[0]
 
@@ -22,17 +35,20 @@ def _entry(m, table: int, index: int) -> int:
 def test_maglev_tables_through_the_mapping_are_what_lookups_see(pin_root):
     dp = NodeDatapath(pin_root)
     dp.load()
+    before = bpf_map_mappings()
     try:
         rnd = random.Random(5)
         tables = {t: [rnd.randrange(1, 1 << 32) for _ in range(MAGLEV_SIZE)] for t in (1, 3)}
         blobs = {struct.pack("<I", t): struct.pack(f"<{MAGLEV_SIZE}I", *ids) for t, ids in tables.items()}
         dp.apply({"maglev": MapChanges(dict(blobs), [])}, ["maglev"])
+        assert bpf_map_mappings() == before, "the write left the table's memory mapped"
         m = dp.map("maglev")
         for t, ids in tables.items():
             assert [_entry(m, t, i) for i in range(MAGLEV_SIZE)] == ids, f"table {t}"
         # the neighbours of a table stay empty: nothing is written past its own elements
         assert _entry(m, 2, 0) == 0 and _entry(m, 2, MAGLEV_SIZE - 1) == 0 and _entry(m, 4, 0) == 0
         assert dp.read_kernel("maglev") == blobs
+        assert dp.read("maglev") == blobs and bpf_map_mappings() == before, "the read left it mapped"
         # a table written by lookups' own path (a map update) reads back through the mapping
         m.update(maglev_key(5, 7), struct.pack("<I", 42))
         assert dp.read_kernel("maglev")[struct.pack("<I", 5)] == struct.pack(f"<{MAGLEV_SIZE}I", *(
