@@ -25,6 +25,7 @@ named port), the ipBlock prefixes, the networks that have pods.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import threading
 from collections import Counter
@@ -178,7 +179,10 @@ class PodSync:
         _count(self._seg_pods, self._seg_ports, segment, named, n)
 
 
+@functools.lru_cache(maxsize=4096)
 def _named(ports: tuple) -> tuple:
+    """A pod's named ports as (name, proto, port)s; pods share their records' ports tuples
+    (lace.store.records.shared), so one answer serves all of a workload's pods."""
     return tuple(sorted({(p.name, p.proto, p.port) for p in ports if p.name}))
 
 

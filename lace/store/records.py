@@ -11,6 +11,7 @@ informers and Cilium's slim types make the same trade.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import sys
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ PROTO_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 _one = sys.intern
 
 
+@functools.lru_cache(maxsize=4096)
+def shared(value: tuple) -> tuple:
+    """One copy of an immutable tuple many records repeat (the label set of a Deployment's pods,
+    their container ports): a cluster has few distinct ones, and 10k pods' own copies are ~5 MiB.
+    Bounded, so a cluster whose every pod differs costs at most the cache's few hundred KiB."""
+    return value
+
+
 def revision(obj: dict[str, Any]) -> int:
     return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
 
@@ -43,14 +52,19 @@ class ContainerPort:
 
 
 def container_ports(pod: dict[str, Any]) -> tuple[ContainerPort, ...]:
-    out = []
+    raw = []
     for c in (pod.get("spec") or {}).get("containers") or []:
         for p in c.get("ports") or []:
             name = p.get("name")
-            out.append(ContainerPort(int(p["containerPort"]),
-                                     PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6),
-                                     _one(name) if isinstance(name, str) else name))
-    return tuple(out)
+            raw.append((int(p["containerPort"]), PROTO_NUMBERS.get(str(p.get("protocol") or "TCP").upper(), 6),
+                        name if isinstance(name, str) or name is None else str(name)))
+    return _ports(tuple(raw)) if raw else ()
+
+
+@functools.lru_cache(maxsize=4096)
+def _ports(raw: tuple[tuple[int, int, str | None], ...]) -> tuple[ContainerPort, ...]:
+    """The ContainerPorts of (port, proto, name)s, one copy per distinct set (``shared``)."""
+    return tuple(ContainerPort(port, proto, _one(name) if name is not None else None) for port, proto, name in raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +95,10 @@ class PodRecord:
     def of(cls, obj: dict[str, Any]) -> PodRecord:
         from lace.probes import pod_probe_ports   # lace.probes reads the probe fields of the spec
         meta = obj.get("metadata") or {}
-        labels = tuple(sorted((_one(k), _one(v)) for k, v in (meta.get("labels") or {}).items()))
+        labels = shared(tuple(sorted((_one(k), _one(v)) for k, v in (meta.get("labels") or {}).items())))
         return cls(_one(meta.get("namespace") or ""), meta["name"], labels, _one(K.pod_network(obj)),
                    _one(str((obj.get("spec") or {}).get("nodeName") or "")), container_ports(obj),
-                   tuple(sorted(pod_probe_ports(obj))), revision(obj))
+                   shared(tuple(sorted(pod_probe_ports(obj)))), revision(obj))
 
 
 @dataclass(frozen=True, slots=True)
