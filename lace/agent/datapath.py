@@ -227,20 +227,34 @@ class NodeDatapath:
         with self._lock:
             if not fresh and cli_name in self._shadow:
                 return dict(self._shadow[cli_name])
-            entries = self._read_kernel(cli_name)
             shadow = self._shadow.get(cli_name)
-            if shadow is None:
+            if shadow is None or cli_name in TABLES:
+                entries = self._read_kernel(cli_name)
                 self._shadow[cli_name] = dict(entries)
                 return entries
-            # the record takes what the kernel holds but keeps its own objects where they are
-            # equal: replaced whole at every resync, its entries (tens of MiB at 10k pods) were
-            # made anew each 30 s among the pass's garbage, and the heap kept the holes they left
-            for k in [k for k in shadow if k not in entries]:
+            self._refresh(cli_name, shadow)
+            return dict(shadow)
+
+    def _refresh(self, cli_name: str, shadow: Entries) -> None:
+        """Make the record of a map what the kernel holds, in place. The kernel's entries are
+        walked in the two buffers one batch read returns, each key and value a bytes object only
+        for as long as it is compared: the record keeps its own objects where they are equal (at
+        10k pods a resync's map reads made ~100k objects anew every 30 s, among the pass's other
+        garbage, and the heap kept the holes they left)."""
+        m = self.map(cli_name)
+        keys, values, n = m.dump()
+        kb, vb = bytes(keys), bytes(values)
+        del keys, values
+        ks, vs = m.key_size, m.value_blob_size
+        for i in range(n):
+            k = kb[i * ks:(i + 1) * ks]
+            v = vb[i * vs:(i + 1) * vs]
+            if shadow.get(k) != v:
+                shadow[k] = v   # an equal key already there stays the dict's own
+        if len(shadow) != n:   # the record holds entries the kernel no longer has
+            kernel = {kb[i * ks:(i + 1) * ks] for i in range(n)}
+            for k in [k for k in shadow if k not in kernel]:
                 del shadow[k]
-            for k, v in entries.items():
-                if shadow.get(k) != v:
-                    shadow[k] = v
-            return entries
 
     def held(self, cli_name: str, keys: Iterable[bytes]) -> Entries:
         """These keys' entries as this agent last left them (the kernel's, read once, when it has
