@@ -6,6 +6,7 @@ namespace it lives in (``None``: the calling thread's), and every failure is a
 :class:`NetlinkError` naming the operation and the object.
 """
 
+from . import _pyroute2  # noqa: F401  (first: pyroute2's submodules without its whole package)
 from .errors import NetlinkError
 from ._rtnl import reuse
 from .netns import create as create_netns

@@ -7,7 +7,7 @@ import errno
 import threading
 from typing import Any, Iterator
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as _PyrNetlinkError
 
 from . import netns as _netns

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 
 from . import netns as _netns
 from ._rtnl import attr, check_ifname, handle, index_of

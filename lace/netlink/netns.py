@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 
 from lace import nsenter
 

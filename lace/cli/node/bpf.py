@@ -74,7 +74,7 @@ class Names:
 
     def ifname(self, ifindex: int) -> str | None:
         if self._links is None:
-            from lace import netlink  # pyroute2 costs ~0.3 s to import: only when names are needed
+            from lace import netlink  # ~0.1 s to import (pyroute2): only when names are needed
             try:
                 self._links = {li.ifindex: li.name for li in netlink.links()}
             except netlink.NetlinkError:
