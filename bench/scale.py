@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import ipaddress
 import os
 import shutil
@@ -64,6 +65,7 @@ from lab import Bench, lease_address  # noqa: E402  (bench/lab.py)
 from policy import policy as policy_manifest  # noqa: E402  (bench/policy.py)
 
 from lace import netlink  # noqa: E402
+from lace.agent.endpoints import host_ifname, pod_mac  # noqa: E402
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY  # noqa: E402
 from lace.bpf import Map  # noqa: E402
 from lace.datapath import registry  # noqa: E402
@@ -155,10 +157,13 @@ def pod_manifest(j: int, node: str) -> dict:
 
 
 def lease_manifest(network: str, node: str, block: str, ip: ipaddress._BaseAddress, pod: str, cid: str) -> dict:
-    """An IPLease as the allocator writes it (lace.store.allocate.allocate_lease)."""
+    """An IPLease as the allocator writes it (lace.store.allocate.allocate_lease), with the
+    annotations its node's agent adds once the pod's interface exists (host interface, MAC)."""
     return {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
             "metadata": {"name": K.lease_name(network, str(ip)),
-                         "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network}},
+                         "labels": {K.NODE_LABEL: node, K.NETWORK_LABEL: network},
+                         "annotations": {K.HOST_IFNAME_ANNOTATION: host_ifname(cid),
+                                         K.POD_MAC_ANNOTATION: pod_mac(cid)}},
             "spec": {"network": network, "node": node, "block": K.block_name(network, block), "ip": str(ip),
                      "pod": pod, "containerID": cid, "ifname": "eth0"}}
 
@@ -186,7 +191,8 @@ class Cluster:
         v4 = self.blocks[node][0].network_address + k
         v6 = self.blocks[node][1].network_address + k
         self.pod_ips[j] = (v4, v6)
-        ref, cid = f"ns{j % NAMESPACES}/p{j}", f"scale-{j}"
+        # a container ID as a runtime makes one (64 hex digits)
+        ref, cid = f"ns{j % NAMESPACES}/p{j}", hashlib.sha256(f"scale-{j}".encode()).hexdigest()
         return [pod_manifest(j, node),
                 lease_manifest(K.DEFAULT_NETWORK, node, str(self.blocks[node][0]), v4, ref, cid),
                 lease_manifest(K.DEFAULT_NETWORK, node, str(self.blocks[node][1]), v6, ref, cid)]

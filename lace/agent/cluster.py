@@ -13,8 +13,9 @@ without a walk over every lease (``lace.agent.podsync``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lace.policy.parse import parse_policy
@@ -23,7 +24,7 @@ from lace.store.api import WatchEvent
 from lace.store.cache import ObjectCache
 from lace.store.records import RECORDS, LeaseRecord, PodRecord
 
-from .model import by_name
+from .model import by_name, is_pod_container
 
 #: what a pass reads, by plural name (the service cache keeps services and endpointslices)
 KINDS = ("networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "namespaces", "networkpolicies")
@@ -33,13 +34,28 @@ KINDS = ("networks", "nodes", "ipblocks", "ipleases", "pods", "segments", "names
 KEPT_AS = {**RECORDS, "NetworkPolicy": parse_policy}
 
 
+def lease_records(node: str) -> Callable[[dict], LeaseRecord]:
+    """IPLease records for the agent of ``node``: a pod address of another node keeps no container
+    ID, host interface or MAC (its own agent's business; here it is a pod's address, which an
+    empty container ID still says — lace.agent.model.is_pod_container). At 10k pods that is 20k
+    leases' three strings, ~6 MiB in a real cluster."""
+    def convert(obj: dict) -> LeaseRecord:
+        rec = LeaseRecord.of(obj)
+        if rec.node != node and is_pod_container(rec.container_id):
+            return dataclasses.replace(rec, container_id="", host_ifname="", pod_mac="")
+        return rec
+    return convert
+
+
 class ClusterCache:
     """The watched kinds' objects (module docstring); readers take ``lock`` for a consistent view."""
 
-    def __init__(self, kinds: Iterable[str] = KINDS) -> None:
+    def __init__(self, kinds: Iterable[str] = KINDS, node: str | None = None) -> None:
+        """``node``: the agent's own (its cache keeps less of other nodes' leases); None keeps all."""
         self.plurals = tuple(kinds)
         self._kind = {p: K.resolve_kind(p).kind for p in self.plurals}
-        self._objects = ObjectCache(self._kind.values(), KEPT_AS)
+        self._kept_as = dict(KEPT_AS) if node is None else {**KEPT_AS, "IPLease": lease_records(node)}
+        self._objects = ObjectCache(self._kind.values(), self._kept_as)
         #: pod key -> lease name -> lease
         self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
         #: what a pass derives from one record or object and may reuse while it stays the same
@@ -58,9 +74,9 @@ class ClusterCache:
         self.lock = threading.RLock()
 
     @classmethod
-    def listed(cls, store: Any, kinds: Iterable[str] = KINDS) -> ClusterCache:
+    def listed(cls, store: Any, kinds: Iterable[str] = KINDS, node: str | None = None) -> ClusterCache:
         """A cache filled from the store now (an audit reads the store, not the watch's view)."""
-        cache = cls(kinds)
+        cache = cls(kinds, node)
         cache.list(store)
         return cache
 
@@ -71,7 +87,7 @@ class ClusterCache:
         for plural in self.plurals:
             # pods and leases become records as they are read: 10k pods' whole objects are never
             # all in memory at once (nor left behind as fragments of the heap)
-            result = store.list(plural, convert=KEPT_AS.get(self._kind[plural]))
+            result = store.list(plural, convert=self._kept_as.get(self._kind[plural]))
             with self.lock:
                 self._objects.replace(self._kind[plural], result.items)
                 self._order.pop(self._kind[plural], None)

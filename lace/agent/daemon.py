@@ -112,7 +112,7 @@ class Agent:
         #: the service cache the watch keeps, and incremental passes for services that changed
         self.service_sync = ServiceSync(node, self.services, self.datapath, OWNED_MAPS)
         #: every other watched kind, listed once and kept by the watch (lace.agent.cluster)
-        self.cluster = ClusterCache()
+        self.cluster = ClusterCache(node=node)
         #: incremental passes for pods of other nodes (lace.agent.podsync)
         self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS)
         self._watch_since: int | None = None

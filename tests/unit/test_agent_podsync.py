@@ -83,7 +83,7 @@ class Cluster:
         self.add_pod(pod("local", "web", on=ME, ports=(("http", 8080),)))
         for labels in ({"app": "web"}, {"app": "db"}, {"app": "cache"}):
             store.allocate_segment("default", "default", labels)
-        self.cluster = ClusterCache.listed(store)
+        self.cluster = ClusterCache.listed(store, node=ME)   # as the agent of ME keeps it
         self.since = store.revision()
         self.maps = Maps(self.full())   # the first pass allocates the ipBlock's segment: a full pass
         self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS)
@@ -149,6 +149,24 @@ def c(tmp_path) -> Cluster:
 
 def agrees(c: Cluster) -> None:
     assert c.maps.entries["segment"] == c.full()["segment"]
+
+
+def test_the_agents_cache_keeps_other_nodes_pod_leases_without_their_container_details(c):
+    """A pod lease of another node keeps no container ID, host interface or MAC in the agent's
+    cache; its own node's leases keep theirs; and a full pass makes the same maps from it as from
+    a cache that keeps everything (an audit's)."""
+    local = c.store.get("ipleases", K.lease_name("default", str(c.blocks[ME].network_address + 2)))
+    local["metadata"]["annotations"] = {K.HOST_IFNAME_ANNOTATION: "lxlocal", K.POD_MAC_ANNOTATION: "02:00:00:00:00:09"}
+    c.store.apply(local)
+    mine = ClusterCache.listed(c.store, node=ME)
+    leases = {r.pod: r for r in mine.items("ipleases")}
+    assert leases["default/web-1"].container_id == "" and leases["default/web-1"].node == FAR
+    assert leases["default/local"].container_id == "c-local"
+    assert (leases["default/local"].host_ifname, leases["default/local"].pod_mac) == ("lxlocal", "02:00:00:00:00:09")
+    everything = ClusterCache.listed(c.store)
+    assert {r.pod: r.container_id for r in everything.items("ipleases")}["default/web-1"] == "c-web-1"
+    snap = lambda cache: build_snapshot(c.store, ME, "eth0", 1500, links=Links(), cluster=cache)  # noqa: E731
+    assert desired_maps(snap(mine)) == desired_maps(snap(everything))
 
 
 def test_a_pod_of_another_node_with_a_known_identity_is_one_segment_entry_each_way(c):
