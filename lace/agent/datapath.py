@@ -228,12 +228,20 @@ class NodeDatapath:
             if not fresh and cli_name in self._shadow:
                 return dict(self._shadow[cli_name])
             shadow = self._shadow.get(cli_name)
-            if shadow is None or cli_name in TABLES:
+            if shadow is None:
                 entries = self._read_kernel(cli_name)
                 self._shadow[cli_name] = dict(entries)
                 return entries
-            self._refresh(cli_name, shadow)
-            return dict(shadow)
+            if cli_name not in TABLES:
+                self._refresh(cli_name, shadow)
+                return dict(shadow)
+            entries = self._read_kernel(cli_name)   # whole tables: few, read through the mapping
+            for k in [k for k in shadow if k not in entries]:
+                del shadow[k]
+            for k, v in entries.items():
+                if shadow.get(k) != v:
+                    shadow[k] = v
+            return entries
 
     def _refresh(self, cli_name: str, shadow: Entries) -> None:
         """Make the record of a map what the kernel holds, in place. The kernel's entries are

@@ -95,7 +95,10 @@ class PodSync:
         addresses: dict[str, list[PodAddress]] = {}
         for a in snap.pods:
             addresses.setdefault(a.pod, []).append(a)
-        self._addresses = {k: tuple(v) for k, v in addresses.items()}
+        # a pod whose addresses are the very objects of last time keeps its tuple: a full pass
+        # then leaves next to nothing new behind among its garbage (the heap's holes)
+        old = self._addresses or {}
+        self._addresses = {k: _same_or_new(old.get(k), v) for k, v in addresses.items()}
         inputs = snap.policy
         self._ports = {}
         self._seg_pods, self._seg_ports = Counter(), Counter()
@@ -103,7 +106,8 @@ class PodSync:
             for p in inputs.pods:
                 self._ports[p.key] = named = _named(p.ports)
                 self._count(p.segment, named, 1)
-            self._blocks = [ipaddress.ip_network(c) for c in inputs.cidr_segments]
+            if [str(b) for b in self._blocks] != list(inputs.cidr_segments):   # parsed once per change
+                self._blocks = [ipaddress.ip_network(c) for c in inputs.cidr_segments]
             self._networks = frozenset(inputs.network_ids)
 
     def sync(self, keys: set[str]) -> dict[str, MapChanges] | None:
@@ -177,6 +181,13 @@ class PodSync:
 
     def _count(self, segment: int, named: tuple, n: int) -> None:
         _count(self._seg_pods, self._seg_ports, segment, named, n)
+
+
+def _same_or_new(held: tuple | None, now: list) -> tuple:
+    """``held`` when it holds exactly the objects of ``now``, else a tuple of them."""
+    if held is not None and len(held) == len(now) and all(a is b for a, b in zip(held, now)):
+        return held
+    return tuple(now)
 
 
 @functools.lru_cache(maxsize=4096)

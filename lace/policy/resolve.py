@@ -1,7 +1,8 @@
 """Resolution: NetworkPolicies over segments -> ``policy`` and ``prefix-segment`` map entries.
 
-Per policy (cached, keyed by the policy's own content, its audit mode, its ID and the fingerprint
-of the world it reads, so one policy change re-resolves one policy):
+Per policy (cached, keyed by the policy's own content, its audit mode, its ID, the fingerprint of
+the world it reads and, for ipBlock peers, the segments with a pod address in each block — so one
+policy change re-resolves one policy, and a pod address elsewhere none):
 
 - subjects: the segments of the policy's namespace its podSelector matches, per direction in its
   (defaulted) policyTypes: each gets a MARKER (default deny in that direction);
@@ -248,10 +249,12 @@ class Resolver:
         results = []
         live = set()
         resolved = 0
+        # ipBlock -> the segments with a pod address in it: all an ipBlock peer reads of the pods'
+        # addresses, so a pod that comes or goes elsewhere re-resolves no policy of a block
+        in_blocks: dict[IPBlockPeer, tuple[int, ...]] = {}
         for p in parsed:
             audit = p.audit or world.ns_audit.get(p.namespace, False)
-            ck = (p.fingerprint, audit, ids[p.key], world.fingerprint,
-                  world.ip_fingerprint if p.has_ip_blocks() else "")
+            ck = (p.fingerprint, audit, ids[p.key], world.fingerprint, _block_key(p, world, in_blocks))
             live.add(p.key)
             hit = self._cache.get(p.key)
             if hit and hit[0] == ck:
@@ -287,6 +290,21 @@ def cidrs_of(policy: ParsedPolicy) -> set[str]:
                 out.add(str(peer.ip_block.cidr))
                 out.update(str(e) for e in peer.ip_block.excepts)
     return out
+
+
+def _block_key(policy: ParsedPolicy, world: World, memo: dict[IPBlockPeer, tuple[int, ...]]) -> tuple:
+    """What a policy's ipBlock peers depend on from the pods' addresses: per block, the segments
+    with an address in it (memo: per block, for one world)."""
+    out = []
+    for r in policy.rules:
+        for peer in r.peers or ():
+            b = peer.ip_block
+            if b is None:
+                continue
+            if b not in memo:
+                memo[b] = tuple(sorted(world.segments_with_addresses_in(b.cidr, b.excepts)))
+            out.append(memo[b])
+    return tuple(out)
 
 
 def _block_segments(block: IPBlockPeer, world: World) -> tuple[list[int], list[SegmentInfo]]:

@@ -78,13 +78,9 @@ class World:
                 for ip in p.ips:
                     pairs[ip.version].append((int(ip), s.id))
         self._addrs: dict[int, tuple[list[int], list[int]]] = {}
-        hi = hashlib.sha256()
         for version, lst in pairs.items():
             lst.sort()
             self._addrs[version] = ([a for a, _ in lst], [sid for _, sid in lst])
-            hi.update(repr(lst).encode())
-        #: what policies with ipBlocks additionally depend on (ipBlocks match pod addresses too)
-        self.ip_fingerprint = hi.hexdigest()
 
     def segments_with_addresses_in(self, cidr: ipaddress.IPv4Network | ipaddress.IPv6Network,
                                    excepts: tuple = ()) -> set[int]:

@@ -182,6 +182,27 @@ def test_incremental_cache_reresolves_only_the_changed_policy():
     assert r.last_resolved == 5       # a new segment: every policy may select it
 
 
+def test_an_ipblock_policy_is_resolved_again_only_when_its_blocks_hold_other_segments():
+    """A pod address that comes elsewhere leaves an ipBlock policy's resolution cached; one inside
+    its block (or a pod of the block moved to another segment) resolves it again."""
+    r = Resolver()
+    block = pol("blk", {"podSelector": {"matchLabels": {"app": "a"}},
+                        "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.1.0/24"}}]}]})
+    other = pol("any", {"podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]})
+    cidrs = {"10.0.1.0/24": 900}
+    r.resolve(inputs(block, other, cidrs=cidrs))
+    assert r.last_resolved == 2
+    elsewhere = inputs(block, other, cidrs=cidrs)
+    elsewhere.pods.append(PodInfo("x", "d", (("app", "b"),), "default", 1, 301, (ipaddress.ip_address("10.0.2.9"),), "n3"))
+    r.resolve(elsewhere)
+    assert r.last_resolved == 0
+    inside = inputs(block, other, cidrs=cidrs)
+    inside.pods.append(PodInfo("x", "e", (("app", "b"),), "default", 1, 301, (ipaddress.ip_address("10.0.1.9"),), "n3"))
+    res = r.resolve(inside)
+    assert r.last_resolved == 1   # the block's policy; the other one's world did not change
+    assert (300, "ingress", 301, None, None, None) in allows(res.entries()[0])
+
+
 def test_per_node_entries_and_full_map_is_reported():
     ps = [pol(f"p{i}", {"podSelector": {}, "ingress": [{"ports": [{"port": 1000 + i}]}]}) for i in range(10)]
     res = resolve(inputs(*ps))
