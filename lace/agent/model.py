@@ -127,7 +127,7 @@ class Block:
     cidr: IPNet
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodAddress:
     """One pod address anywhere in the cluster with its segment (for segment / delivery maps)."""
 

@@ -39,7 +39,7 @@ class NamespaceInfo:
     audit: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """A pod with an address: identity (segment), where it runs and what it serves."""
 
