@@ -14,7 +14,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -232,37 +232,27 @@ class NodeDatapath:
                 entries = self._read_kernel(cli_name)
                 self._shadow[cli_name] = dict(entries)
                 return entries
-            if cli_name not in TABLES:
-                self._refresh(cli_name, shadow)
-                return dict(shadow)
-            entries = self._read_kernel(cli_name)   # whole tables: few, read through the mapping
-            for k in [k for k in shadow if k not in entries]:
-                del shadow[k]
-            for k, v in entries.items():
+            # the record takes what the kernel holds but keeps its own objects where they are
+            # equal (at 10k pods a resync that replaced them made ~100k objects anew every 30 s,
+            # among the pass's other garbage, and the heap kept the holes they left); the kernel's
+            # entries are walked lazily, each key and value alive only while it is compared
+            n = 0
+            for k, v in self._kernel_pairs(cli_name):
+                n += 1
                 if shadow.get(k) != v:
-                    shadow[k] = v
-            return entries
+                    shadow[k] = v   # an equal key already there stays the dict's own
+            if len(shadow) != n:    # the record holds entries the kernel no longer has
+                kernel = {k for k, _ in self._kernel_pairs(cli_name)}
+                for k in [k for k in shadow if k not in kernel]:
+                    del shadow[k]
+            return dict(shadow)
 
-    def _refresh(self, cli_name: str, shadow: Entries) -> None:
-        """Make the record of a map what the kernel holds, in place. The kernel's entries are
-        walked in the two buffers one batch read returns, each key and value a bytes object only
-        for as long as it is compared: the record keeps its own objects where they are equal (at
-        10k pods a resync's map reads made ~100k objects anew every 30 s, among the pass's other
-        garbage, and the heap kept the holes they left)."""
-        m = self.map(cli_name)
-        keys, values, n = m.dump()
-        kb, vb = bytes(keys), bytes(values)
-        del keys, values
-        ks, vs = m.key_size, m.value_blob_size
-        for i in range(n):
-            k = kb[i * ks:(i + 1) * ks]
-            v = vb[i * vs:(i + 1) * vs]
-            if shadow.get(k) != v:
-                shadow[k] = v   # an equal key already there stays the dict's own
-        if len(shadow) != n:   # the record holds entries the kernel no longer has
-            kernel = {kb[i * ks:(i + 1) * ks] for i in range(n)}
-            for k in [k for k in shadow if k not in kernel]:
-                del shadow[k]
+    def _kernel_pairs(self, cli_name: str) -> Iterator[tuple[bytes, bytes]]:
+        """The map's (key, value)s from one read of the kernel: Map.entries' lazy pairs, or a
+        table map's whole tables (few, read through the mapping)."""
+        if cli_name in TABLES:
+            return iter(self._read_kernel(cli_name).items())
+        return self.map(cli_name).entries()
 
     def held(self, cli_name: str, keys: Iterable[bytes]) -> Entries:
         """These keys' entries as this agent last left them (the kernel's, read once, when it has
