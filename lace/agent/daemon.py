@@ -358,20 +358,23 @@ class Agent:
                             "networks or external addresses per backend port fix it", self.node,
                             pr.revnat_left_out, REVNAT_FRONTENDS)
 
+    def _next_resync(self) -> float:
+        """When the next periodic resync is due (monotonic clock); /healthz shows it (wall clock)."""
+        self.stats["next_resync"] = time.time() + RESYNC_SECONDS
+        return time.monotonic() + RESYNC_SECONDS
+
     def _reconcile_loop(self) -> None:
         backoff = 0.05
         # every RESYNC_SECONDS whatever the watch brings: a node whose store never goes quiet for
         # that long still gets its repairs and its revnat housekeeping
-        next_resync = time.monotonic() + RESYNC_SECONDS
-        self.stats["next_resync"] = time.time() + RESYNC_SECONDS
+        next_resync = self._next_resync()
         while not self.stopping.is_set():
             self.dirty.wait(max(0.0, next_resync - time.monotonic()))
             resync = time.monotonic() >= next_resync
             if self.stopping.is_set():
                 return
             if resync:
-                next_resync = time.monotonic() + RESYNC_SECONDS
-                self.stats["next_resync"] = time.time() + RESYNC_SECONDS
+                next_resync = self._next_resync()
             self.dirty.clear()
             keys, full = self.service_sync.take()
             pods = self.pod_sync.take()

@@ -33,6 +33,7 @@ from typing import Any
 
 from lace.datapath.segment import segment_key, segment_value
 from lace.store.api import WatchEvent
+from lace.store.records import same_objects
 
 from .cluster import ClusterCache
 from .diff import MapChanges
@@ -58,6 +59,7 @@ class PodSync:
         self._seg_ports: Counter[tuple] = Counter()
         self._ports: dict[str, tuple] = {}
         self._blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self._block_cidrs: tuple[str, ...] = ()
         self._networks: frozenset[int] = frozenset()
 
     # -- the watch's side --------------------------------------------------------------------
@@ -98,7 +100,8 @@ class PodSync:
         # a pod whose addresses are the very objects of last time keeps its tuple: a full pass
         # then leaves next to nothing new behind among its garbage (the heap's holes)
         old = self._addresses or {}
-        self._addresses = {k: _same_or_new(old.get(k), v) for k, v in addresses.items()}
+        self._addresses = {k: held if same_objects(held := old.get(k), v) else tuple(v)
+                           for k, v in addresses.items()}
         inputs = snap.policy
         self._ports = {}
         self._seg_pods, self._seg_ports = Counter(), Counter()
@@ -106,8 +109,9 @@ class PodSync:
             for p in inputs.pods:
                 self._ports[p.key] = named = _named(p.ports)
                 self._count(p.segment, named, 1)
-            if [str(b) for b in self._blocks] != list(inputs.cidr_segments):   # parsed once per change
-                self._blocks = [ipaddress.ip_network(c) for c in inputs.cidr_segments]
+            if self._block_cidrs != tuple(inputs.cidr_segments):   # parsed once per change
+                self._block_cidrs = tuple(inputs.cidr_segments)
+                self._blocks = [ipaddress.ip_network(c) for c in self._block_cidrs]
             self._networks = frozenset(inputs.network_ids)
 
     def sync(self, keys: set[str]) -> dict[str, MapChanges] | None:
@@ -181,13 +185,6 @@ class PodSync:
 
     def _count(self, segment: int, named: tuple, n: int) -> None:
         _count(self._seg_pods, self._seg_ports, segment, named, n)
-
-
-def _same_or_new(held: tuple | None, now: list) -> tuple:
-    """``held`` when it holds exactly the objects of ``now``, else a tuple of them."""
-    if held is not None and len(held) == len(now) and all(a is b for a, b in zip(held, now)):
-        return held
-    return tuple(now)
 
 
 @functools.lru_cache(maxsize=4096)

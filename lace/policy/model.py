@@ -64,7 +64,8 @@ class PodInfo:
 @dataclass
 class PolicyInputs:
     """Everything resolution reads. ``policies`` are the NetworkPolicies parsed
-    (``lace.policy.parse.ParsedPolicy``); ``cidr_segments`` maps each ipBlock CIDR (normalised string) to its allocated segment ID."""
+    (``lace.policy.parse.ParsedPolicy``); ``cidr_segments`` maps each ipBlock CIDR (normalised
+    string) to its allocated segment ID."""
 
     namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
     pods: list[PodInfo] = field(default_factory=list)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lace.store.records import revision
+
 from .ids import normalise_cidr
 from .model import ANN_AUDIT, PROTO_NUMBERS, IPNet
 
@@ -129,7 +131,7 @@ def parse_policy(obj: dict) -> ParsedPolicy:
     fp = hashlib.sha256(json.dumps([spec, audit], sort_keys=True, default=str).encode()).hexdigest()
     return ParsedPolicy(meta.get("namespace") or "default", meta["name"], spec.get("podSelector") or {},
                         "Ingress" in types, "Egress" in types, tuple(rules), audit, fp,
-                        int(meta.get("resourceVersion") or 0))
+                        revision(obj))
 
 
 def parsed(policies: Iterable[dict | ParsedPolicy]) -> list[ParsedPolicy]:

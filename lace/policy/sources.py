@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lace.store.records import PodRecord
+from lace.store.records import PodRecord, same_objects
 
 from .ids import cidr_identity, normalise_cidr
 from .model import NamespaceInfo, PodInfo, PolicyInputs, labels_tuple
@@ -56,8 +56,7 @@ def policy_inputs(namespaces: Iterable[dict], policies: Iterable[dict | ParsedPo
         if pod is None:
             continue
         hit = pod_memo.get(key)
-        if hit is not None and hit[0] is pod and len(hit[1]) == len(addrs) and all(
-                a is b for a, b in zip(hit[1], addrs)):
+        if hit is not None and hit[0] is pod and same_objects(hit[1], addrs):
             inputs.pods.append(hit[2])
             continue
         info = PodInfo(

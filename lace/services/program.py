@@ -42,6 +42,7 @@ from lace.datapath.maglev import table_bytes as maglev_table
 from lace.datapath.services import (BACKEND, REVNAT, REVNAT_FRONTENDS, REVNAT_KEY, SERVICE, SERVICE_KEY,
                                     MAGLEV_SIZE, BackendFlag, backend_key, backend_value, revnat_key,
                                     revnat_value, service_key, service_value)
+from lace.store.records import same_objects
 
 from .model import Backend, Frontend
 
@@ -455,7 +456,8 @@ class ServiceProgrammer:
             groups: dict[str, list[Frontend]] = {}
             for f in fronts:
                 groups.setdefault(f.service, []).append(f)
-            changed = {k: v for k, v in groups.items() if not _same(self._groups.get(k), v)}
+            # the service cache hands out the very same Frontends until a service changes
+            changed = {k: v for k, v in groups.items() if not same_objects(self._groups.get(k), v)}
             changed.update((k, []) for k in self._groups if k not in groups)
             if self._update(changed) is not None:
                 return
@@ -562,12 +564,6 @@ def _ref(rec: dict, family: int) -> Ref:
     """A revnat frontend record as a Ref."""
     raw = rec["addr"][:4] if family == Family.IPV4 else rec["addr"]
     return (rec["network"], str(ipaddress.ip_address(raw)), rec["port"])
-
-
-def _same(old: tuple[Frontend, ...] | None, new: list[Frontend]) -> bool:
-    """Whether a service's frontends are the very objects programmed before (no comparison of
-    values: the service cache hands out the same objects until something changes)."""
-    return old is not None and len(old) == len(new) and all(a is b for a, b in zip(old, new))
 
 
 def _shared_value(users: dict[bytes, int]) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -33,13 +34,19 @@ _one = sys.intern
 @functools.lru_cache(maxsize=4096)
 def shared(value: tuple) -> tuple:
     """One copy of an immutable tuple many records repeat (the label set of a Deployment's pods,
-    their container ports): a cluster has few distinct ones, and 10k pods' own copies are ~5 MiB.
+    their probe ports; container ports have ``_ports``): a cluster has few distinct ones, and 10k pods' own copies are ~5 MiB.
     Bounded, so a cluster whose every pod differs costs at most the cache's few hundred KiB."""
     return value
 
 
 def revision(obj: dict[str, Any]) -> int:
     return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+
+
+def same_objects(old: Sequence[Any] | None, new: Sequence[Any]) -> bool:
+    """Whether ``old`` holds the very objects of ``new``, in order: records (and what is made of
+    them) are immutable and replaced on change, so identity says "unchanged" without comparing."""
+    return old is not None and len(old) == len(new) and all(a is b for a, b in zip(old, new))
 
 
 @dataclass(frozen=True, slots=True)
