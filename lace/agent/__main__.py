@@ -13,6 +13,7 @@ from lace.store.errors import StoreError
 
 from .conntrack import GC_INTERVAL_SECONDS
 from .daemon import Agent
+from .heap import one_arena
 from .liveness import DEFAULT_TTL
 
 #: how often the agent's store watch polls for other processes' commits (pod start latency)
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("lace.agent")
+    one_arena()   # before any thread (lace.agent.heap)
     try:
         store = open_store(args.store, poll_interval=STORE_POLL_SECONDS)
     except StoreError as e:
