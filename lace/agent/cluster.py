@@ -56,14 +56,15 @@ class ClusterCache:
         self._kind = {p: K.resolve_kind(p).kind for p in self.plurals}
         self._kept_as = dict(KEPT_AS) if node is None else {**KEPT_AS, "IPLease": lease_records(node)}
         self._objects = ObjectCache(self._kind.values(), self._kept_as)
-        #: pod key -> lease name -> lease
-        self._by_pod: dict[str, dict[str, LeaseRecord]] = {}
-        #: what a pass derives from one record or object and may reuse while it stays the same
-        #: object (records are immutable, and a change replaces an object too): by lease name
-        #: (lace.agent.state), and the policy inputs of each pod (by key) and policy (by namespace
-        #: and name; lace.policy.sources); an object's entry goes with it. A pass then allocates
-        #: next to nothing for what did not change
-        self.lease_memo: dict[str, tuple] = {}
+        #: pod key -> its leases (a tuple: a pod holds one or two, and 10k dicts of them cost ~2 MiB)
+        self._by_pod: dict[str, tuple[LeaseRecord, ...]] = {}
+        #: what a pass derives from one record or object and may reuse while it stays the same:
+        #: each lease's PodAddress, by lease name (lace.agent.state, which checks it against the
+        #: lease), and the policy inputs of each pod (by key) and policy (by namespace and name;
+        #: lace.policy.sources), kept while the record is the same object (records are immutable,
+        #: and a change replaces an object too); an object's entry goes with it. A pass then
+        #: allocates next to nothing for what did not change
+        self.lease_memo: dict[str, Any] = {}
         self.pod_inputs_memo: dict[str, tuple] = {}
         self.policy_inputs_memo: dict[tuple, tuple] = {}
         #: kind -> its keys in order, kept until a key comes or goes (a pass reads 10k pods' and
@@ -98,7 +99,7 @@ class ClusterCache:
                 if plural == "ipleases":
                     self._by_pod = {}
                     for lease in self._objects.objects["IPLease"].values():
-                        self._by_pod.setdefault(lease.pod, {})[lease.name] = lease
+                        self._by_pod[lease.pod] = (*self._by_pod.get(lease.pod, ()), lease)
             revs.append(int(result.resource_version))
         return min(revs)
 
@@ -141,13 +142,14 @@ class ClusterCache:
                 self.policy_inputs_memo.pop((meta.get("namespace"), meta["name"]), None)
             if kind == "IPLease" and new is not old:
                 if old is not None:
-                    mine = self._by_pod.get(old.pod)
-                    if mine is not None:
-                        mine.pop(old.name, None)
-                        if not mine:
-                            del self._by_pod[old.pod]
+                    rest = tuple(x for x in self._by_pod.get(old.pod, ()) if x.name != old.name)
+                    if rest:
+                        self._by_pod[old.pod] = rest
+                    else:
+                        self._by_pod.pop(old.pod, None)
                 if new is not None:
-                    self._by_pod.setdefault(new.pod, {})[new.name] = new
+                    mine = self._by_pod.get(new.pod, ())
+                    self._by_pod[new.pod] = (*(x for x in mine if x.name != new.name), new)
         return old, new
 
     def items(self, plural: str) -> list[Any]:
@@ -185,4 +187,4 @@ class ClusterCache:
     def leases_of(self, pod: str) -> list[LeaseRecord]:
         """The leases a pod (``namespace/name``) holds."""
         with self.lock:
-            return list(self._by_pod.get(pod, {}).values())
+            return list(self._by_pod.get(pod, ()))

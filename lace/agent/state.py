@@ -92,12 +92,10 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
         seg = segments.get(identity)
         if seg is None:
             seg = segments[identity] = store.allocate_segment(lease.network, pod.namespace, pod.label_dict)
-        hit = memo.get(lease.name)
-        if hit is not None and hit[0] is lease and hit[1] is pod and hit[2] == seg and hit[3] == net_id:
-            address = hit[4]
-        else:
-            address = PodAddress(net_id, lease.ip, seg, lease.node, lease.pod)
-            memo[lease.name] = (lease, pod, seg, net_id, address)
+        address = memo.get(lease.name)
+        if (address is None or address.ip is not lease.ip or address.segment != seg or address.network != net_id
+                or address.node is not lease.node or address.pod is not lease.pod):
+            address = memo[lease.name] = PodAddress(net_id, lease.ip, seg, lease.node, lease.pod)
         snap.pods.append(address)
         if lease.node == node_name and lease.host_ifname:
             ep = local.setdefault(lease.container_id, {
