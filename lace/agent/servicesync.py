@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from lace.services.cache import ServiceCache
+from lace.services.cache import RECORDS, ServiceCache
 from lace.services.program import ServiceProgrammer
 from lace.store.api import WatchEvent
 
@@ -47,7 +47,9 @@ class ServiceSync:
         """Fill the cache from a list of Services and EndpointSlices; returns the revision to watch
         from (the older list's: events replayed past the newer one change nothing), and asks for a
         full pass."""
-        services, slices = store.list("services"), store.list("endpointslices")
+        # made records as they are read (lace.services.cache): the stored objects are never all kept
+        services = store.list("services", convert=RECORDS["Service"])
+        slices = store.list("endpointslices", convert=RECORDS["EndpointSlice"])
         self.cache.load(services.items, slices.items)
         with self._lock:
             self._full = True

@@ -1,7 +1,8 @@
 """The agent's view of Services and EndpointSlices, and each service's frontends worked out once.
 
 The agent lists both kinds once and then keeps them with its watch (``lace.store.cache``), so a
-pass reads no store. Each service's frontends (``lace.services.model.frontends``, bound to this
+pass reads no store; it keeps each object as the record frontends read (``ServiceRecord``,
+``SliceRecord``: ports, addresses and endpoint states parsed once), never the stored object. Each service's frontends (``lace.services.model.frontends``, bound to this
 node's addresses) are computed on first use and kept until the service, one of its slices, or the
 context — network IDs, imports, this node's addresses — changes. A pass therefore hands the
 service programmer the very same Frontend objects for every service that did not change, and the
@@ -16,9 +17,12 @@ from collections.abc import Mapping
 from lace.store.cache import ObjectCache
 from lace.store.kinds import object_key, service_of
 
-from .model import Frontend, IPAddr, frontends, on_node
+from .model import Frontend, IPAddr, ServiceRecord, SliceRecord, frontends, on_node
 
 KINDS = ("Service", "EndpointSlice")
+#: both kinds are kept as the records frontends read, never the stored objects (1k services and
+#: their slices are ~4.5 MiB of dictionaries, their records under 1 MiB)
+RECORDS = {"Service": ServiceRecord.of, "EndpointSlice": SliceRecord.of}
 
 
 class ServiceCache:
@@ -26,24 +30,24 @@ class ServiceCache:
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self._objects = ObjectCache(KINDS)
+        self._objects = ObjectCache(KINDS, RECORDS)
         #: service key -> slice key -> slice
-        self._slices: dict[str, dict[str, dict]] = {}
+        self._slices: dict[str, dict[str, SliceRecord]] = {}
         #: service key -> its frontends in the current context
         self._fronts: dict[str, tuple[Frontend, ...]] = {}
         self._context: tuple | None = None
         self._lock = threading.Lock()
 
-    def load(self, services: list[dict], slices: list[dict]) -> None:
-        """Everything, from a list of each kind: every frontend is worked out again."""
+    def load(self, services: list, slices: list) -> None:
+        """Everything, from a list of each kind (objects or their records): every frontend is
+        worked out again."""
         with self._lock:
             self._objects.replace("Service", services)
             self._objects.replace("EndpointSlice", slices)
             self._slices = {}
             for key, sl in self._objects.objects["EndpointSlice"].items():
-                owner = service_of(sl)
-                if owner is not None:
-                    self._slices.setdefault(owner, {})[key] = sl
+                if sl.service is not None:
+                    self._slices.setdefault(sl.service, {})[key] = sl
             self._fronts.clear()
 
     def apply(self, event_type: str, obj: dict) -> set[str]:
@@ -56,8 +60,7 @@ class ServiceCache:
             else:
                 touched = set()
                 key = object_key(obj)
-                for sl in (old, obj):
-                    owner = service_of(sl) if sl is not None else None
+                for owner in (old.service if old is not None else None, service_of(obj)):
                     if owner is not None:
                         touched.add(owner)
                         mine = self._slices.get(owner)
@@ -66,9 +69,8 @@ class ServiceCache:
                             if not mine:   # a service's last slice gone: forget the service's entry
                                 del self._slices[owner]
                 now = self._objects.objects["EndpointSlice"].get(key)
-                owner = service_of(now) if now is not None else None
-                if owner is not None:
-                    self._slices.setdefault(owner, {})[key] = now
+                if now is not None and now.service is not None:
+                    self._slices.setdefault(now.service, {})[key] = now
             for key in touched:
                 self._fronts.pop(key, None)
             return touched

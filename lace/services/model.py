@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
@@ -27,6 +28,7 @@ from typing import Union
 from lace.datapath.common import NETWORK_OUTSIDE, Proto
 from lace.datapath.services import ServiceFlag
 from lace.store import kinds as K
+from lace.store.records import revision
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
@@ -132,55 +134,148 @@ def imports_by_service(networks: Iterable[Mapping], ids: Mapping[str, int]) -> d
     return out
 
 
-def _slice_ports(sl: Mapping) -> list[tuple[str, int, int]]:
-    out = []
-    for p in sl.get("ports") or ():
-        if p.get("port") is None:
-            continue
-        out.append((p.get("name") or "", PROTOCOLS.get(str(p.get("protocol") or "TCP").upper(), 0), int(p["port"])))
-    return out
+ACTIVE, TERMINATING = "active", "terminating"
 
 
 def _endpoint_state(ep: Mapping) -> str | None:
-    """"active", "terminating" or None (left out), from the endpoint's conditions."""
+    """ACTIVE, TERMINATING or None (left out), from the endpoint's conditions."""
     cond = ep.get("conditions") or {}
     ready, serving, terminating = cond.get("ready"), cond.get("serving"), cond.get("terminating")
     if terminating:
-        return "terminating" if (serving if serving is not None else ready) else None
-    return "active" if ready is None or ready else None
+        return TERMINATING if (serving if serving is not None else ready) else None
+    return ACTIVE if ready is None or ready else None
 
 
-def backends_of(slices: Iterable[Mapping], network: int, family: int, port_name: str, proto: int,
+def _addresses(raw: Iterable) -> tuple[IPAddr, ...]:
+    out = []
+    for a in raw or ():
+        try:
+            out.append(ipaddress.ip_address(a))
+        except ValueError:
+            continue
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRecord:
+    """One endpoint of a slice that takes part (ACTIVE or TERMINATING), its addresses parsed."""
+
+    state: str
+    node: str
+    pod: str   # namespace/name, from the targetRef ("" without one)
+    addresses: tuple[IPAddr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    """What frontends read of an EndpointSlice: its service, address family, ports and the
+    endpoints that take part. The agent keeps these instead of the stored objects (as it does pods'
+    and leases', lace.store.records)."""
+
+    namespace: str
+    name: str
+    service: str | None        # namespace/name, from the kubernetes.io/service-name label
+    family: int | None         # 4 or 6 from addressType (None: another type)
+    ports: tuple[tuple[str, int, int], ...]   # (name, protocol number, port)
+    endpoints: tuple[EndpointRecord, ...]
+    rv: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, sl: Mapping) -> SliceRecord:
+        meta = sl.get("metadata") or {}
+        ports = tuple((sys.intern(p.get("name") or ""), PROTOCOLS.get(str(p.get("protocol") or "TCP").upper(), 0),
+                       int(p["port"])) for p in sl.get("ports") or () if p.get("port") is not None)
+        endpoints = []
+        for ep in sl.get("endpoints") or ():
+            state = _endpoint_state(ep)
+            if state is None:
+                continue
+            ref = ep.get("targetRef") or {}
+            pod = f'{ref.get("namespace", "")}/{ref.get("name", "")}' if ref.get("name") else ""
+            endpoints.append(EndpointRecord(state, sys.intern(ep.get("nodeName") or ""), pod,
+                                            _addresses(ep.get("addresses"))))
+        return cls(sys.intern(meta.get("namespace", "")), meta.get("name", ""), K.service_of(sl),
+                   ADDRESS_TYPES.get(sl.get("addressType", "")), ports, tuple(endpoints), revision(sl))
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """A service port lace programs (a known protocol and a port number)."""
+
+    name: str
+    proto: int
+    port: int
+    node_port: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """What frontends read of a Service (see :class:`SliceRecord`)."""
+
+    namespace: str
+    name: str
+    id: int | None             # service_id
+    network: str               # the network it lives in (lace.store.kinds.pod_network)
+    type: str
+    affinity_timeout: int      # seconds with ClientIP affinity, else 0
+    local: bool                # internalTrafficPolicy: Local
+    ext_local: bool            # externalTrafficPolicy: Local
+    cluster_ips: tuple[IPAddr, ...]
+    lb_ips: tuple[IPAddr, ...]   # a LoadBalancer's status addresses
+    ports: tuple[ServicePort, ...]
+    rv: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, svc: Mapping) -> ServiceRecord:
+        meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
+        timeout = 0
+        if spec.get("sessionAffinity") == "ClientIP":
+            cfg = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {})
+            timeout = int(cfg.get("timeoutSeconds") or DEFAULT_AFFINITY_TIMEOUT)
+        ports = []
+        for p in spec.get("ports") or ():
+            proto = PROTOCOLS.get(str(p.get("protocol") or "TCP").upper())
+            if proto is None or p.get("port") is None:
+                continue
+            node_port = p.get("nodePort")
+            ports.append(ServicePort(sys.intern(p.get("name") or ""), proto, int(p["port"]),
+                                     int(node_port) if node_port else None))
+        kind = str(spec.get("type") or "ClusterIP")
+        return cls(sys.intern(meta.get("namespace", "")), meta.get("name", ""), service_id(svc), sys.intern(K.pod_network(svc)),
+                   sys.intern(kind), timeout, spec.get("internalTrafficPolicy") == "Local",
+                   spec.get("externalTrafficPolicy") == "Local", tuple(cluster_ips(svc)),
+                   tuple(load_balancer_ips(svc)) if kind == "LoadBalancer" else (), tuple(ports), revision(svc))
+
+
+def backends_of(slices: Iterable[SliceRecord], network: int, family: int, port_name: str, proto: int,
                 node: str | None) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
     """(active, terminating) backends of one service port from its slices; ``node`` limits them to
     one node (internalTrafficPolicy / externalTrafficPolicy Local)."""
     active: set[Backend] = set()
     terminating: set[Backend] = set()
     for sl in slices:
-        if ADDRESS_TYPES.get(sl.get("addressType", "")) != family:
+        if sl.family != family:
             continue
-        ports = [p for n, pr, p in _slice_ports(sl) if n == port_name and pr == proto]
+        ports = [p for n, pr, p in sl.ports if n == port_name and pr == proto]
         if not ports:
             continue
-        for ep in sl.get("endpoints") or ():
-            state = _endpoint_state(ep)
-            if state is None:
+        for ep in sl.endpoints:
+            if node is not None and ep.node != node:
                 continue
-            ep_node = ep.get("nodeName") or ""
-            if node is not None and ep_node != node:
-                continue
-            ref = ep.get("targetRef") or {}
-            pod = f'{ref.get("namespace", "")}/{ref.get("name", "")}' if ref.get("name") else ""
-            for raw in ep.get("addresses") or ():
-                try:
-                    addr = ipaddress.ip_address(raw)
-                except ValueError:
-                    continue
+            into = active if ep.state == ACTIVE else terminating
+            for addr in ep.addresses:
                 if addr.version != family:
                     continue
                 for port in ports:
-                    (active if state == "active" else terminating).add(
-                        Backend(network, addr, port, proto, ep_node, pod))
+                    into.add(Backend(network, addr, port, proto, ep.node, ep.pod))
     terminating -= active
     return tuple(sorted(active)), tuple(sorted(terminating))
 
@@ -196,55 +291,47 @@ def load_balancer_ips(svc: Mapping) -> list[IPAddr]:
     return out
 
 
-def frontends(services: Iterable[Mapping], slices: Iterable[Mapping], network_ids: Mapping[str, int],
-              imports: Mapping[str, list[int]], node: str) -> list[Frontend]:
+def frontends(services: Iterable[Mapping | ServiceRecord], slices: Iterable[Mapping | SliceRecord],
+              network_ids: Mapping[str, int], imports: Mapping[str, list[int]], node: str) -> list[Frontend]:
     """Every ClusterIP frontend of every service that has an ID and a known network, and the
     node-port and load-balancer frontends of NodePort and LoadBalancer services (see the module
-    docstring; node-port addresses unbound)."""
-    by_service = slices_by_service(slices)
+    docstring; node-port addresses unbound). Services and slices are stored objects or their
+    records."""
+    by_service: dict[str, list[SliceRecord]] = {}
+    for sl in slices:
+        rec = sl if isinstance(sl, SliceRecord) else SliceRecord.of(sl)
+        if rec.service:
+            by_service.setdefault(rec.service, []).append(rec)
     out: list[Frontend] = []
-    for svc in services:
-        sid = service_id(svc)
-        net = network_ids.get(K.pod_network(svc))
-        if sid is None or net is None:
+    for raw in services:
+        svc = raw if isinstance(raw, ServiceRecord) else ServiceRecord.of(raw)
+        net = network_ids.get(svc.network)
+        if svc.id is None or net is None:
             continue
-        key = K.object_key(svc)
-        spec = svc.get("spec") or {}
-        flags = 0
-        timeout = 0
-        if spec.get("sessionAffinity") == "ClientIP":
-            flags |= ServiceFlag.AFFINITY
-            cfg = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {})
-            timeout = int(cfg.get("timeoutSeconds") or DEFAULT_AFFINITY_TIMEOUT)
-        local = spec.get("internalTrafficPolicy") == "Local"
-        external = spec.get("type") in EXTERNAL_TYPES
-        ext_local = spec.get("externalTrafficPolicy") == "Local"
-        ext_flags = (flags & ServiceFlag.AFFINITY) | (ServiceFlag.LOCAL if ext_local else 0)
+        key = svc.key
+        flags = ServiceFlag.AFFINITY if svc.affinity_timeout else 0
+        external = svc.type in EXTERNAL_TYPES
+        ext_flags = flags | (ServiceFlag.LOCAL if svc.ext_local else 0)
         networks = tuple(sorted({net, *imports.get(key, ())}))
         mine = by_service.get(key, [])
-        vips = cluster_ips(svc)
-        lb_ips = load_balancer_ips(svc) if spec.get("type") == "LoadBalancer" else []
-        for p in spec.get("ports") or ():
-            proto = PROTOCOLS.get(str(p.get("protocol") or "TCP").upper())
-            if proto is None or p.get("port") is None:
-                continue
-            name = p.get("name") or ""
-            port = int(p["port"])
+        vips = svc.cluster_ips
+        for p in svc.ports:
+            name, port, proto = p.name, p.port, p.proto
             for vip in vips:
-                active, term = backends_of(mine, net, vip.version, name, proto, node if local else None)
-                out.append(Frontend(sid, key, name, networks, vip, port, proto,
-                                    flags | (ServiceFlag.LOCAL if local else 0), timeout, active, term))
+                active, term = backends_of(mine, net, vip.version, name, proto, node if svc.local else None)
+                out.append(Frontend(svc.id, key, name, networks, vip, port, proto,
+                                    flags | (ServiceFlag.LOCAL if svc.local else 0), svc.affinity_timeout,
+                                    active, term))
             if not external:
                 continue
-            node_port = p.get("nodePort")
-            for family in sorted({v.version for v in vips}) if node_port else ():
-                active, term = backends_of(mine, net, family, name, proto, node if ext_local else None)
-                out.append(Frontend(sid, key, name, (NETWORK_OUTSIDE,), NODE_ADDRESS[family], int(node_port),
-                                    proto, ext_flags | ServiceFlag.NODEPORT, timeout, active, term))
-            for ip in lb_ips:
-                active, term = backends_of(mine, net, ip.version, name, proto, node if ext_local else None)
-                out.append(Frontend(sid, key, name, (NETWORK_OUTSIDE,), ip, port, proto,
-                                    ext_flags | ServiceFlag.LOADBALANCER, timeout, active, term))
+            for family in sorted({v.version for v in vips}) if p.node_port else ():
+                active, term = backends_of(mine, net, family, name, proto, node if svc.ext_local else None)
+                out.append(Frontend(svc.id, key, name, (NETWORK_OUTSIDE,), NODE_ADDRESS[family], p.node_port,
+                                    proto, ext_flags | ServiceFlag.NODEPORT, svc.affinity_timeout, active, term))
+            for ip in svc.lb_ips:
+                active, term = backends_of(mine, net, ip.version, name, proto, node if svc.ext_local else None)
+                out.append(Frontend(svc.id, key, name, (NETWORK_OUTSIDE,), ip, port, proto,
+                                    ext_flags | ServiceFlag.LOADBALANCER, svc.affinity_timeout, active, term))
     return out
 
 

@@ -214,3 +214,21 @@ def test_two_frontends_claiming_one_key_leave_it_to_the_other_when_one_goes():
     p.entries([a])
     head = [SERVICE.unpack(v) for k, v in p._out[0].items() if SERVICE_KEY.unpack(k)["slot"] == 0]
     assert [h["service_id"] for h in head] == [a.service_id]
+
+
+def test_cache_keeps_records_and_follows_a_slice_moved_to_another_service():
+    """The cache holds records, never the stored objects, and a slice whose service-name label
+    changes leaves its old service and joins its new one (both are worked out again)."""
+    cache = ServiceCache("w1")
+    s0, sl = _service(0, 10, 2)
+    s1, _ = _service(1, 11, 0)
+    cache.load([s0, s1], [sl])
+    cache.set_context(NET, {}, ADDR4, None)
+    assert [len(f[0].active) for f in cache.frontends_of({"default/s0", "default/s1"}).values()] in ([2, 0], [0, 2])
+    moved = _rv(eps("s1", 4, sl["endpoints"], sl["ports"], name=sl["metadata"]["name"]), 12)
+    assert cache.apply("MODIFIED", moved) == {"default/s0", "default/s1"}
+    now = cache.frontends_of({"default/s0", "default/s1"})
+    assert now["default/s0"][0].active == ()
+    assert [str(b.addr) for b in now["default/s1"][0].active] == ["10.244.0.1", "10.244.0.2"]
+    kept = [o for kind in cache._objects.objects.values() for o in kind.values()]
+    assert kept and not any(isinstance(o, dict) for o in kept)
