@@ -14,6 +14,7 @@ without a walk over every lease (``lace.agent.podsync``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -54,7 +55,8 @@ class ClusterCache:
         """``node``: the agent's own (its cache keeps less of other nodes' leases); None keeps all."""
         self.plurals = tuple(kinds)
         self._kind = {p: K.resolve_kind(p).kind for p in self.plurals}
-        self._kept_as = dict(KEPT_AS) if node is None else {**KEPT_AS, "IPLease": lease_records(node)}
+        self._kept_as = dict(KEPT_AS) if node is None else {
+            **KEPT_AS, "IPLease": lease_records(node), "Pod": functools.partial(PodRecord.of, local=node)}
         self._objects = ObjectCache(self._kind.values(), self._kept_as)
         #: pod key -> its leases (a tuple: a pod holds one or two, and 10k dicts of them cost ~2 MiB)
         self._by_pod: dict[str, tuple[LeaseRecord, ...]] = {}

@@ -11,6 +11,7 @@ informers and Cilium's slim types make the same trade.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import ipaddress
 import sys
@@ -89,6 +90,11 @@ class PodRecord:
     #: the TCP ports the node's kubelet probes (lace.probes.pod_probe_ports)
     probe_ports: tuple[int, ...] = ()
     rv: int = 0
+    #: for the node's own pods (``of(obj, node)``; left at the defaults for other nodes' pods):
+    #: creationTimestamp as a POSIX time, and whether the pod is done with its network — host
+    #: network, being deleted, Succeeded or Failed — so no endpoint is expected for it
+    created: float | None = None
+    done: bool = False
 
     @property
     def key(self) -> str:
@@ -99,13 +105,31 @@ class PodRecord:
         return dict(self.labels)
 
     @classmethod
-    def of(cls, obj: dict[str, Any]) -> PodRecord:
+    def of(cls, obj: dict[str, Any], local: str | None = None) -> PodRecord:
+        """The record of a Pod object; ``local``: the node whose pods keep ``created`` and ``done``
+        (None: every pod keeps them)."""
         from lace.probes import pod_probe_ports   # lace.probes reads the probe fields of the spec
-        meta = obj.get("metadata") or {}
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         labels = shared(tuple(sorted((_one(k), _one(v)) for k, v in (meta.get("labels") or {}).items())))
-        return cls(_one(meta.get("namespace") or ""), meta["name"], labels, _one(K.pod_network(obj)),
-                   _one(str((obj.get("spec") or {}).get("nodeName") or "")), container_ports(obj),
-                   shared(tuple(sorted(pod_probe_ports(obj)))), revision(obj))
+        node = _one(str(spec.get("nodeName") or ""))
+        created, done = None, False
+        if local is None or node == local:
+            created = timestamp(meta.get("creationTimestamp"))
+            done = bool(spec.get("hostNetwork") or meta.get("deletionTimestamp")
+                        or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+        return cls(_one(meta.get("namespace") or ""), meta["name"], labels, _one(K.pod_network(obj)), node,
+                   container_ports(obj), shared(tuple(sorted(pod_probe_ports(obj)))), revision(obj), created, done)
+
+
+def timestamp(text: str | None) -> float | None:
+    """An RFC 3339 timestamp of the store (``2026-01-02T03:04:05Z``) as a POSIX time; None when
+    absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

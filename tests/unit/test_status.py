@@ -325,3 +325,45 @@ def test_parse_exposition():
     assert nm.parse(text) == {"lace_x": {"type": "counter", "help": "Things",
                                          "samples": [{"name": "lace_x_total", "labels": {"a": "b"}, "value": 3.0}]}}
     _ = copy
+
+
+def test_store_facts_come_from_the_agents_cache():
+    """IPAM, segment and local-pod facts are read from the agent's cluster cache (never a list of
+    the store): this node's blocks with the leases in each, the segment count, and the node's pods
+    that expect an endpoint with their creation time (not host-network, deleting or finished ones,
+    and nothing of other nodes)."""
+    from lace.agent.cluster import ClusterCache
+    from lace.store import kinds as K
+
+    def pod(name, node, **extra):
+        spec = {"nodeName": node, "containers": [{"name": "c"}], **extra.pop("spec", {})}
+        meta = {"name": name, "namespace": "a", "resourceVersion": "5",
+                "creationTimestamp": "2026-12-06T10:00:00Z", **extra.pop("meta", {})}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, **extra}
+
+    def lease(ip, node, pod_name):
+        return {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+                "metadata": {"name": f"default-{ip}", "resourceVersion": "5"},
+                "spec": {"network": "default", "node": node, "block": "b", "ip": ip, "pod": f"a/{pod_name}",
+                         "containerID": "c" * 64}}
+
+    cache = ClusterCache(node="worker-1")
+    cache.learn([
+        {"apiVersion": K.LACE_API_VERSION, "kind": "IPBlock", "metadata": {"name": "b1", "resourceVersion": "5"},
+         "spec": {"network": "default", "node": "worker-1", "cidr": "10.244.1.0/24"}},
+        {"apiVersion": K.LACE_API_VERSION, "kind": "IPBlock", "metadata": {"name": "b2", "resourceVersion": "5"},
+         "spec": {"network": "default", "node": "worker-2", "cidr": "10.244.2.0/24"}},
+        {"apiVersion": K.LACE_API_VERSION, "kind": "Segment", "metadata": {"name": "s1", "resourceVersion": "5"},
+         "spec": {"network": "default", "namespace": "a", "labels": {}}, "status": {"id": 300}},
+        pod("web", "worker-1"), pod("host", "worker-1", spec={"hostNetwork": True}),
+        pod("going", "worker-1", meta={"deletionTimestamp": "2026-12-06T11:00:00Z"}),
+        pod("done", "worker-1", status={"phase": "Succeeded"}), pod("far", "worker-2"),
+        lease("10.244.1.5", "worker-1", "web"), lease("10.244.2.7", "worker-2", "far"),
+    ])
+    got = st._store_facts(NS(cluster=cache, node="worker-1"))
+    assert got["ipam"] == {"blocks": [{"network": "default", "cidr": "10.244.1.0/24", "leases": 1, "size": 256}],
+                           "errors": []}
+    assert got["segments"]["count"] == 1
+    assert got["pods"] == [{"pod": "a/web", "created": 1796551200.0}]
+    # other nodes' pods keep no status facts in the agent's cache
+    assert cache.pod("a/far").created is None and cache.pod("a/web").created == 1796551200.0
