@@ -317,7 +317,9 @@ class Endpoints:
         """CNI GC: release what this node holds for containers the runtime no longer knows (the
         node's own host addresses are not a container's: they stay)."""
         keep = {a.get("containerID") for a in valid}
-        stale = {lease_container(o["spec"]) for o in self.store.list("ipleases").items
+        # this node's leases only (the allocator labels each with its node): not the cluster's
+        mine = self.store.list("ipleases", label_selector={"matchLabels": {K.NODE_LABEL: self.node}}).items
+        stale = {lease_container(o["spec"]) for o in mine
                  if o["spec"]["node"] == self.node and lease_container(o["spec"]) not in keep
                  and not is_host_lease(o["spec"])}
         for cid in stale:

@@ -267,6 +267,42 @@ def test_cni_check_confirms_a_running_pod(lab, ns):
     assert r.returncode == 1 and json.loads(r.stdout)["code"] == 3, r.stdout
 
 
+def test_cni_gc_releases_only_what_the_runtime_no_longer_knows(lab, ns):
+    """CNI GC on worker-2 with every attachment the runtime knows but one pod's: that pod's
+    addresses and host interface go; the other pod's, the node's host addresses and another
+    node's pod stay."""
+    from lace.agent.endpoints import host_ifname
+    from lace.agent.model import is_host_lease, lease_container
+    lab.apply([pod("kept", ns, "worker-2"), pod("forgot", ns, "worker-2"), pod("far", ns, "worker-3")])
+    ps = lab.wait(ns, ["kept", "forgot", "far"])
+    forgot = ps["forgot"]["metadata"]["uid"]
+
+    def leases() -> list[dict]:
+        return [x["spec"] for x in json.loads(lab.lace("get", "ipleases", "-o", "json")[1])["items"]]
+
+    def veth(uid: str) -> bool:
+        return subprocess.run(["ip", "-n", lab.node("worker-2")["netns"], "link", "show", host_ifname(uid)],
+                              capture_output=True).returncode == 0
+
+    before = leases()
+    valid = sorted({lease_container(x) for x in before if x["node"] == "worker-2" and not is_host_lease(x)}
+                   - {forgot})
+    assert ps["kept"]["metadata"]["uid"] in valid and veth(forgot)
+    cni = os.path.join(os.path.dirname(sys.executable), "lace-cni")
+    conf = json.dumps({"cniVersion": "1.1.0", "name": "lace", "type": "lace-cni",
+                       "agentSocket": os.path.join(lab.dir, "agents", "worker-2.sock"),
+                       "cni.dev/valid-attachments": [{"containerID": c, "ifname": "eth0"} for c in valid]})
+    r = subprocess.run([cni], env={"CNI_COMMAND": "GC"}, input=conf, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    after = leases()
+    gone = [x for x in before if x not in after]
+    assert gone and {x["pod"] for x in gone} <= {f"{ns}/forgot", f"probe/{ns}/forgot"}, gone
+    assert not [x for x in after if lease_container(x) == forgot]
+    assert not veth(forgot) and veth(ps["kept"]["metadata"]["uid"])
+    assert {x["pod"] for x in after} >= {f"{ns}/kept", f"{ns}/far"}
+    assert [x for x in before if is_host_lease(x)] == [x for x in after if is_host_lease(x)]
+
+
 def test_cni_plugin_speaks_the_spec(lab):
     cni = os.path.join(os.path.dirname(sys.executable), "lace-cni")
     r = subprocess.run([cni], env={"CNI_COMMAND": "VERSION"}, capture_output=True, text=True)
