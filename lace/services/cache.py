@@ -2,11 +2,12 @@
 
 The agent lists both kinds once and then keeps them with its watch (``lace.store.cache``), so a
 pass reads no store; it keeps each object as the record frontends read (``ServiceRecord``,
-``SliceRecord``: ports, addresses and endpoint states parsed once), never the stored object. Each service's frontends (``lace.services.model.frontends``, bound to this
-node's addresses) are computed on first use and kept until the service, one of its slices, or the
-context — network IDs, imports, this node's addresses — changes. A pass therefore hands the
-service programmer the very same Frontend objects for every service that did not change, and the
-programmer skips them with one dictionary lookup: the cost of a pass follows what changed.
+``SliceRecord``: ports, addresses and endpoint states parsed once), never the stored object.
+Each service's frontends (``lace.services.model.frontends``, bound to this node's addresses) are
+computed on first use and kept until the service, one of its slices, or the context — network
+IDs, imports, this node's addresses — changes. A pass therefore hands the service programmer the
+very same Frontend objects for every service that did not change, and the programmer skips them
+with one dictionary lookup: the cost of a pass follows what changed.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class PodRecord:
     #: the TCP ports the node's kubelet probes (lace.probes.pod_probe_ports)
     probe_ports: tuple[int, ...] = ()
     rv: int = 0
-    #: for the node's own pods (``of(obj, node)``; left at the defaults for other nodes' pods):
+    #: for the node's own pods (``of(obj, local=node)``; left at the defaults for other nodes' pods):
     #: creationTimestamp as a POSIX time, and whether the pod is done with its network — host
     #: network, being deleted, Succeeded or Failed — so no endpoint is expected for it
     created: float | None = None
