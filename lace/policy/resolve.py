@@ -1,8 +1,9 @@
 """Resolution: NetworkPolicies over segments -> ``policy`` and ``prefix-segment`` map entries.
 
-Per policy (cached, keyed by the policy's own content, its audit mode, its ID, the fingerprint of
-the world it reads and, for ipBlock peers, the segments with a pod address in each block — so one
-policy change re-resolves one policy, and a pod address elsewhere none):
+Per policy (cached, keyed by the policy's own content, its audit mode, its ID, the fingerprints of
+the parts of the world it reads — its namespace, the namespaces its selectors match — and, for
+ipBlock peers, the segments with a pod address in each block; so one policy change re-resolves one
+policy, a new label set the policies that can see it, and a pod address elsewhere none):
 
 - subjects: the segments of the policy's namespace its podSelector matches, per direction in its
   (defaulted) policyTypes: each gets a MARKER (default deny in that direction);
@@ -254,7 +255,7 @@ class Resolver:
         in_blocks: dict[IPBlockPeer, tuple[int, ...]] = {}
         for p in parsed:
             audit = p.audit or world.ns_audit.get(p.namespace, False)
-            ck = (p.fingerprint, audit, ids[p.key], world.fingerprint, _block_key(p, world, in_blocks))
+            ck = (p.fingerprint, audit, ids[p.key], _world_key(p, world), _block_key(p, world, in_blocks))
             live.add(p.key)
             hit = self._cache.get(p.key)
             if hit and hit[0] == ck:
@@ -290,6 +291,31 @@ def cidrs_of(policy: ParsedPolicy) -> set[str]:
                 out.add(str(peer.ip_block.cidr))
                 out.update(str(e) for e in peer.ip_block.excepts)
     return out
+
+
+def _world_key(policy: ParsedPolicy, world: World) -> tuple:
+    """What a policy's resolution reads of the world besides its ipBlocks' pods (``_block_key``):
+    its own namespace (subjects, same-namespace peers, their named ports), the namespaces its
+    namespaceSelectors match (each one's fingerprint holds its name and labels), the CIDR
+    identities when it has an ipBlock; everything when an egress named port may resolve on a segment anywhere (a rule to
+    any peer, or to an ipBlock's pods). A new label set in one namespace then resolves that
+    namespace's policies again and those whose namespaceSelector takes it in, not every policy."""
+    parts = [world.ns_fingerprints.get(policy.namespace, "")]
+    for rule in policy.rules:
+        named_egress = rule.direction == EGRESS and any(isinstance(ps.port, str) for ps in rule.ports or ())
+        if rule.peers is None:
+            if named_egress:
+                return (world.fingerprint,)
+            continue
+        for peer in rule.peers:
+            if peer.ip_block is not None:
+                if named_egress:
+                    return (world.fingerprint,)
+                parts.append(world.cidrs_fingerprint)
+            elif peer.namespace_selector is not None:   # which namespaces match, and each one
+                parts.append("ns")
+                parts.extend(world.ns_fingerprints[n] for n in world.namespaces_matching(peer.namespace_selector))
+    return tuple(parts)
 
 
 def _block_key(policy: ParsedPolicy, world: World, memo: dict[IPBlockPeer, tuple[int, ...]]) -> tuple:

@@ -62,13 +62,23 @@ class World:
         self.cidrs: dict[str, int] = dict(inputs.cidr_segments)
         self.cidr_nets = {c: ipaddress.ip_network(c) for c in self.cidrs}
         self._memo: dict[tuple[str, Labels], bool] = {}
+        self._ns_matching: dict[str, list[str]] = {}
+        # fingerprints of what resolution reads, so a policy is resolved again only when what it
+        # reads changed (lace.policy.resolve): per namespace, its labels and its segments (labels,
+        # network, named ports); the CIDR identities; and all of it
+        self.ns_fingerprints: dict[str, str] = {}
+        for name in sorted(self.ns_labels):
+            hn = hashlib.sha256(repr((name, sorted(self.ns_labels[name].items()))).encode())
+            for s in self.by_namespace.get(name, ()):
+                ports = sorted({(cp.name, cp.proto, cp.port) for p in s.pods for cp in p.ports if cp.name})
+                hn.update(repr((s.id, s.labels, s.network_id, ports)).encode())
+            self.ns_fingerprints[name] = hn.hexdigest()
+        self.cidrs_fingerprint = hashlib.sha256(repr(sorted(self.cidrs.items())).encode()).hexdigest()
         h = hashlib.sha256()
-        for s in sorted(self.segments.values(), key=lambda s: s.id):
-            ports = sorted({(cp.name, cp.proto, cp.port) for p in s.pods for cp in p.ports if cp.name})
-            h.update(repr((s.id, s.namespace, s.labels, s.network_id, ports)).encode())
-        h.update(repr(sorted((k, sorted(v.items())) for k, v in self.ns_labels.items())).encode())
-        h.update(repr(sorted(self.cidrs.items())).encode())
-        #: what every policy's resolution depends on besides the policy itself
+        for name, digest in sorted(self.ns_fingerprints.items()):
+            h.update(f"{name}\0{digest}\0".encode())
+        h.update(self.cidrs_fingerprint.encode())
+        #: everything a policy's resolution may depend on besides the policy itself
         self.fingerprint = h.hexdigest()
         # every pod address as an integer, sorted per family, beside its segment: an ipBlock's pods
         # are then a range of it (bisect), not a test of every address of the cluster
@@ -108,9 +118,14 @@ class World:
         return hit
 
     def namespaces_matching(self, selector: dict | None) -> list[str]:
+        """The namespaces a namespaceSelector matches, in name order (one answer per selector;
+        callers read it, never change it)."""
         skey = "ns:" + selector_key(selector)
-        return [ns for ns, labels in sorted(self.ns_labels.items())
-                if self.match(skey, selector, tuple(sorted(labels.items())))]
+        hit = self._ns_matching.get(skey)
+        if hit is None:
+            hit = self._ns_matching[skey] = [ns for ns, labels in sorted(self.ns_labels.items())
+                                             if self.match(skey, selector, tuple(sorted(labels.items())))]
+        return hit
 
     def segments_matching(self, namespaces: list[str], selector: dict | None) -> list[SegmentInfo]:
         skey = selector_key(selector)

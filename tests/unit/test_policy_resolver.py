@@ -230,3 +230,102 @@ def test_host_allowed_into_every_pod_selected_for_ingress():
     assert host_entries(resolve(inputs(egress_only)).entries()[0]) == []
     n2, _ = res.entries({301})
     assert host_entries(n2) == [(301, "ingress", SEGMENT_HOST, None, 0)]
+
+
+#: policies of every shape whose resolution reads a different part of the world
+WORLD_POLICIES = [
+    pol("named-in", {"podSelector": {"matchLabels": {"app": "a"}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}], "ports": [{"port": "http"}]}]}),
+    pol("ns-sel", {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}),
+    pol("named-out", {"podSelector": {}, "policyTypes": ["Egress"],
+                      "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "c"}}}], "ports": [{"port": "http"}]}]}),
+    pol("ns-named-out", {"podSelector": {"matchLabels": {"app": "a"}}, "policyTypes": ["Egress"],
+                         "egress": [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "b"}}}],
+                                     "ports": [{"port": "http"}]}]}, ns="y"),
+    pol("block", {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.1.0/24",
+                                                                          "except": ["10.0.1.128/25"]}}]}]}, ns="z"),
+    pol("block-named", {"podSelector": {}, "policyTypes": ["Egress"],
+                        "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/16"}}], "ports": [{"port": "http"}]}]}, ns="y"),
+    pol("any-named", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Egress"],
+                      "egress": [{"ports": [{"port": "http"}]}]}, ns="z"),
+    pol("y-from-x", {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}},
+                                                                "podSelector": {"matchLabels": {"app": "a"}}}]}]}, ns="y"),
+]
+
+
+PORT_SETS = [(), (ContainerPort(8080, 6, "http"),), (ContainerPort(8081, 6, "http"),)]
+
+
+def world_inputs(spec: dict) -> PolicyInputs:
+    """PolicyInputs of a small cluster: ``spec`` holds the namespaces' team labels (None: no
+    Namespace object), the pods as (namespace, app label, address, node, port set) and which of
+    WORLD_POLICIES exist. A pod's segment follows its (namespace, labels), as the store allocates."""
+    i = PolicyInputs(namespaces={ns: NamespaceInfo(ns, (("team", team),)) for ns, team in spec["ns"].items()
+                                 if team is not None})
+    for n, (ns, app, ip, node, ports) in enumerate(spec["pods"]):
+        seg = 300 + "xyz".index(ns) * 3 + "abc".index(app)
+        i.pods.append(PodInfo(ns, f"p{n}", (("app", app),), "default", 1, seg, (ipaddress.ip_address(ip),), node,
+                              PORT_SETS[ports]))
+    i.policies = [parse_policy(WORLD_POLICIES[k]) for k in sorted(spec["policies"])]
+    i.cidr_segments = {"10.0.1.0/24": 900, "10.0.1.128/25": 901, "10.0.0.0/16": 902}
+    return i
+
+
+def changed(spec: dict, rnd) -> dict:
+    """``spec`` with one small change: a namespace's label, a pod added, removed, relabelled or
+    given other ports, or a policy added or removed."""
+    spec = {"ns": dict(spec["ns"]), "pods": list(spec["pods"]), "policies": set(spec["policies"])}
+    what = rnd.choice(["ns", "add", "remove", "relabel", "ports", "policy"])
+    if what == "ns":
+        spec["ns"][rnd.choice("xyz")] = rnd.choice(["a", "b", None])
+    elif what == "add" or not spec["pods"]:
+        spec["pods"].append((rnd.choice("xyz"), rnd.choice("abc"), f"10.0.{rnd.randint(0, 1)}.{rnd.randint(1, 254)}",
+                             rnd.choice(["n1", "n2"]), rnd.randrange(len(PORT_SETS))))
+    elif what == "policy":
+        spec["policies"] ^= {rnd.randrange(len(WORLD_POLICIES))}
+    else:
+        k = rnd.randrange(len(spec["pods"]))
+        ns, app, ip, node, ports = spec["pods"][k]
+        if what == "remove":
+            del spec["pods"][k]
+        elif what == "relabel":
+            spec["pods"][k] = (ns, rnd.choice("abc"), ip, node, ports)
+        else:
+            spec["pods"][k] = (ns, app, ip, node, rnd.randrange(len(PORT_SETS)))
+    return spec
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 25))
+def test_the_cache_never_changes_a_resolution(seed, steps):
+    """One resolver across a run of small changes to a cluster gives, at every step, exactly the
+    entries of a resolver without a cache: each policy is resolved again whenever what it reads
+    changed."""
+    import random
+    rnd = random.Random(seed)
+    spec = {"ns": {"x": "a", "y": "b", "z": None}, "policies": set(range(len(WORLD_POLICIES))),
+            "pods": [("x", "a", "10.0.0.1", "n1", 1), ("x", "b", "10.0.0.2", "n2", 2),
+                     ("y", "c", "10.0.1.3", "n2", 1), ("z", "b", "10.0.1.200", "n1", 0)]}
+    r = Resolver()
+    for _ in range(steps):
+        world = world_inputs(spec)
+        cached, fresh = r.resolve(world), resolve(world)
+        assert cached.entries() == fresh.entries(), spec
+        assert cached.prefix_entries() == fresh.prefix_entries(), spec
+        spec = changed(spec, rnd)
+
+
+def test_a_new_label_set_resolves_again_only_the_policies_that_can_see_it():
+    """A segment that comes in namespace y resolves again y's policies and those whose
+    namespaceSelector takes y in, not a policy of x that selects in x alone."""
+    r = Resolver()
+    own = pol("own", {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]})
+    sees_y = pol("sees-y", {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]})
+    in_y = pol("in-y", {"podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}, ns="y")
+    r.resolve(inputs(own, sees_y, in_y))
+    assert r.last_resolved == 3
+    more = inputs(own, sees_y, in_y)
+    more.pods.append(PodInfo("y", "d", (("app", "d"),), "default", 1, 303, (ipaddress.ip_address("10.0.1.4"),), "n1"))
+    r.resolve(more)
+    assert r.last_resolved == 2
+    assert "x/own" in r._cache and r._cache["x/own"][1].key == "x/own"
