@@ -70,9 +70,14 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
             ct_max=ct_limit(s, ep.network))
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
+    values: dict[tuple[int, bool], bytes] = {}   # one value per (segment, local): pods share them
+    segments = out["segment"]
     for p in s.pods:
-        out["segment"][segment_key(p.network, p.ip)] = segment_value(
-            p.segment, local=(p.network, p.ip) in local)
+        flag = bool(local) and (p.network, p.ip) in local
+        v = values.get((p.segment, flag))
+        if v is None:
+            v = values[(p.segment, flag)] = segment_value(p.segment, local=flag)
+        segments[p.key] = v
     _host_segments(s, out["segment"])
     _underlay_peers(s, out["segment"])
     if s.policy is not None:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Union
 
 from lace.datapath.common import NETWORK_OUTSIDE
 from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
+from lace.datapath.segment import segment_key
 from lace.store import kinds as K
 
 IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -136,6 +137,13 @@ class PodAddress:
     segment: int
     node: str
     pod: str  # namespace/name
+    #: its ``segment`` map key, packed once: the agent keeps each address across passes while its
+    #: lease stays the same, so a full pass at 10k pods does not pack 20k keys again
+    key: bytes = field(default=b"", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", segment_key(self.network, self.ip))
 
 
 @dataclass(frozen=True)

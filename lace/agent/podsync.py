@@ -31,7 +31,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from lace.datapath.segment import segment_key, segment_value
+from lace.datapath.segment import segment_value
 from lace.store.api import WatchEvent
 from lace.store.records import same_objects
 
@@ -131,7 +131,7 @@ class PodSync:
             for a in old:
                 if self._in_block(a.ip):
                     return None
-                changes.deletes.append(segment_key(a.network, a.ip))
+                changes.deletes.append(a.key)
             if old:
                 _count(seg_pods, seg_ports, old[0].segment, self._ports.get(key, ()), -1)
             if addrs:
@@ -139,7 +139,7 @@ class PodSync:
             for a in addrs:
                 if self._in_block(a.ip) or a.network not in self._networks:
                     return None
-                changes.updates[segment_key(a.network, a.ip)] = segment_value(a.segment)
+                changes.updates[a.key] = segment_value(a.segment)
         if _held(seg_pods) != _held(self._seg_pods) or _held(seg_ports) != _held(self._seg_ports):
             return None   # a segment gains its first pod or loses its last, or its named ports change
         # an address both deleted and written is an update; one that holds the same entry is left
