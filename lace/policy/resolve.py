@@ -297,9 +297,10 @@ def _world_key(policy: ParsedPolicy, world: World) -> tuple:
     """What a policy's resolution reads of the world besides its ipBlocks' pods (``_block_key``):
     its own namespace (subjects, same-namespace peers, their named ports), the namespaces its
     namespaceSelectors match (each one's fingerprint holds its name and labels), the CIDR
-    identities when it has an ipBlock; everything when an egress named port may resolve on a segment anywhere (a rule to
-    any peer, or to an ipBlock's pods). A new label set in one namespace then resolves that
-    namespace's policies again and those whose namespaceSelector takes it in, not every policy."""
+    identities when it has an ipBlock; everything when an egress named port may resolve on a
+    segment anywhere (a rule to any peer, or to an ipBlock's pods). A new label set in one
+    namespace then resolves that namespace's policies again and those whose namespaceSelector
+    takes it in, not every policy."""
     parts = [world.ns_fingerprints.get(policy.namespace, "")]
     for rule in policy.rules:
         named_egress = rule.direction == EGRESS and any(isinstance(ps.port, str) for ps in rule.ports or ())
