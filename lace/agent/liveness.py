@@ -59,6 +59,8 @@ class LivenessKeeper:
         self.last_error: str | None = None
         self.failing_since: float | None = None
         self.expired = 0
+        #: wall time the renewal in flight began (None: none is)
+        self.renewing_since: float | None = None
 
     @property
     def interval(self) -> float:
@@ -81,6 +83,13 @@ class LivenessKeeper:
         """One renewal (the first takes the record); records the outcome. A store error is a
         failed renewal, not raised; anything else (a bug) is raised, and the thread counts it as
         a failed renewal too."""
+        self.renewing_since = time.time()
+        try:
+            self._renew()
+        finally:
+            self.renewing_since = None
+
+    def _renew(self) -> None:
         try:
             if self._beat is None:
                 self._beat = self.store.keep_alive(self.node, self.ttl, self.holder)
@@ -125,6 +134,12 @@ class LivenessKeeper:
             self._stopping.wait(max(0.05, self.interval - (time.monotonic() - started)))
 
     def facts(self) -> dict[str, Any]:
-        """What the status document's ``liveness`` subsystem is made of."""
-        return {"ttl": self.ttl, "lastRenewed": self.last_renewed, "lastError": self.last_error,
-                "failingSince": self.failing_since, "expired": self.expired}
+        """What the status document's ``liveness`` subsystem is made of. A renewal the store has
+        not answered for over an interval counts as failing from when it began: a locked or
+        cut-off store answers late (its timeouts), and until then the record runs out unexplained."""
+        failing, error = self.failing_since, self.last_error
+        started, now = self.renewing_since, time.time()
+        if failing is None and started is not None and now - started > self.interval:
+            failing, error = started, f"the store has not answered a renewal for {now - started:.0f}s"
+        return {"ttl": self.ttl, "lastRenewed": self.last_renewed, "lastError": error,
+                "failingSince": failing, "expired": self.expired}

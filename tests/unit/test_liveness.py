@@ -105,3 +105,30 @@ def test_a_ttl_that_is_not_positive_is_a_configuration_error(tmp_path, ttl):
     with SqliteStore(tmp_path / "store.db") as store:
         with pytest.raises(ValueError, match="liveness TTL of node worker-1 .*positive.*--liveness-ttl"):
             LivenessKeeper(store, "worker-1", ttl, "agent pid 1")
+
+
+def test_a_renewal_the_store_does_not_answer_reads_as_store_unavailable(tmp_path):
+    """While a renewal waits on a locked store (its busy timeout longer than the keeper's
+    interval), the status already says the store is unavailable, before the renewal fails."""
+    import threading
+    from lace.agent.status import liveness_check
+    path = tmp_path / "store.db"
+    store = SqliteStore(path, busy_timeout=5.0)
+    keeper = LivenessKeeper(store, "worker-1", 0.6, "agent")   # interval 0.2 s
+    try:
+        keeper.renew_once()
+        assert keeper.facts()["failingSince"] is None
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        waiting = threading.Thread(target=keeper.renew_once)
+        waiting.start()
+        time.sleep(0.5)
+        facts = keeper.facts()
+        assert facts["failingSince"] is not None and "not answered a renewal" in facts["lastError"], facts
+        assert "store unavailable" in liveness_check(facts, time.time())["reason"]
+        blocker.execute("COMMIT")
+        blocker.close()
+        waiting.join()
+        assert keeper.facts()["failingSince"] is None and not keeper.failing
+    finally:
+        store.close()
