@@ -75,7 +75,7 @@ class DatapathCollector:
         ct = GaugeMetricFamily("lace_conntrack_entries", "Entries in a conntrack table", labels=["table"])
         for name, capacity in self.capacities.items():
             try:
-                entries = self.datapath.map(name).dump()[2]
+                entries = self.datapath.map(name).count()
             except Exception:
                 continue
             fill.add_metric([name], entries)

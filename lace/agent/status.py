@@ -516,7 +516,7 @@ def _map_facts(agent: Any) -> list[dict[str, Any]]:
             out.append({"map": name, "type": m.map_type, "entries": m.max_entries, "capacity": m.max_entries})
             continue
         try:
-            entries = agent.datapath.map(name).dump()[2]
+            entries = agent.datapath.map(name).count()
         except Exception:
             continue
         out.append({"map": name, "type": m.map_type, "entries": entries, "capacity": m.max_entries})
@@ -573,7 +573,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     store = _store_facts(agent)
     pol, svc = agent.policy.pressure, agent.services.pressure
     try:
-        probe_entries = agent.datapath.map("probes").dump()[2]
+        probe_entries = agent.datapath.map("probes").count()
     except Exception:
         probe_entries = None
     w: WatchState = agent.watch_state
@@ -582,7 +582,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     store["segments"]["local"] = len(local_segments)
     try:
         from lace.datapath.policy import POLICY_MAPS
-        policy_entries = sum(agent.datapath.map(name).dump()[2] for name in POLICY_MAPS)
+        policy_entries = sum(agent.datapath.map(name).count() for name in POLICY_MAPS)
     except Exception:
         policy_entries = 0
     return {

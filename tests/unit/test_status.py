@@ -251,12 +251,15 @@ class FakeMap:
         arr[(1 << 11), 0]["packets"] = 7
         return None, arr.tobytes(), 8192
 
+    def count(self):
+        return 8192
+
 
 class FakeDatapath:
     def map(self, name):
         if name == "metrics":
             return FakeMap()
-        return NS(dump=lambda: (None, None, 3))
+        return NS(count=lambda: 3)
 
 
 def exported_families(text: str) -> set[str]:
