@@ -198,9 +198,8 @@ class Map(FdObject):
 
     def count(self, chunk: int = 4096) -> int:
         """How many entries the map holds, read at most ``chunk`` (and 1 MiB of values) at a time
-        into buffers of that size: a :meth:`dump` would fault in buffers for every entry (a full
-        million-entry conntrack table, or the Maglev tables: ~100 and 64 MiB of the caller's
-        memory for a number)."""
+        into buffers of that size: a :meth:`dump` would fault in buffers for every entry (the node's
+        conntrack tables when full: ~100 MiB of the caller's memory for a number)."""
         self._check_iterable("count")
         if self.type in (ARRAY, PERCPU_ARRAY):
             return int(self.max_entries)   # every element always exists (what a dump returns)
