@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import ctypes
 import errno
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -212,18 +212,26 @@ class Map(FdObject):
         return sum(1 for _ in self.keys())
 
     def _count_batch(self, chunk: int) -> int:
-        ks, vs = self.key_size, self.value_blob_size
-        chunk = max(1, min(chunk, (1 << 20) // max(vs, 1)))
-        keys = ctypes.create_string_buffer(chunk * ks)
-        values = ctypes.create_string_buffer(chunk * vs)
-        token_size = max(ks, 8)
+        chunk = max(1, min(chunk, (1 << 20) // max(self.value_blob_size, 1)))
+        keys = ctypes.create_string_buffer(chunk * self.key_size)
+        values = ctypes.create_string_buffer(chunk * self.value_blob_size)
+        return self._lookup_batches(lambda done: (keys, values, chunk))
+
+    def _lookup_batches(self, where: Callable[[int], tuple[Any, Any, int]]) -> int:
+        """Walk the map with BPF_MAP_LOOKUP_BATCH: ``where(done)``, given how many entries were
+        read so far, says where the next batch goes (key buffer, value buffer, how many entries
+        they hold; 0: stop). Returns how many entries were read."""
+        token_size = max(self.key_size, 8)
         in_tok = ctypes.create_string_buffer(token_size)
         out_tok = ctypes.create_string_buffer(token_size)
         opts = _lb.BpfMapBatchOpts(sz=ctypes.sizeof(_lb.BpfMapBatchOpts))
         count = 0
         first = True
         while True:
-            n = ctypes.c_uint32(chunk)
+            keys, values, room = where(count)
+            if room <= 0:
+                return count
+            n = ctypes.c_uint32(room)
             ret = _lb.lib.bpf_map_lookup_batch(self.fd, None if first else in_tok, out_tok, keys, values,
                                                ctypes.byref(n), ctypes.byref(opts))
             count += n.value
@@ -258,29 +266,7 @@ class Map(FdObject):
         ks, vs = self.key_size, self.value_blob_size
         kmem, kp = _lb.scratch(cap * ks)
         vmem, vp = _lb.scratch(cap * vs)
-        token_size = max(ks, 8)
-        in_tok = ctypes.create_string_buffer(token_size)
-        out_tok = ctypes.create_string_buffer(token_size)
-        opts = _lb.BpfMapBatchOpts(sz=ctypes.sizeof(_lb.BpfMapBatchOpts))
-        count = 0
-        first = True
-        while count < cap:
-            n = ctypes.c_uint32(cap - count)
-            ret = _lb.lib.bpf_map_lookup_batch(
-                self.fd,
-                None if first else in_tok,
-                out_tok,
-                kp + count * ks,
-                vp + count * vs,
-                ctypes.byref(n),
-                ctypes.byref(opts),
-            )
-            count += n.value
-            if ret == -errno.ENOENT:
-                break
-            _lb.check(ret, f"batch lookup in map {self.name!r}")
-            ctypes.memmove(in_tok, out_tok, token_size)
-            first = False
+        count = self._lookup_batches(lambda done: (kp + done * ks, vp + done * vs, cap - done))
         return (
             memoryview(kmem)[: count * ks].toreadonly(),
             memoryview(vmem)[: count * vs].toreadonly(),
