@@ -294,7 +294,7 @@ def _checksum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def _p90(values: list[float]) -> float:
+def p90(values: list[float]) -> float:
     """The 90th percentile, interpolated between the closest ranks (statistics' 'inclusive')."""
     return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
 
@@ -703,7 +703,7 @@ def main() -> int:
               "cross node / kernel plain >= 1x TCP and pps, <= 1x RR")
     if first:
         print(f"\npod creation to first packet answered (ICMP from another node), {len(first)} pods: "
-              f"median {statistics.median(first):.0f} ms, p90 {_p90(first):.0f}, min {min(first):.0f}, "
+              f"median {statistics.median(first):.0f} ms, p90 {p90(first):.0f}, min {min(first):.0f}, "
               f"max {max(first):.0f}   (target: median < 100 ms, p90 < 150 ms)")
     if rtt is not None:
         print(f"\nkubelet probe round trips from worker-1's host namespace in its kubelet cgroup (CPU 0; pods' servers "

@@ -27,6 +27,9 @@ Then, for worker-1's agent:
                    histogram, two passes
   passes           the agent's incremental pod passes and full passes during the pod changes
                    (its metrics), with the incremental passes' mean duration
+  local pod start  --changes pods started on worker-1 itself, each another replica of a workload
+                   the cluster has: apply to Running (the lab kubelet's CNI ADD through the
+                   plugin into the agent), the agent's own time per ADD and DEL, its passes
   restart          the agent restarted into the loaded cluster: until it is ready, its RSS then
 
 With --real-pods N (default 0: 1k real pods need several minutes and ~1 GB on a 2-core VM), the
@@ -38,7 +41,8 @@ the moment the bench's own store watch sees the pod's lease, and no verdict is d
 Run as root after `make install`:
   .venv/bin/python bench/scale.py [--pods 10000] [--services 1000] [--policies 2000] [--nodes 50]
                                   [--changes 10] [--real-pods 0]
-Goals: agent RSS < 150 MiB; one pod change programmed < 20 ms; full resync < 2 s.
+Goals: agent RSS < 150 MiB; one pod change programmed < 20 ms; full resync < 2 s; a pod started on
+the loaded node Running in < 100 ms (median; p90 < 150 ms), as pod start in an empty lab.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lab import Bench, lease_address  # noqa: E402  (bench/lab.py)
+from lab import Bench, lease_address, p90  # noqa: E402  (bench/lab.py)
 from policy import policy as policy_manifest  # noqa: E402  (bench/policy.py)
 
 from lace import netlink  # noqa: E402
@@ -80,7 +84,7 @@ APPS = ("web", "api", "db", "cache", "queue")
 PORTS = [{"name": "http", "containerPort": 8080}, {"name": "metrics", "containerPort": 9090},
          {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]
 FIRST_FAKE_ID = 100   # lab nodes are 1..3
-GOALS = {"rss": 150.0, "change": 20.0, "resync": 2.0}
+GOALS = {"rss": 150.0, "change": 20.0, "resync": 2.0, "start": 100.0, "start_p90": 150.0}
 
 
 class Lab(Bench):
@@ -263,6 +267,52 @@ def one_pod_changes(lab: Lab, cluster: Cluster, seg, changes: int) -> tuple[list
     return adds, dels
 
 
+def local_pod_starts(lab: Lab, store: SqliteStore, n: int) -> dict[str, Any]:
+    """``n`` pods started on worker-1 itself, one at a time, each another replica of a workload the
+    cluster has (pod 0's namespace, labels and named ports): the lab kubelet makes the pod's
+    namespace and calls the CNI plugin, which asks the agent. Measured: the time from the apply to
+    the pod Running (the kubelet writes it once ADD has returned), and the agent's own time per
+    ADD and DEL (its lace_agent_cni_duration_seconds). A first pod of the label set goes first and
+    is not counted: the segment's first pod on the node changes its policy subjects (a full pass,
+    by design). Then all are deleted, until the kubelet's DELs are done."""
+    name = "lace_agent_cni_duration_seconds"
+
+    def doc(i: int) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"local{i}", "namespace": "ns0", "labels": pod_labels(0)},
+                "spec": {"nodeName": "worker-1", "containers": [{"name": "c", "image": "x", "ports": PORTS}]}}
+
+    def running(i: int) -> bool:
+        with contextlib.suppress(Exception):
+            return (store.get("pods", f"local{i}", "ns0").get("status") or {}).get("phase") == "Running"
+        return False
+
+    def agent_ms(before: dict[str, float], after: dict[str, float], command: str) -> float:
+        key = f'{{command="{command}",result="ok"}}'
+        count = after.get(f"{name}_count{key}", 0.0) - before.get(f"{name}_count{key}", 0.0)
+        total = after.get(f"{name}_sum{key}", 0.0) - before.get(f"{name}_sum{key}", 0.0)
+        return total / count * 1000 if count else float("nan")
+
+    store.apply(doc(0))
+    wait_until("the first local pod Running", lambda: running(0), 60, step=0.01)
+    before = lab.metrics()
+    starts = []
+    for i in range(1, n + 1):
+        t0 = time.monotonic()
+        store.apply(doc(i))
+        wait_until(f"local{i} Running", lambda: running(i), 60, step=0.001)
+        starts.append((time.monotonic() - t0) * 1000)
+    added = lab.metrics()
+    for i in range(n + 1):
+        store.delete("pods", f"local{i}", "ns0")
+    key = f'{name}_count{{command="DEL",result="ok"}}'
+    wait_until("the local pods' DELs", lambda: lab.metrics().get(key, 0.0) - added.get(key, 0.0) >= n + 1, 120,
+               step=0.2)
+    after = lab.metrics()
+    return {"starts": starts, "add_ms": agent_ms(before, added, "ADD"), "del_ms": agent_ms(added, after, "DEL"),
+            "passes": pass_counts(before, added)}
+
+
 def settled(lab: Lab, quiet: float = 5.0, timeout: float = 180.0) -> None:
     """Wait until the agent has made no pass for ``quiet`` seconds: the segment map holds every pod
     before the agent's last full passes for the policies and services written with them are done,
@@ -357,6 +407,7 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             before = lab.metrics()
             adds, dels = one_pod_changes(lab, cluster, seg, a.changes)
             passes = pass_counts(before, lab.metrics())
+            local = local_pod_starts(lab, store, a.changes)
             rss1 = rss_mib(pid)[0]
             sync = resyncs(lab)
             rss2, hwm2 = rss_mib(pid)
@@ -365,7 +416,8 @@ def synthetic(a: argparse.Namespace, state: str) -> dict[str, Any]:
             seg.close()
             store.close()
         return {"restart": restart, "idle_rss": idle_rss, "programmed": programmed - t0, "written": written, "rss": max(rss, rss2),
-                "rss_steps": (rss, rss1, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes}
+                "rss_steps": (rss, rss1, rss2), "hwm": max(hwm, hwm2), "adds": adds, "dels": dels, "resync": sync, "passes": passes,
+                "local": local}
 
 
 def real(a: argparse.Namespace, state: str) -> dict[str, Any]:
@@ -451,6 +503,11 @@ def main() -> int:
     print(f"  one pod of another node added, until in the agent's map:   {fmt_ms(s['adds'])}")
     print(f"  ... deleted, until out of it:                             {fmt_ms(s['dels'])}")
     print(f"  the agent's passes for them: {s['passes']}")
+    lp = s["local"]
+    print(f"  a pod started on the agent's own node (a workload's replica), apply to Running: {fmt_ms(lp['starts'])}, "
+          f"p90 {p90(lp['starts']):.1f}")
+    print(f"  ... the agent's time per CNI ADD {lp['add_ms']:.1f} ms, per DEL {lp['del_ms']:.1f} ms; "
+          f"its passes for the ADDs: {lp['passes']}")
     print(f"  full resync: {', '.join(f'{x:.2f} s' for x in s['resync'])}")
     print(f"  agent restarted into it: ready after {s['restart'][0]:.1f} s, RSS {s['restart'][1]:.1f} MiB "
           f"(peak {s['restart'][2]:.1f})")
@@ -469,6 +526,9 @@ def main() -> int:
         print(verdict(f"{title}: agent RSS", res["rss"], GOALS["rss"], "MiB"))
         if res is s:   # with real pods the pod's own start on worker-2 comes first: no verdict from it
             print(verdict(f"{title}: one pod change programmed", statistics.median(res["adds"]), GOALS["change"], "ms"))
+            print(verdict(f"{title}: local pod start, median", statistics.median(res["local"]["starts"]),
+                          GOALS["start"], "ms"))
+            print(verdict(f"{title}: local pod start, p90", p90(res["local"]["starts"]), GOALS["start_p90"], "ms"))
         print(verdict(f"{title}: full resync", max(res["resync"]), GOALS["resync"], "s"))
     return 0
 

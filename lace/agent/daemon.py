@@ -23,6 +23,7 @@ from lace.datapath.conntrack import CT_ENDPOINT_DEFAULT
 from lace.datapath.services import REVNAT_FRONTENDS
 from lace.policy.program import PolicyProgrammer
 from lace.services.program import ServiceProgrammer
+from lace.store import kinds as K
 from lace.store.api import Store, Watch
 from lace.store.errors import Gone, StoreError
 
@@ -51,6 +52,8 @@ log = logging.getLogger("lace.agent")
 
 WATCH_KINDS = [*CLUSTER_KINDS, "services", "endpointslices"]
 RESYNC_SECONDS = 30.0
+#: the CNI commands the agent serves (the plugin answers VERSION itself)
+CNI_COMMANDS = ("ADD", "DEL", "CHECK", "GC")
 
 
 class Agent:
@@ -113,13 +116,13 @@ class Agent:
         self.service_sync = ServiceSync(node, self.services, self.datapath, OWNED_MAPS)
         #: every other watched kind, listed once and kept by the watch (lace.agent.cluster)
         self.cluster = ClusterCache(node=node)
-        #: incremental passes for pods of other nodes (lace.agent.podsync)
-        self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS)
+        #: incremental passes for pods, of this node (after CNI ADD and DEL) and others (lace.agent.podsync)
+        self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS, self.links)
         self._watch_since: int | None = None
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
                                                     if m.map_type != "ringbuf"},
                                     lambda: status_doc(self, maps=False))
-        self.endpoints = Endpoints(store, node, mtu, self.datapath, self.reconcile,
+        self.endpoints = Endpoints(store, node, mtu, self.datapath, self.program_pods,
                                    lambda net, ips: flush_addresses(self.datapath, net, ips), self.cluster)
         # the one reader of the events ring buffer: a bounded history any number of clients follow
         self.flows = FlowCollector(node)
@@ -159,7 +162,7 @@ class Agent:
         self.liveness.renew_once()   # the record exists before the agent says it is ready
         self.liveness.start()
         self._watch_since = self._list()
-        self.reconcile()
+        self.reconcile(cause="start")
         # what the first pass built lives as long as the agent: keep the collector's full passes
         # from walking it again and again (tens of thousands of services are millions of objects)
         gc.freeze()
@@ -212,11 +215,13 @@ class Agent:
 
     # -- reconcile ---------------------------------------------------------------------------
 
-    def reconcile(self, *, resync: bool = False) -> dict[str, int]:
+    def reconcile(self, *, resync: bool = False, cause: str = "watch") -> dict[str, int]:
         """One level-triggered pass; returns the number of entries changed per map. A resync
-        reads every map back from the kernel instead of trusting what this agent last wrote."""
+        reads every map back from the kernel instead of trusting what this agent last wrote.
+        ``cause``: why (FULL_PASS_CAUSES), counted in lace_agent_full_passes_total."""
         with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time(), \
                 (self.metrics.resync_duration.time() if resync else contextlib.nullcontext()):
+            self.metrics.full_passes.labels(cause).inc()
             started = time.time()
             if resync:   # the interfaces read afresh once, for the host device and the snapshot
                 ifaces = self.links.refresh(full=True)
@@ -271,10 +276,27 @@ class Agent:
         return self._incremental("services", keys, self.service_sync.sync, self.metrics.service_sync_duration)
 
     def sync_pods(self, keys: set[str]) -> dict[str, int] | None:
-        """An incremental pass for these pods (``namespace/name``) of other nodes only
-        (lace.agent.podsync). Returns the entries changed per map, or None when only a full pass
-        can decide."""
-        return self._incremental("pods", keys, self.pod_sync.sync, self.metrics.pod_sync_duration)
+        """An incremental pass for these pods (``namespace/name``) only (lace.agent.podsync).
+        Returns the entries changed per map, or None when only a full pass can decide."""
+        return self._incremental("pods", keys, self._sync_pods, self.metrics.pod_sync_duration)
+
+    def _sync_pods(self, keys: set[str]) -> dict[str, MapChanges] | None:
+        work = self.pod_sync.sync(keys)
+        if work and {"veth", "probes"} & work.keys():
+            # this node's endpoints changed: what the status and the conntrack GC read of them
+            snap = self.last_snapshot
+            if snap is not None:
+                snap.endpoints = self.pod_sync.endpoints()
+                self.stats["endpoints"] = len(snap.endpoints)
+            if "probes" in work:   # a target went: its sockets' cookies go too
+                self._collect_probe_cookies(self.datapath.read("probes", fresh=False))
+        return work
+
+    def program_pods(self, keys: set[str]) -> None:
+        """Program the maps for these pods after a CNI operation on them: an incremental pass when
+        one can cover it, else (or with no pod named) a full pass."""
+        if not keys or self.sync_pods(keys) is None:
+            self.reconcile(cause="cni")
 
     def _incremental(self, what: str, keys: set[str], sync: Callable[[set[str]], dict[str, MapChanges] | None],
                      timer: Any) -> dict[str, int] | None:
@@ -282,6 +304,7 @@ class Agent:
             started = time.time()
             work = sync(keys)
             if work is None:
+                log.debug("%s %s: only a full pass can decide", what, ", ".join(sorted(keys)[:5]))
                 return None
             changed = {name: len(ch.updates) + len(ch.deletes) for name, ch in work.items()}
             for name, n in changed.items():
@@ -384,7 +407,7 @@ class Agent:
                 if resync or full or not (keys or pods) or \
                         (pods and self.sync_pods(pods) is None) or (keys and self.sync_services(keys) is None):
                     time.sleep(0.005)   # coalesce a burst of writes into one pass
-                    self.reconcile(resync=resync)
+                    self.reconcile(resync=resync, cause="resync" if resync else "watch")
                 self.loops["reconcile"].ok()
                 backoff = 0.05
             except Exception as e:
@@ -444,6 +467,8 @@ class Agent:
                     self.watch_state.event(rv)
                     change = self.cluster.apply(ev)
                     if not (self.service_sync.event(ev) or self.pod_sync.event(ev, change)):
+                        log.debug("watch: %s %s %s asks for a full pass", ev.type, ev.object.get("kind"),
+                                  K.object_key(ev.object))
                         self.service_sync.request_full()
                     self.dirty.set()
             except Gone:
@@ -477,6 +502,14 @@ class Agent:
     # -- API ---------------------------------------------------------------------------------
 
     def _cni(self, body: dict[str, Any]) -> tuple[int, Any]:
+        started, command = time.monotonic(), str(body.get("command") or "") if isinstance(body, dict) else ""
+        code, result = self._cni_request(body)
+        if command in CNI_COMMANDS:   # a label per command the agent knows, never one per bad input
+            self.metrics.cni_duration.labels(command, "ok" if code == 200 else "error").observe(
+                time.monotonic() - started)
+        return code, result
+
+    def _cni_request(self, body: dict[str, Any]) -> tuple[int, Any]:
         try:
             req = CniRequest.parse(body)
             if req.command == "ADD":

@@ -26,7 +26,7 @@ from lace.services.model import on_node
 from lace.services.program import ServiceProgrammer
 from lace.store import kinds as K
 
-from .model import Snapshot
+from .model import LocalEndpoint, Snapshot
 
 #: maps the agent owns and reconciles, in the order their updates are written (what an entry points
 #: at comes before it: backends and Maglev tables before the services that name them, port blocks
@@ -54,20 +54,16 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
         addr4=str(me.underlay4) if me.underlay4 else None, kubelet_cgroup=s.config.kubelet_cgroup)
 
     out["devices"][device_key(s.config.uplink_ifindex)] = device_value(s.config.uplink_mac, DeviceRole.UPLINK)
-    for ep in s.endpoints:
-        out["devices"][device_key(ep.ifindex)] = device_value(ep.host_mac, DeviceRole.POD_VETH)
     if s.host_link is not None:
         out["devices"][device_key(s.host_link.ifindex)] = device_value(s.host_link.mac, DeviceRole.HOST)
 
     _routing(s, out["routing"])
     _delivery(s, out["delivery"])
-    out["delivery-exact"] = exact_entries(out["delivery"])
-
+    default = s.network_id(K.DEFAULT_NETWORK)
     for ep in s.endpoints:
-        out["veth"][veth_key(ep.ifindex)] = endpoint_value(
-            endpoint_id=ep.endpoint_id, network=ep.network, segment=ep.segment, mac=ep.pod_mac,
-            ipv4=str(ep.ipv4) if ep.ipv4 else None, ipv6=str(ep.ipv6) if ep.ipv6 else None,
-            ct_max=ct_limit(s, ep.network))
+        for name, entries in endpoint_entries(ep, ct_limit(s, ep.network), default).items():
+            out[name].update(entries)
+    out["delivery-exact"] = exact_entries(out["delivery"])
 
     local = {(ep.network, ip) for ep in s.endpoints for ip in ep.ips()}
     values: dict[tuple[int, bool], bytes] = {}   # one value per (segment, local): pods share them
@@ -84,12 +80,36 @@ def desired_maps(s: Snapshot, policy: PolicyProgrammer | None = None,
         programmer = policy if policy is not None else PolicyProgrammer(me.name)
         maps, out["prefix-segment"] = programmer.map_entries(s.policy)
         out.update(maps)
-    _probes(s, out["probes"])
     svc = services if services is not None else ServiceProgrammer()
     # node-port frontends answer on this node's own addresses
     out["services"], out["backends"], out["maglev"] = svc.entries(on_node(s.frontends, me.underlay4, me.underlay))
     out["revnat"] = svc.revnat_entries()
     _service_overflow_routes(s, svc, out["routing"])
+    return out
+
+
+#: the maps a local endpoint has entries of its own in (endpoint_entries), besides its addresses'
+#: segment entries and the delivery-exact copies of its delivery entries
+ENDPOINT_MAPS = ("devices", "delivery", "veth", "probes")
+
+
+def endpoint_entries(ep: LocalEndpoint, ct_max: int, default: int | None) -> dict[str, Entries]:
+    """What one pod interface of this node puts in ENDPOINT_MAPS: its host-side device, a delivery
+    entry per address (into the pod: its ifindex and both MACs), its veth entry (source
+    validation, segment, conntrack limit ``ct_max``) and its probe targets (``default``: the
+    default network's ID). A full pass and an incremental pass (lace.agent.podsync) both take a
+    pod's entries from here."""
+    out: dict[str, Entries] = {name: {} for name in ENDPOINT_MAPS}
+    out["devices"][device_key(ep.ifindex)] = device_value(ep.host_mac, DeviceRole.POD_VETH)
+    for ip in ep.ips():
+        plen = 32 if ip.version == 4 else 128
+        out["delivery"][delivery_key(ep.network, f"{ip}/{plen}")] = DELIVERY.pack(
+            kind=DeliveryKind.LOCAL, ifindex=ep.ifindex, mac=mac_bytes(ep.pod_mac),
+            host_mac=mac_bytes(ep.host_mac), endpoint_id=ep.endpoint_id)
+    out["veth"][veth_key(ep.ifindex)] = endpoint_value(
+        endpoint_id=ep.endpoint_id, network=ep.network, segment=ep.segment, mac=ep.pod_mac,
+        ipv4=str(ep.ipv4) if ep.ipv4 else None, ipv6=str(ep.ipv6) if ep.ipv6 else None, ct_max=ct_max)
+    _probes(ep, default, out["probes"])
     return out
 
 
@@ -147,8 +167,9 @@ def _routing(s: Snapshot, out: Entries) -> None:
 
 
 def _delivery(s: Snapshot, out: Entries) -> None:
-    """Local pods by address; every other node's blocks to its locator SID for that network; this
-    node's host addresses to its stack. The full-length ones go to delivery-exact too (desired_maps)."""
+    """Every other node's blocks to its locator SID for that network; this node's host addresses to
+    its stack (local pods: endpoint_entries). The full-length ones go to delivery-exact too
+    (desired_maps)."""
     me = s.config.node.name
     for blk in s.blocks:
         if blk.node == me:
@@ -159,12 +180,6 @@ def _delivery(s: Snapshot, out: Entries) -> None:
         out[delivery_key(blk.network, str(blk.cidr))] = DELIVERY.pack(
             kind=DeliveryKind.REMOTE, node_id=node.node_id,
             sid=cfg.sid(str(node.locator), None, blk.network))
-    for ep in s.endpoints:
-        for ip in ep.ips():
-            plen = 32 if ip.version == 4 else 128
-            out[delivery_key(ep.network, f"{ip}/{plen}")] = DELIVERY.pack(
-                kind=DeliveryKind.LOCAL, ifindex=ep.ifindex, mac=mac_bytes(ep.pod_mac),
-                host_mac=mac_bytes(ep.host_mac), endpoint_id=ep.endpoint_id)
     # this node's host addresses go to its stack; other nodes' are inside their blocks (REMOTE)
     default = s.network_id(K.DEFAULT_NETWORK)
     for h in s.host_addresses:
@@ -173,29 +188,27 @@ def _delivery(s: Snapshot, out: Entries) -> None:
             out[delivery_key(default, f"{h.ip}/{plen}")] = DELIVERY.pack(kind=DeliveryKind.HOST)
 
 
-def _probes(s: Snapshot, out: Entries) -> None:
-    """The probe targets of this node's pods (lace.agent.probes). A pod of another network than the
-    default one is probed through its probe address of each family: one entry per probe port to
-    the pod's own address of that family, and the address's marker (every other port is denied). A
-    pod of the default network is probed at its own address, as any host connection to it: its
-    entries only show what the kubelet probes."""
-    default = s.network_id(K.DEFAULT_NETWORK)
-    for ep in s.endpoints:
-        if not ep.probe_ports:
-            continue
-        if ep.network == default:
-            pairs = [(ip, ip) for ip in ep.ips()]
-        else:
-            pairs = [(probe, ip) for probe in ep.probe_ips for ip in ep.ips() if ip.version == probe.version]
-        for addr, target in pairs:
-            for port in ep.probe_ports:
-                out[probe_key(str(addr), port)] = probe_value(
-                    network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
-                    target_addr=str(target), target_port=port)
-            if addr != target:
-                out[probe_address_key(str(addr))] = probe_value(
-                    network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
-                    target_addr=str(target), target_port=0, flags=ProbeFlag.ADDRESS)
+def _probes(ep: LocalEndpoint, default: int | None, out: Entries) -> None:
+    """The probe targets of a pod of this node (lace.agent.probes). A pod of another network than
+    the default one is probed through its probe address of each family: one entry per probe port
+    to the pod's own address of that family, and the address's marker (every other port is
+    denied). A pod of the default network is probed at its own address, as any host connection to
+    it: its entries only show what the kubelet probes."""
+    if not ep.probe_ports:
+        return
+    if ep.network == default:
+        pairs = [(ip, ip) for ip in ep.ips()]
+    else:
+        pairs = [(probe, ip) for probe in ep.probe_ips for ip in ep.ips() if ip.version == probe.version]
+    for addr, target in pairs:
+        for port in ep.probe_ports:
+            out[probe_key(str(addr), port)] = probe_value(
+                network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
+                target_addr=str(target), target_port=port)
+        if addr != target:
+            out[probe_address_key(str(addr))] = probe_value(
+                network=ep.network, endpoint_id=ep.endpoint_id, ifindex=ep.ifindex,
+                target_addr=str(target), target_port=0, flags=ProbeFlag.ADDRESS)
 
 
 def _host_segments(s: Snapshot, out: Entries) -> None:

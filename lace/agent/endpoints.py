@@ -30,7 +30,7 @@ from .hostdev import HOST_IFNAME
 from .ipam import Ipam, IpamExhausted
 from .cluster import ClusterCache
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease, lease_container,
-                    probe_container_id)
+                    probe_container_id, probe_pod, probe_pod_owner)
 
 log = logging.getLogger("lace.agent.endpoints")
 
@@ -106,18 +106,26 @@ class CniRequest:
                    text(args, "K8S_POD_NAME", "", "args.K8S_POD_NAME"))
 
 
+def lease_pods(leases: list[dict]) -> set[str]:
+    """The pods (``namespace/name``) these IPLeases were leased to (a probe address's: the pod it
+    stands for)."""
+    pods = {o["spec"].get("pod") or "" for o in leases}
+    return {owner for p in pods if (owner := probe_pod_owner(p) or p)}
+
+
 class Endpoints:
-    """CNI operations for this node; ``reconcile`` programs the maps afterwards. A pass reads the
-    agent's cluster cache, which the watch keeps: what an operation wrote goes into the cache at
+    """CNI operations for this node; ``program`` programs the maps for the pods
+    (``namespace/name``) an operation changed afterwards (the agent's program_pods). A pass reads
+    the agent's cluster cache, which the watch keeps: what an operation wrote goes into the cache at
     once (``learn``, ``forget``), so the pass that follows sees it without waiting for the watch."""
 
-    def __init__(self, store, node: str, mtu: int, datapath, reconcile: Callable[[], None],
+    def __init__(self, store, node: str, mtu: int, datapath, program: Callable[[set[str]], None],
                  flush_conntrack: Callable[[int, list], int], cluster: ClusterCache) -> None:
         self.store = store
         self.node = node
         self.mtu = mtu
         self.datapath = datapath
-        self.reconcile = reconcile
+        self.program = program
         self.cluster = cluster
         self.flush_conntrack = flush_conntrack
         self.ipam = Ipam(store, node)
@@ -179,7 +187,7 @@ class Endpoints:
         try:
             families, attaching, host_info = self._plumb(req, host, mac, leases)
             mark("interfaces")
-            self.reconcile()               # maps for this endpoint (and everyone's view of it)
+            self.program({ref})            # maps for this endpoint (and everyone's view of it)
             mark("maps")
             attaching.join()
             mark("attach")
@@ -189,10 +197,10 @@ class Endpoints:
             mark("routes")
             return result
         except CniError:
-            self._undo(req, host)
+            self._undo(req, host, ref)
             raise
         except Exception as e:
-            self._undo(req, host)
+            self._undo(req, host, ref)
             raise CniError(E_IO, f"could not set up the interface of pod {ref}: {e}") from None
 
     def _probe_leases(self, pod: dict, net_name: str, leases, ref: str, container_id: str) -> list:
@@ -213,7 +221,7 @@ class Endpoints:
                  if c.version in families]
         if not cidrs:
             return []
-        return self.ipam.allocate(K.DEFAULT_NETWORK, cidrs, f"probe/{ref}", probe_container_id(container_id),
+        return self.ipam.allocate(K.DEFAULT_NETWORK, cidrs, probe_pod(ref), probe_container_id(container_id),
                                   "probe")
 
     def _plumb(self, req: CniRequest, host: str, mac: str, leases) -> tuple[set[int], "_Attach", LinkInfo]:
@@ -275,7 +283,7 @@ class Endpoints:
             "dns": {},
         }
 
-    def _undo(self, req: CniRequest, host: str) -> None:
+    def _undo(self, req: CniRequest, host: str, ref: str) -> None:
         try:
             self.datapath.detach_pod(host)
         except Exception as e:  # keep undoing: the rest must go too
@@ -284,8 +292,9 @@ class Endpoints:
             netlink.delete_link(host)
         except Exception as e:
             log.warning("delete %s: %s", host, e)
-        self.cluster.forget(self._release(req.container_id))
-        self.reconcile()
+        leases = self._release(req.container_id)
+        self.cluster.forget(leases)
+        self.program({ref, *lease_pods(leases)})
 
     def _release(self, container_id: str) -> list[dict]:
         """Delete the container's leases and its probe leases; returns them as they were."""
@@ -304,7 +313,7 @@ class Endpoints:
         netlink.delete_link(host)
         leases = self._release(req.container_id)
         self.cluster.forget(leases)
-        self.reconcile()
+        self.program(lease_pods(leases))
         for o in leases:
             try:
                 net = self.store.get("networks", o["spec"]["network"])

@@ -189,6 +189,10 @@ class AgentMetrics:
         disable_created_metrics()   # no *_created series: one sample per counter, as a dashboard wants
         self.registry = CollectorRegistry()
         self.reconciles = Counter("lace_agent_reconciles", "Reconcile passes", registry=self.registry)
+        self.full_passes = Counter(
+            "lace_agent_full_passes", "Full passes by cause: start, watch (a change no incremental pass covers), "
+            "resync (the periodic one), cni (a CNI ADD or DEL the pod pass could not cover), repair "
+            "(lace verify --repair)", ["cause"], registry=self.registry)
         self.reconcile_duration = Histogram("lace_agent_reconcile_duration_seconds", "Duration of a reconcile pass",
                                             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                             registry=self.registry)
@@ -202,8 +206,14 @@ class AgentMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=self.registry)
         self.pod_sync_duration = Histogram(
             "lace_agent_pod_sync_duration_seconds",
-            "Duration of an incremental pass that programs only pods of other nodes that changed",
+            "Duration of an incremental pass that programs only the pods that changed (of this node: "
+            "their endpoints too)",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=self.registry)
+        self.cni_duration = Histogram(
+            "lace_agent_cni_duration_seconds",
+            "Duration of a CNI request in the agent (addresses, interfaces, maps), by command and result",
+            ["command", "result"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry)
         self.reconcile_errors = Counter("lace_agent_reconcile_errors", "Failed reconcile passes",
                                         registry=self.registry)
         self.map_writes = Counter("lace_agent_map_writes", "Map entries written or deleted", ["map"],

@@ -63,6 +63,22 @@ def probe_container_id(container_id: str) -> str:
     return PROBE_CONTAINER_PREFIX + container_id
 
 
+#: the pseudo-pod a pod's probe-address leases are leased to: ``probe/<namespace>/<name>`` (no pod
+#: has that name, so nothing takes such an address for a pod's own)
+PROBE_POD_PREFIX = "probe/"
+
+
+def probe_pod(pod: str) -> str:
+    """The pseudo-pod of pod ``namespace/name``'s probe-address leases."""
+    return PROBE_POD_PREFIX + pod
+
+
+def probe_pod_owner(name: str) -> str | None:
+    """The pod (``namespace/name``) a probe-address lease's pseudo-pod stands for, None if it is
+    not one."""
+    return name[len(PROBE_POD_PREFIX):] if name.startswith(PROBE_POD_PREFIX) else None
+
+
 def is_probe_lease(spec: dict) -> bool:
     """Whether an IPLease spec records a pod's probe address rather than one of its own."""
     return is_probe_container(str(spec.get("containerID") or ""))

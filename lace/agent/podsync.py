@@ -1,4 +1,4 @@
-"""Incremental pod passes: what the agent does when only pods of other nodes changed.
+"""Incremental pod passes: what the agent does when only pods changed.
 
 A pod of another node reaches this node's maps in one place: its addresses' entries in the
 ``segment`` map (address -> segment, the identity policy decides on). Its delivery goes by its
@@ -6,21 +6,28 @@ node's block, which did not change. So when pods of other nodes come and go, and
 are ones the cluster already has, the agent writes those entries and nothing else — Cilium's
 ipcache updates for an endpoint of a known identity do the same.
 
+A pod of this node has more: its interface's entries (the host-side device, a delivery entry per
+address and its delivery-exact copy, the veth entry, its probe targets: lace.agent.desired's
+endpoint_entries) and its addresses' segment entries, flagged local. A CNI ADD or DEL programs
+them this way (a full pass at 10k pods and 2k policies is a few hundred ms; this is about one).
+
 Policy is the catch: it is resolved per segment, and a pod can change what a segment means to it.
 A change takes this way only when it changes none of that, and a full pass (which also covers
 the pods) decides otherwise:
 
 - the set of segments that have pods stays the same (a segment's first pod or its last one makes
   selectors match or stop matching it);
+- so does the set of segments with pods on this node (the subjects this node's policy map holds
+  entries for: a segment's first local pod or its last is a full pass);
 - each segment's named container ports stay the same (named ports resolve per segment);
 - no address, old or new, lies in an ipBlock of any policy (ipBlocks match pod addresses too);
 - the segment already exists (a new label set needs a Segment allocated, in a full pass);
-- the pod is not on this node, nor is any of its leases, and none is a host or probe lease
-  (local endpoints need interfaces, delivery, probes and policy subjects).
+- none of the pod's leases is a host lease, and its networks are ones the last full pass knew.
 
 What the check needs is rebuilt from every full pass's snapshot and kept up to date by each
-incremental pass: the addresses programmed per pod, pod counts per segment and per (segment,
-named port), the ipBlock prefixes, the networks that have pods.
+incremental pass: the addresses programmed per pod, this node's endpoints per pod, pod counts per
+segment, per local segment and per (segment, named port), the ipBlock prefixes, the networks that
+have pods and their conntrack limits.
 """
 
 from __future__ import annotations
@@ -31,26 +38,36 @@ import threading
 from collections import Counter
 from typing import Any
 
+from lace.datapath.delivery import exact_entries
 from lace.datapath.segment import segment_value
+from lace.store import kinds as K
 from lace.store.api import WatchEvent
 from lace.store.records import same_objects
 
 from .cluster import ClusterCache
+from .desired import ENDPOINT_MAPS, Entries, ct_limit, endpoint_entries
 from .diff import MapChanges
-from .model import PodAddress, Snapshot, is_pod_container
+from .model import (LocalEndpoint, PodAddress, Snapshot, is_host_container, is_pod_container,
+                    is_probe_container, probe_pod_owner)
+from .state import pod_endpoints
 
 #: kinds whose changes an incremental pod pass may program
 POD_KINDS = ("Pod", "IPLease")
 
 
 class PodSync:
-    """The pods the watch left for the next pass, what the check reads, and the pass itself."""
+    """The pods the watch left for the next pass, what the check reads, and the pass itself.
+    ``links``: the agent's index of the namespace's interfaces (lace.netlink.LinkIndex), which a
+    pass for a pod of this node looks its interface up in; passes run under the agent's reconcile
+    lock, as full passes do, which is what the index asks."""
 
-    def __init__(self, node: str, cluster: ClusterCache, datapath: Any, order: tuple[str, ...]) -> None:
+    def __init__(self, node: str, cluster: ClusterCache, datapath: Any, order: tuple[str, ...],
+                 links: Any = None) -> None:
         self.node = node
         self.cluster = cluster
         self.datapath = datapath
         self.order = order
+        self.links = links
         self._pending: set[str] = set()
         self._lock = threading.Lock()
         #: from the last full pass, kept by incremental ones (None: no full pass yet)
@@ -61,6 +78,12 @@ class PodSync:
         self._blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         self._block_cidrs: tuple[str, ...] = ()
         self._networks: frozenset[int] = frozenset()
+        #: this node's endpoints per pod, its pods per segment, each network's conntrack limit for
+        #: its endpoints, the default network's ID (probe targets)
+        self._endpoints: dict[str, tuple[LocalEndpoint, ...]] = {}
+        self._local_segs: Counter[int] = Counter()
+        self._ct_limits: dict[int, int] = {}
+        self._default: int | None = None
 
     # -- the watch's side --------------------------------------------------------------------
 
@@ -73,13 +96,15 @@ class PodSync:
             return False
         records = [r for r in change if r is not None]
         if kind == "Pod":
-            if any(r.node == self.node for r in records):
-                return False
             keys = {r.key for r in records}
         else:
-            if any(r.node == self.node or not is_pod_container(r.container_id) for r in records):
-                return False
-            keys = {r.pod for r in records}
+            keys = set()
+            for r in records:
+                # a probe address counts for the pod it stands for (its endpoint's probe targets)
+                owner = probe_pod_owner(r.pod) if is_probe_container(r.container_id) else r.pod
+                if is_host_container(r.container_id) or owner is None:
+                    return False
+                keys.add(owner)
         with self._lock:
             self._pending |= keys
         return True
@@ -113,10 +138,23 @@ class PodSync:
                 self._block_cidrs = tuple(inputs.cidr_segments)
                 self._blocks = [ipaddress.ip_network(c) for c in self._block_cidrs]
             self._networks = frozenset(inputs.network_ids)
+            # the subjects of this node's policy map (lace.policy.program.node_segments)
+            self._local_segs = Counter(p.segment for p in inputs.pods if p.node == self.node)
+        endpoints: dict[str, list[LocalEndpoint]] = {}
+        for ep in snap.endpoints:
+            endpoints.setdefault(ep.pod, []).append(ep)
+        self._endpoints = {k: tuple(v) for k, v in endpoints.items()}
+        self._ct_limits = {n.id: ct_limit(snap, n.id) for n in snap.networks.values()}
+        self._default = snap.network_id(K.DEFAULT_NETWORK)
+
+    def endpoints(self) -> list[LocalEndpoint]:
+        """This node's endpoints as the last pass left them."""
+        return [ep for eps in self._endpoints.values() for ep in eps]
 
     def sync(self, keys: set[str]) -> dict[str, MapChanges] | None:
-        """Program these pods' (``namespace/name``) segment entries only; returns the changes
-        written, or None when only a full pass can decide (nothing was written then)."""
+        """Program these pods (``namespace/name``): the segment entries of their addresses and,
+        for pods of this node, their endpoints' entries. Returns the changes written, or None when
+        only a full pass can decide (nothing was written then)."""
         if self._addresses is None:
             return None
         with self.cluster.lock:
@@ -124,30 +162,62 @@ class PodSync:
             plan = {key: self._wanted(key, segments, ids) for key in keys}
         if any(v is None for v in plan.values()):
             return None
+        local = [key for key, (addrs, _) in plan.items()   # type: ignore[misc]
+                 if key in self._endpoints or any(a.node == self.node for a in addrs)]
+        endpoints: dict[str, list[LocalEndpoint]] = {}
+        if local:
+            if self.links is None:
+                return None
+            ifaces = self.links.refresh()
+            with self.cluster.lock:
+                for key in local:
+                    eps = pod_endpoints(self.cluster, self.node, key, ids, segments, ifaces)
+                    if eps is None:
+                        return None
+                    endpoints[key] = eps
         seg_pods, seg_ports = Counter(self._seg_pods), Counter(self._seg_ports)
-        changes = MapChanges()
+        local_segs = Counter(self._local_segs)
+        changes: dict[str, MapChanges] = {}
+        segment = changes["segment"] = MapChanges()
         for key, (addrs, named) in plan.items():   # type: ignore[misc]
             old = self._addresses.get(key, ())
             for a in old:
                 if self._in_block(a.ip):
                     return None
-                changes.deletes.append(a.key)
+                segment.deletes.append(a.key)
             if old:
                 _count(seg_pods, seg_ports, old[0].segment, self._ports.get(key, ()), -1)
+                local_segs[old[0].segment] -= old[0].node == self.node
             if addrs:
                 _count(seg_pods, seg_ports, addrs[0].segment, named, 1)
+                local_segs[addrs[0].segment] += addrs[0].node == self.node
+            ips = {(ep.network, ip) for ep in endpoints.get(key, ()) for ip in ep.ips()}
             for a in addrs:
                 if self._in_block(a.ip) or a.network not in self._networks:
                     return None
-                changes.updates[a.key] = segment_value(a.segment)
+                segment.updates[a.key] = segment_value(a.segment, local=(a.network, a.ip) in ips)
         if _held(seg_pods) != _held(self._seg_pods) or _held(seg_ports) != _held(self._seg_ports):
             return None   # a segment gains its first pod or loses its last, or its named ports change
-        # an address both deleted and written is an update; one that holds the same entry is left
-        changes.deletes = [k for k in changes.deletes if k not in changes.updates]
-        have = self.datapath.held("segment", [*changes.updates, *changes.deletes])
-        changes.updates = {k: v for k, v in changes.updates.items() if have.get(k) != v}
-        changes.deletes = [k for k in changes.deletes if k in have]
-        work = {"segment": changes} if changes else {}
+        if _held(local_segs) != _held(self._local_segs):
+            return None   # a segment gains its first pod on this node or loses its last
+        for key, eps in endpoints.items():
+            before = self._entries(self._endpoints.get(key, ()))
+            after = self._entries(eps)
+            if before is None or after is None:
+                return None   # a network the last full pass did not know
+            for name in (*ENDPOINT_MAPS, "delivery-exact"):
+                ch = changes.setdefault(name, MapChanges())
+                ch.deletes.extend(before[name])
+                ch.updates.update(after[name])
+        work: dict[str, MapChanges] = {}
+        for name, ch in changes.items():
+            # a key both deleted and written is an update; one that holds the same entry is left
+            deletes = [k for k in ch.deletes if k not in ch.updates]
+            have = self.datapath.held(name, [*ch.updates, *deletes])
+            ch.updates = {k: v for k, v in ch.updates.items() if have.get(k) != v}
+            ch.deletes = [k for k in dict.fromkeys(deletes) if k in have]
+            if ch:
+                work[name] = ch
         self.datapath.apply(work, self.order)
         for key, (addrs, named) in plan.items():   # type: ignore[misc]
             if addrs:
@@ -155,21 +225,37 @@ class PodSync:
             else:
                 self._addresses.pop(key, None)
                 self._ports.pop(key, None)
-        self._seg_pods, self._seg_ports = +seg_pods, +seg_ports
+        for key, eps in endpoints.items():
+            if eps:
+                self._endpoints[key] = tuple(eps)
+            else:
+                self._endpoints.pop(key, None)
+        self._seg_pods, self._seg_ports, self._local_segs = +seg_pods, +seg_ports, +local_segs
         return work
+
+    def _entries(self, eps: Any) -> dict[str, Entries] | None:
+        """ENDPOINT_MAPS' and delivery-exact's entries of these endpoints (None: a network's
+        conntrack limit is not known)."""
+        out: dict[str, Entries] = {name: {} for name in ENDPOINT_MAPS}
+        for ep in eps:
+            limit = self._ct_limits.get(ep.network)
+            if limit is None:
+                return None
+            for name, entries in endpoint_entries(ep, limit, self._default).items():
+                out[name].update(entries)
+        out["delivery-exact"] = exact_entries(out["delivery"])
+        return out
 
     def _wanted(self, key: str, segments: dict[tuple, int],
                 ids: dict[str, int]) -> tuple[tuple[PodAddress, ...], tuple] | None:
         """The addresses a full pass would program for this pod and its named ports, or None when
-        it would need more than segment entries (its segment is not allocated yet)."""
+        only a full pass can (its segment is not allocated yet)."""
         pod = self.cluster.pod(key)
         if pod is None:
             return (), ()
-        if pod.node == self.node:
-            return None
         out = []
         for lease in sorted(self.cluster.leases_of(key), key=lambda r: r.name):
-            if lease.node == self.node or not is_pod_container(lease.container_id):
+            if not is_pod_container(lease.container_id):
                 return None
             net_id = ids.get(lease.network)
             if net_id is None:

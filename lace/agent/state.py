@@ -22,8 +22,8 @@ from lace.store import kinds as K
 from .cluster import ClusterCache
 from .hostdev import NET_IFNAME
 from .model import (Block, HostAddress, HostLink, LocalEndpoint, NodeConfig,
-                    PodAddress, Snapshot, is_host_container, is_probe_container, parse_network, parse_node,
-                    pod_container)
+                    PodAddress, Snapshot, is_host_container, is_pod_container, is_probe_container, parse_network,
+                    parse_node, pod_container, probe_pod)
 
 
 class NotRegistered(Exception):
@@ -97,11 +97,8 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
                 or address.node is not lease.node or address.pod is not lease.pod):
             address = memo[lease.name] = PodAddress(net_id, lease.ip, seg, lease.node, lease.pod)
         snap.pods.append(address)
-        if lease.node == node_name and lease.host_ifname:
-            ep = local.setdefault(lease.container_id, {
-                "pod": lease.pod, "network": net_id, "segment": seg, "host": lease.host_ifname,
-                "mac": lease.pod_mac, "ipv4": None, "ipv6": None})
-            ep["ipv4" if lease.ip.version == 4 else "ipv6"] = lease.ip
+        if lease.node == node_name:
+            _note_local(local, lease, net_id, seg)
     snap.policy = policy_inputs(cluster.items("namespaces"), cluster.items("networkpolicies"), pods, snap.pods,
                                 segments, store.allocate_segment, cluster.pod_inputs_memo,
                                 cluster.policy_inputs_memo)
@@ -116,15 +113,57 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
     if net is not None:
         snap.host_link = HostLink(net.ifindex, net.mac)
 
+    snap.endpoints = _endpoints(local, probe_ips, pods.get, ifaces)
+    return snap
+
+
+def pod_endpoints(cluster: ClusterCache, node_name: str, key: str, ids: dict[str, int],
+                  segments: dict[tuple, int], ifaces: Any) -> list[LocalEndpoint] | None:
+    """The local endpoints a full pass would build for pod ``key`` (namespace/name) alone, from
+    the agent's cluster cache (under its lock) and the namespace's interfaces; None when one of
+    its addresses needs a segment not allocated yet (a full pass allocates it)."""
+    pod = cluster.pod(key)
+    if pod is None:
+        return []
+    local: dict[str, dict[str, Any]] = {}
+    probe_ips: dict[str, list] = {}
+    for lease in cluster.leases_of(key):
+        net_id = ids.get(lease.network)
+        if lease.node != node_name or net_id is None or not is_pod_container(lease.container_id):
+            continue
+        seg = segments.get((lease.network, pod.namespace, pod.labels))
+        if seg is None:
+            return None
+        _note_local(local, lease, net_id, seg)
+    for lease in cluster.leases_of(probe_pod(key)):
+        if lease.node == node_name and is_probe_container(lease.container_id):
+            probe_ips.setdefault(pod_container(lease.container_id), []).append(lease.ip)
+    return _endpoints(local, probe_ips, {key: pod}.get, ifaces)
+
+
+def _note_local(local: dict[str, dict[str, Any]], lease: Any, net_id: int, seg: int) -> None:
+    """One address of a pod interface of this node, under its container (an interface the ADD
+    has not named yet is not one: nothing to program for it)."""
+    if not lease.host_ifname:
+        return
+    ep = local.setdefault(lease.container_id, {
+        "pod": lease.pod, "network": net_id, "segment": seg, "host": lease.host_ifname,
+        "mac": lease.pod_mac, "ipv4": None, "ipv6": None})
+    ep["ipv4" if lease.ip.version == 4 else "ipv6"] = lease.ip
+
+
+def _endpoints(local: dict[str, dict[str, Any]], probe_ips: dict[str, list], pod_of: Any,
+               ifaces: Any) -> list[LocalEndpoint]:
+    out = []
     for cid, ep in local.items():
         link = ifaces.get(ep["host"])
         if link is None:
             continue   # interface not there (yet, or anymore): nothing to program for it
-        pod = pods.get(ep["pod"])
-        snap.endpoints.append(LocalEndpoint(
+        pod = pod_of(ep["pod"])
+        out.append(LocalEndpoint(
             endpoint_id=link.ifindex, pod=ep["pod"], container_id=cid, network=ep["network"],
             segment=ep["segment"], ifindex=link.ifindex, host_ifname=ep["host"], host_mac=link.mac,
             pod_mac=ep["mac"], ipv4=ep["ipv4"], ipv6=ep["ipv6"],
             probe_ports=pod.probe_ports if pod is not None else (),
             probe_ips=tuple(sorted(probe_ips.get(cid, ()), key=lambda a: (a.version, a)))))
-    return snap
+    return out

@@ -240,7 +240,7 @@ class Verifier:
             return 400, {"error": str(e)}
         self._settle()
         before, want, have = self.look(names)
-        changed = self.agent.reconcile(resync=True)
+        changed = self.agent.reconcile(resync=True, cause="repair")
         after = self.verify(names)
         left = {(n, kind, e["raw_key"]) for n, m in after["maps"].items() for kind in KINDS for e in m[kind]}
         fixed = {n: [d for d in ds if (n, d.kind, d.key.hex()) not in left] for n, ds in before.items()}

@@ -22,7 +22,7 @@ from scapy.utils import rdpcap
 from lace.bpf import Map
 from lace.datapath import registry
 
-from .conftest import NETCHECK, LabHandle, leftovers, namespace, network, pod, ips
+from .conftest import NETCHECK, LabHandle, leftovers, namespace, network, pod, ips, wait_for
 
 
 def test_pods_talk_on_one_node_and_across_nodes(lab, ns):
@@ -223,6 +223,52 @@ def test_pod_delete_removes_every_trace(lab, ns):
     while left := traces():
         assert time.monotonic() < deadline, f"left behind after delete: {left}"
         time.sleep(0.05)
+
+
+def _passes(lab: LabHandle, node: str) -> dict[str, float]:
+    """The node's agent's incremental pod passes, its full passes for CNI operations (those the pod
+    pass could not cover), and its CNI ADDs and DELs so far."""
+    _, out, _ = lab.lace("metrics", "--node", node, "-o", "json")
+    doc = json.loads(out)["nodes"][node]
+
+    def value(family: str, sample: str, **labels: str) -> float:
+        return sum(s["value"] for s in doc.get(family, {"samples": []})["samples"]
+                   if s["name"] == sample and all(s["labels"].get(k) == v for k, v in labels.items()))
+    cni = "lace_agent_cni_duration_seconds"
+    return {"pod": value("lace_agent_pod_sync_duration_seconds", "lace_agent_pod_sync_duration_seconds_count"),
+            "full": value("lace_agent_full_passes", "lace_agent_full_passes_total", cause="cni"),
+            "add": value(cni, f"{cni}_count", command="ADD", result="ok"),
+            "del": value(cni, f"{cni}_count", command="DEL", result="ok")}
+
+
+def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full_pass(lab, ns):
+    """A pod whose label set already has a pod on its node changes none of the node's policy
+    subjects: its CNI ADD and DEL program its endpoint with incremental passes (no full pass for
+    either), it answers at once from another node, and `lace verify` finds every map as a full
+    pass would make it."""
+    lab.apply([pod("rep0", ns, "worker-2", labels={"app": "rep"}), pod("cli", ns, "worker-1")])
+    lab.wait(ns, ["rep0", "cli"])
+    before = _passes(lab, "worker-2")
+    lab.apply([pod("rep1", ns, "worker-2", labels={"app": "rep"})])
+    rep1 = lab.wait(ns, ["rep1"])["rep1"]
+    for ip in ips(rep1):
+        ok, out = lab.check(f"{ns}/cli", "tcp", ip, 80)
+        assert ok and out == f"{ns}/rep1", (ip, out)
+    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
+    assert rc == 0, f"{out}\n{err}"
+    added = _passes(lab, "worker-2")
+    assert added["add"] == before["add"] + 1
+    assert added["full"] == before["full"], (before, added)
+    assert added["pod"] > before["pod"]
+    lab.lace("delete", "pod", "rep1", "-n", ns)
+    lab.wait_gone(ns, "rep1")
+    wait_for(lambda: _passes(lab, "worker-2")["del"] > added["del"], "rep1's CNI DEL on worker-2")
+    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
+    assert rc == 0, f"{out}\n{err}"
+    deleted = _passes(lab, "worker-2")
+    assert deleted["full"] == before["full"], (before, deleted)
+    ok, out = lab.check(f"{ns}/cli", "tcp", ips(lab.wait(ns, ["rep0"])["rep0"])[0], 80)
+    assert ok and out == f"{ns}/rep0", out
 
 
 def test_ipam_exhaustion_is_a_clear_error(lab, ns):

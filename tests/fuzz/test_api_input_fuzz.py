@@ -380,11 +380,13 @@ def api_socket():
     from lace.agent.cluster import ClusterCache
     from lace.agent.endpoints import Endpoints
     from lace.agent.flows import FlowCollector
+    from lace.agent.metrics import AgentMetrics
 
     with tempfile.TemporaryDirectory(prefix="lace-fuzz-api-") as root:
         store = SqliteStore(os.path.join(root, "store.db"))
-        agent = type("AgentStandIn", (), {})()
-        agent.endpoints = _NoDatapathEndpoints(Endpoints(store, "n1", 1500, None, lambda: None, lambda *a: 0,
+        agent = type("AgentStandIn", (), {"_cni_request": Agent._cni_request})()
+        agent.metrics = AgentMetrics(None, {})
+        agent.endpoints = _NoDatapathEndpoints(Endpoints(store, "n1", 1500, None, lambda pods: None, lambda *a: 0,
                                                                       ClusterCache()))
         server = ApiServer(os.path.join(root, "agent.sock"))
         server.route("POST", "/v1/cni", lambda body: Agent._cni(agent, body))

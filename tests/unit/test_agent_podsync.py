@@ -1,8 +1,10 @@
 """Incremental pod passes (lace.agent.podsync) against the full pass they stand in for.
 
 A real store; the agent's cluster cache fed by the store's own watch; after every change, the
-segment map the incremental pass leaves must be exactly the one a full pass computes from a fresh
-snapshot, and the pass must decline (leaving the map alone) whenever policy could see the change.
+maps the incremental pass leaves must be exactly the ones a full pass computes from a fresh
+snapshot, and the pass must decline (leaving the maps alone) whenever policy could see the change.
+Pods of this node have interfaces (a stand-in for the namespace's link index: names, ifindexes,
+MACs), so their endpoints' entries are checked too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from lace.agent.cluster import KINDS, ClusterCache
 from lace.agent.desired import OWNED_MAPS, desired_maps
 from lace.agent.diff import MapChanges
-from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY
+from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY, probe_container_id, probe_pod
 from lace.agent.podsync import PodSync
 from lace.agent.state import build_snapshot
 from lace.datapath.segment import segment_key
@@ -26,10 +28,18 @@ ME, FAR = "me", "far"
 
 
 class Links:
-    """The node namespace's interfaces as the snapshot reads them: just the uplink."""
+    """The node namespace's interfaces as the snapshot reads them: the uplink and the host sides
+    of the pod interfaces the test made."""
+
+    def __init__(self) -> None:
+        self.links = {"eth0": SimpleNamespace(ifindex=2, mac="02:00:00:00:00:02", name="eth0")}
+
+    def add(self, name: str) -> None:
+        n = len(self.links) + 10
+        self.links[name] = SimpleNamespace(ifindex=n, mac=f"02:00:00:00:01:{n:02x}", name=name)
 
     def refresh(self, full: bool = False) -> dict:
-        return {"eth0": SimpleNamespace(ifindex=2, mac="02:00:00:00:00:02", name="eth0")}
+        return dict(self.links)
 
 
 class Maps:
@@ -55,11 +65,15 @@ def node(name: str, nid: int) -> dict:
         ANN_LOCATOR: f"fd5e:c000:{nid:x}::/48", ANN_UNDERLAY: f"fd5e:ff::{nid:x}", ANN_NODE_ID: str(nid)}}}
 
 
-def pod(name: str, app: str, on: str = FAR, ports: tuple = ()) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default",
-                                                            "labels": {"app": app}},
-            "spec": {"nodeName": on, "containers": [{"name": "c", "image": "x", "ports": [
-                {"name": n, "containerPort": p} for n, p in ports]}]}}
+def pod(name: str, app: str, on: str = FAR, ports: tuple = (), probe: int | None = None,
+        network: str | None = None) -> dict:
+    container: dict = {"name": "c", "image": "x", "ports": [{"name": n, "containerPort": p} for n, p in ports]}
+    if probe is not None:
+        container["readinessProbe"] = {"tcpSocket": {"port": probe}}
+    meta: dict = {"name": name, "namespace": "default", "labels": {"app": app}}
+    if network is not None:
+        meta["annotations"] = {K.NETWORK_ANNOTATION: network}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": on, "containers": [container]}}
 
 
 class Cluster:
@@ -70,6 +84,7 @@ class Cluster:
         store.apply_all([{"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": "default"},
                           "spec": {"cidrs": list(K.DEFAULT_NETWORK_CIDRS)}}, node(ME, 1), node(FAR, 2)])
         self.blocks = {n: ipaddress.ip_network(store.allocate_block("default", n, 4, 24)) for n in (ME, FAR)}
+        self.links = Links()
         #: the upper half of the other node's block is an ipBlock of the policy
         self.ipblock = list(self.blocks[FAR].subnets(1))[1]
         self.next_ip = {n: 2 for n in (ME, FAR)}
@@ -80,29 +95,47 @@ class Cluster:
                          {"from": [{"podSelector": {}}], "ports": [{"port": "http"}]}]}})
         for name, app in (("web-1", "web"), ("web-2", "web"), ("db-1", "db"), ("db-2", "db")):
             self.add_pod(pod(name, app, ports=(("http", 8080),) if app == "web" else ()))
-        self.add_pod(pod("local", "web", on=ME, ports=(("http", 8080),)))
+        self.add_pod(pod("local", "web", on=ME, ports=(("http", 8080),)), host="lxlocal")
         for labels in ({"app": "web"}, {"app": "db"}, {"app": "cache"}):
             store.allocate_segment("default", "default", labels)
         self.cluster = ClusterCache.listed(store, node=ME)   # as the agent of ME keeps it
         self.since = store.revision()
         self.maps = Maps(self.full())   # the first pass allocates the ipBlock's segment: a full pass
-        self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS)
+        self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS, self.links)
         assert not self.watch()
         self.maps = Maps(self.full())
         self.sync.datapath = self.maps
         self.sync.rebuilt(self.snapshot())
 
-    def add_pod(self, obj: dict, ip: ipaddress.IPv4Address | None = None) -> ipaddress.IPv4Address:
+    def add_pod(self, obj: dict, ip: ipaddress.IPv4Address | None = None, host: str | None = None,
+                network: str = "default", block: ipaddress.IPv4Network | None = None,
+                probe_ip: ipaddress.IPv4Address | None = None) -> ipaddress.IPv4Address:
+        """The pod and its lease, as the allocator writes them; ``host``: the host side of its
+        interface (annotated on the lease, and made in the link index); ``probe_ip``: a probe
+        address leased for it in the default network."""
         n = obj["spec"]["nodeName"]
+        block = block or self.blocks[n]
         if ip is None:
-            ip = self.blocks[n].network_address + self.next_ip[n]
+            ip = block.network_address + self.next_ip[n]
             self.next_ip[n] += 1
-        ref = f"default/{obj['metadata']['name']}"
-        self.store.apply_all([obj, {
-            "apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
-            "metadata": {"name": K.lease_name("default", str(ip)), "labels": {K.NODE_LABEL: n}},
-            "spec": {"network": "default", "node": n, "block": K.block_name("default", str(self.blocks[n])),
-                     "ip": str(ip), "pod": ref, "containerID": f"c-{obj['metadata']['name']}", "ifname": "eth0"}}])
+        name = obj["metadata"]["name"]
+        ref = f"default/{name}"
+        lease = {"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+                 "metadata": {"name": K.lease_name(network, str(ip)), "labels": {K.NODE_LABEL: n}},
+                 "spec": {"network": network, "node": n, "block": K.block_name(network, str(block)),
+                          "ip": str(ip), "pod": ref, "containerID": f"c-{name}", "ifname": "eth0"}}
+        objs = [obj, lease]
+        if host is not None:
+            lease["metadata"]["annotations"] = {K.HOST_IFNAME_ANNOTATION: host,
+                                                K.POD_MAC_ANNOTATION: f"02:00:00:00:02:{ip.packed[-1]:02x}"}
+            self.links.add(host)
+        if probe_ip is not None:
+            objs.append({"apiVersion": K.LACE_API_VERSION, "kind": "IPLease",
+                         "metadata": {"name": K.lease_name("default", str(probe_ip)), "labels": {K.NODE_LABEL: n}},
+                         "spec": {"network": "default", "node": n, "ip": str(probe_ip), "pod": probe_pod(ref),
+                                  "block": K.block_name("default", str(self.blocks[n])),
+                                  "containerID": probe_container_id(f"c-{name}"), "ifname": "probe"}})
+        self.store.apply_all(objs)
         return ip
 
     def delete_pod(self, name: str, ip: ipaddress.IPv4Address) -> None:
@@ -110,7 +143,7 @@ class Cluster:
         self.store.delete("ipleases", K.lease_name("default", str(ip)))
 
     def snapshot(self):
-        return build_snapshot(self.store, ME, "eth0", 1500, links=Links(), cluster=self.cluster)  # type: ignore[arg-type]
+        return build_snapshot(self.store, ME, "eth0", 1500, links=self.links, cluster=self.cluster)  # type: ignore[arg-type]
 
     def full(self) -> dict[bytes, bytes]:
         return desired_maps(self.snapshot())   # type: ignore[return-value]
@@ -137,6 +170,14 @@ class Cluster:
         assert self.watch(), "every event was one an incremental pass may cover"
         return self.sync.sync(self.sync.take())
 
+    def full_pass(self) -> None:
+        """What the agent does when the incremental pass declines: a full pass, which also
+        rebuilds what the check reads."""
+        self.sync.take()
+        self.maps = Maps(self.full())
+        self.sync.datapath = self.maps
+        self.sync.rebuilt(self.snapshot())
+
 
 @pytest.fixture
 def c(tmp_path) -> Cluster:
@@ -148,7 +189,9 @@ def c(tmp_path) -> Cluster:
 
 
 def agrees(c: Cluster) -> None:
-    assert c.maps.entries["segment"] == c.full()["segment"]
+    full = c.full()
+    for name in OWNED_MAPS:
+        assert c.maps.entries[name] == full[name], name
 
 
 def test_the_agents_cache_keeps_other_nodes_pod_leases_without_their_container_details(c):
@@ -165,7 +208,7 @@ def test_the_agents_cache_keeps_other_nodes_pod_leases_without_their_container_d
     assert (leases["default/local"].host_ifname, leases["default/local"].pod_mac) == ("lxlocal", "02:00:00:00:00:09")
     everything = ClusterCache.listed(c.store)
     assert {r.pod: r.container_id for r in everything.items("ipleases")}["default/web-1"] == "c-web-1"
-    snap = lambda cache: build_snapshot(c.store, ME, "eth0", 1500, links=Links(), cluster=cache)  # noqa: E731
+    snap = lambda cache: build_snapshot(c.store, ME, "eth0", 1500, links=c.links, cluster=cache)  # noqa: E731
     assert desired_maps(snap(mine)) == desired_maps(snap(everything))
 
 
@@ -209,9 +252,101 @@ def test_a_change_policy_could_see_is_left_to_a_full_pass(c, why):
     assert c.maps.entries["segment"] != c.full()["segment"], "the full pass has something to do"
 
 
-def test_changes_on_this_node_ask_for_a_full_pass(c):
-    c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8080),)))
-    assert not c.watch()
+LOCAL_MAPS = {"segment", "devices", "delivery", "delivery-exact", "veth"}
+
+
+def test_a_pod_of_this_node_in_a_segment_it_has_is_its_endpoints_entries(c):
+    """What a CNI ADD and DEL program: the pod's interface's entries and its address's segment
+    entry (flagged local), the same as a full pass, and nothing of policy."""
+    ip = c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8080),)), host="lxlocal2")
+    work = c.incremental()
+    assert work is not None and set(work) == LOCAL_MAPS
+    assert all(len(ch.updates) == 1 and not ch.deletes for ch in work.values())
+    assert list(work["segment"].updates) == [segment_key(1, ip)]
+    agrees(c)
+    assert {ep.pod for ep in c.sync.endpoints()} == {"default/local", "default/local-2"}
+    c.delete_pod("local-2", ip)
+    work = c.incremental()
+    assert work is not None and set(work) == LOCAL_MAPS
+    assert all(len(ch.deletes) == 1 and not ch.updates for ch in work.values())
+    agrees(c)
+    assert {ep.pod for ep in c.sync.endpoints()} == {"default/local"}
+
+
+def test_an_interface_that_comes_after_its_lease_is_programmed_when_it_does(c):
+    """The lease is written before ADD makes the interface: a pass then programs the address
+    alone (not flagged local: no endpoint yet), and the next one the endpoint, as full passes
+    would at each moment."""
+    ip = c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8080),)))
+    work = c.incremental()
+    assert work is not None and set(work) == {"segment"}
+    agrees(c)
+    lease = c.store.get("ipleases", K.lease_name("default", str(ip)))
+    lease["metadata"]["annotations"] = {K.HOST_IFNAME_ANNOTATION: "lxlocal2", K.POD_MAC_ANNOTATION: "02:00:00:00:02:09"}
+    c.links.add("lxlocal2")
+    c.store.apply(lease)
+    work = c.incremental()
+    assert work is not None and set(work) == LOCAL_MAPS and list(work["segment"].updates) == [segment_key(1, ip)]
+    agrees(c)
+
+
+def test_a_pod_of_this_node_with_probes_brings_its_probe_targets(c):
+    ip = c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8080),), probe=8080), host="lxlocal2")
+    work = c.incremental()
+    assert work is not None and len(work["probes"].updates) == 1
+    agrees(c)
+    c.delete_pod("local-2", ip)
+    work = c.incremental()
+    assert work is not None and len(work["probes"].deletes) == 1
+    agrees(c)
+
+
+def test_a_pod_of_another_network_is_probed_through_its_probe_address(c):
+    """A pod of another network has a probe address, leased apart from its own (to the pseudo-pod
+    probe/<pod>): its lease's events count for the pod, and the pod's probe targets go through it."""
+    c.store.apply({"apiVersion": K.LACE_API_VERSION, "kind": "Network", "metadata": {"name": "blue"},
+                   "spec": {"cidrs": ["10.77.0.0/16"]}})
+    blue = ipaddress.ip_network(c.store.allocate_block("blue", ME, 4, 24))
+    c.store.allocate_segment("blue", "default", {"app": "web"})
+    c.add_pod(pod("blue-1", "web", on=ME, network="blue"), host="lxblue1", network="blue", block=blue)
+    assert not c.watch()   # a new Network (and its segment's first pod): a full pass
+    c.full_pass()
+    probe_ip = c.blocks[ME].network_address + 200
+    ip = c.add_pod(pod("blue-2", "web", on=ME, network="blue", probe=8080), host="lxblue2", network="blue",
+                   block=blue, probe_ip=probe_ip)
+    work = c.incremental()
+    assert work is not None and len(work["probes"].updates) == 2   # the port, and the address's marker
+    agrees(c)
+    c.store.delete("ipleases", K.lease_name("default", str(probe_ip)))
+    c.store.delete("pods", "blue-2", "default")
+    c.store.delete("ipleases", K.lease_name("blue", str(ip)))
+    work = c.incremental()
+    assert work is not None and len(work["probes"].deletes) == 2
+    agrees(c)
+
+
+@pytest.mark.parametrize("why", ["first local pod of a segment", "last local pod of a segment",
+                                 "a named port of a local pod on another number"])
+def test_a_change_of_this_nodes_policy_subjects_is_left_to_a_full_pass(c, why):
+    """The segments with pods on this node are the subjects its policy map holds entries for."""
+    if why == "first local pod of a segment":   # db's pods, all on the other node, are selected
+        c.store.apply({"apiVersion": K.NETWORKING_API_VERSION, "kind": "NetworkPolicy",
+                       "metadata": {"name": "db", "namespace": "default"},
+                       "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}})
+        assert not c.watch()
+        c.full_pass()
+    before = {n: dict(e) for n, e in c.maps.entries.items()}
+    if why == "first local pod of a segment":
+        c.add_pod(pod("db-3", "db", on=ME), host="lxdb3")
+    elif why == "last local pod of a segment":
+        c.store.delete("pods", "local", "default")
+    else:   # the policy's named port http is 8081 too now
+        c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8081),)), host="lxlocal2")
+    assert c.incremental() is None
+    assert c.maps.entries == before, "a declined pass writes nothing"
+    full = c.full()
+    assert any(c.maps.entries[n] != full[n] for n in ("policy", "policy-exact")), "the full pass has policy to write"
 
 
 def test_a_declined_pass_leaves_what_it_checks_as_it_was(c):
@@ -240,7 +375,7 @@ def test_what_passes_reuse_across_changes_is_what_a_fresh_cache_makes(c):
     c.store.apply(policy)
     c.watch()
     kept = c.snapshot()
-    fresh = build_snapshot(c.store, ME, "eth0", 1500, links=Links())   # type: ignore[arg-type]
+    fresh = build_snapshot(c.store, ME, "eth0", 1500, links=c.links)   # type: ignore[arg-type]
     assert kept.pods == fresh.pods and kept.policy.pods == fresh.policy.pods
     assert kept.policy.cidr_segments == fresh.policy.cidr_segments and "192.168.7.0/24" in kept.policy.cidr_segments
     assert desired_maps(kept) == desired_maps(fresh)
