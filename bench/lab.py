@@ -310,9 +310,35 @@ def lease_address(store: Any, since: int, pod: str, timeout: float = 30) -> ipad
     raise SystemExit(f"{pod} got no address in {timeout:.0f} s")
 
 
+def first_answer_ms(store: Any, sock: socket.socket, doc: dict, timeout: float = 30) -> float:
+    """Apply the pod ``doc``, then ping its IPv4 address every ms over ``sock`` (a raw ICMP socket,
+    icmp_echo_socket) from the moment its IPLease is written (a store watch: waiting costs the
+    machine nothing the pod's start could use): ms from the apply to the first echo it answers."""
+    meta = doc["metadata"]
+    ref = f"{meta['namespace']}/{meta['name']}"
+    since = store.revision()
+    t0 = time.monotonic()
+    store.apply(doc)
+    ip = str(lease_address(store, since, ref, timeout))
+    seq = 0
+    while True:
+        seq += 1
+        hdr = struct.pack("!BBHHH", 8, 0, 0, 0x4C41, seq)
+        pkt = struct.pack("!BBHHH", 8, 0, _checksum(hdr + b"lace"), 0x4C41, seq) + b"lace"
+        sock.sendto(pkt, (ip, 0))
+        try:
+            data, addr = sock.recvfrom(1024)
+            if addr[0] == ip and data[20] == 0:
+                return (time.monotonic() - t0) * 1000
+        except socket.timeout:
+            pass
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{ref} never answered")
+
+
 def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
-    """Apply a pod, then ping its address every ms from the moment its IPLease is written (a
-    store watch: waiting costs the machine nothing the pod's start could use)."""
+    """Pods on worker-1, one at a time: ms from the apply to the first ICMP echo each answers
+    from ``prober_ns`` (first_answer_ms); each deleted after."""
     from lace.store import SqliteStore
     store = SqliteStore(os.path.join(b.env["LACE_STATE_DIR"], "labs", LAB, STORE_FILE))
     sock = icmp_echo_socket(prober_ns)
@@ -322,25 +348,7 @@ def first_packet_ms(b: Bench, prober_ns: str, n: int) -> list[float]:
             name = f"fresh-{i}"
             doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
                    "spec": {"nodeName": "worker-1", "containers": [{"name": "c", "image": "x"}]}}
-            since = store.revision()
-            t0 = time.monotonic()
-            store.apply(doc)
-            ip = str(lease_address(store, since, f"default/{name}"))
-            seq = 0
-            while True:
-                seq += 1
-                hdr = struct.pack("!BBHHH", 8, 0, 0, 0x4C41, seq)
-                pkt = struct.pack("!BBHHH", 8, 0, _checksum(hdr + b"lace"), 0x4C41, seq) + b"lace"
-                sock.sendto(pkt, (ip, 0))
-                try:
-                    data, addr = sock.recvfrom(1024)
-                    if addr[0] == ip and data[20] == 0:
-                        break
-                except socket.timeout:
-                    pass
-                if time.monotonic() - t0 > 30:
-                    raise SystemExit(f"{name} never answered")
-            out.append((time.monotonic() - t0) * 1000)
+            out.append(first_answer_ms(store, sock, doc))
             store.delete("pods", name, "default")
     finally:
         sock.close()

@@ -133,6 +133,11 @@ class Endpoints:
     # -- ADD ---------------------------------------------------------------------------------
 
     def add(self, req: CniRequest) -> dict[str, Any]:
+        return self._timed(req, self._add)
+
+    def _timed(self, req: CniRequest, op: Callable[[CniRequest, Callable[[str], None]], dict[str, Any]]
+               ) -> dict[str, Any]:
+        """Run an ADD or DEL, logging its time and its phases' (each ``mark`` ends one)."""
         t0 = time.monotonic()
         marks: list[tuple[str, float]] = []
 
@@ -140,14 +145,14 @@ class Endpoints:
             marks.append((what, time.monotonic()))
         try:
             with netlink.reuse():
-                return self._add(req, mark)
+                return op(req, mark)
         finally:
             prev, parts = t0, []
             for what, t in marks:
                 parts.append(f"{what} {(t - prev) * 1000:.0f}")
                 prev = t
-            log.info("ADD %s/%s: %.0f ms (%s)", req.pod_namespace, req.pod_name,
-                     (time.monotonic() - t0) * 1000, ", ".join(parts))
+            who = f"{req.pod_namespace}/{req.pod_name}" if req.pod_name else req.container_id[:12]
+            log.info("%s %s: %.0f ms (%s)", req.command, who, (time.monotonic() - t0) * 1000, ", ".join(parts))
 
     def _add(self, req: CniRequest, mark: Callable[[str], None]) -> dict[str, Any]:
         if not req.netns:
@@ -304,22 +309,27 @@ class Endpoints:
 
     def delete(self, req: CniRequest) -> dict[str, Any]:
         """Idempotent, as the spec asks: deleting what is already gone succeeds."""
-        with netlink.reuse():
-            return self._delete(req)
+        return self._timed(req, self._delete)
 
-    def _delete(self, req: CniRequest) -> dict[str, Any]:
+    def _delete(self, req: CniRequest, mark: Callable[[str], None]) -> dict[str, Any]:
         host = host_ifname(req.container_id)
         self.datapath.detach_pod(host)
-        netlink.delete_link(host)
+        removed = netlink.delete_link(host)
+        mark("interfaces")
         leases = self._release(req.container_id)
         self.cluster.forget(leases)
-        self.program(lease_pods(leases))
+        mark("ipam")
+        # a repeated DEL (runtimes send them) finds nothing left: the maps already hold nothing of it
+        if leases or removed:
+            self.program(lease_pods(leases))
+        mark("maps")
         for o in leases:
             try:
                 net = self.store.get("networks", o["spec"]["network"])
             except NotFound:
                 continue
             self.flush_conntrack(int(net["status"]["id"]), [ipaddress.ip_address(o["spec"]["ip"])])
+        mark("conntrack")
         return {}
 
     def gc(self, valid: list[dict[str, Any]]) -> dict[str, Any]:
