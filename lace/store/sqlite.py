@@ -528,6 +528,15 @@ class SqliteWatch(Watch):
         self._stopped.set()
         self._backend._notifier.notify()
 
+    def __exit__(self, *exc: object) -> None:
+        """Leaving the with-block ends the watch and gives back its connection and its share of
+        the file wakes now: a reader that broke out of the loop never calls ``next`` again, which
+        is where a stopped watch otherwise closes. (A share left behind kept its directory
+        watched past the directory's removal: a store made again at the same path then woke this
+        process's watches only at WAKE_SAFETY.)"""
+        self.stop()
+        self._close()
+
     def _close(self) -> None:
         if self._woken:
             self._woken = False

@@ -122,3 +122,43 @@ def test_a_wake_whose_commit_shows_late_is_looked_for_again_and_again(tmp_path, 
         reader.join(10)
         store.close()
 
+
+
+def test_a_watch_left_by_a_break_gives_back_its_connection_and_file_wake(tmp_path, monkeypatch):
+    """A reader that takes one event and leaves the with-block (as a wait for one object does)
+    ends the watch there: its connection closed, its file wake given back, so a store made again
+    at the same path after its directory was removed still wakes this process's watches at once."""
+    import shutil
+    import sqlite3
+
+    import pytest
+
+    monkeypatch.setattr(sq, "WAKE_SAFETY", 60.0)   # only a file event brings a write in time
+    home = tmp_path / "lab"
+    home.mkdir()
+    path = home / "store.db"
+    store = SqliteStore(path)
+    since = store.revision()
+    store.create(_ns("a"))
+    with store.watch(["namespaces"], since=since) as w:
+        for ev in w:
+            break
+    assert str(path) not in sq._FILE_WAKES._users and str(home) not in sq._FILE_WAKES._dirs
+    with pytest.raises(sqlite3.ProgrammingError):
+        w._conn.execute("SELECT 1")
+    store.close()
+    shutil.rmtree(home)
+    home.mkdir()
+    store = SqliteStore(path)
+    got, w, reader = _follow(store)
+    try:
+        subprocess.run([sys.executable, "-c", WRITER, str(path), "after"], check=True, timeout=60,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+        deadline = time.monotonic() + 20
+        while "after" not in got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "after" in got, "the commit did not wake the watch of the store made again"
+    finally:
+        w.stop()
+        reader.join(10)
+        store.close()
