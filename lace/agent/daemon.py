@@ -218,7 +218,8 @@ class Agent:
     def reconcile(self, *, resync: bool = False, cause: str = "watch") -> dict[str, int]:
         """One level-triggered pass; returns the number of entries changed per map. A resync
         reads every map back from the kernel instead of trusting what this agent last wrote.
-        ``cause``: why (FULL_PASS_CAUSES), counted in lace_agent_full_passes_total."""
+        ``cause``: why it runs (start, watch, resync, cni, repair), counted in
+        lace_agent_full_passes_total."""
         with self._reconcile_lock, netlink.reuse(), self.metrics.reconcile_duration.time(), \
                 (self.metrics.resync_duration.time() if resync else contextlib.nullcontext()):
             self.metrics.full_passes.labels(cause).inc()
