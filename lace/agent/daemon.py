@@ -468,8 +468,9 @@ class Agent:
                     self.watch_state.event(rv)
                     change = self.cluster.apply(ev)
                     if not (self.service_sync.event(ev) or self.pod_sync.event(ev, change)):
-                        log.debug("watch: %s %s %s asks for a full pass", ev.type, ev.object.get("kind"),
-                                  K.object_key(ev.object))
+                        if log.isEnabledFor(logging.DEBUG):   # the key only for a log that shows it
+                            log.debug("watch: %s %s %s asks for a full pass", ev.type, ev.object.get("kind"),
+                                      K.object_key(ev.object))
                         self.service_sync.request_full()
                     self.dirty.set()
             except Gone:

@@ -30,7 +30,7 @@ from .hostdev import HOST_IFNAME
 from .ipam import Ipam, IpamExhausted
 from .cluster import ClusterCache
 from .model import (ANN_HOST_IFNAME, ANN_POD_MAC, GATEWAY4, GATEWAY6, is_host_lease, lease_container,
-                    probe_container_id, probe_pod, probe_pod_owner)
+                    lease_pod, probe_container_id, probe_pod)
 
 log = logging.getLogger("lace.agent.endpoints")
 
@@ -109,8 +109,8 @@ class CniRequest:
 def lease_pods(leases: list[dict]) -> set[str]:
     """The pods (``namespace/name``) these IPLeases were leased to (a probe address's: the pod it
     stands for)."""
-    pods = {o["spec"].get("pod") or "" for o in leases}
-    return {owner for p in pods if (owner := probe_pod_owner(p) or p)}
+    return {pod for o in leases
+            if (pod := lease_pod(o["spec"].get("pod") or "", o["spec"].get("containerID") or ""))}
 
 
 class Endpoints:

@@ -79,6 +79,15 @@ def probe_pod_owner(name: str) -> str | None:
     return name[len(PROBE_POD_PREFIX):] if name.startswith(PROBE_POD_PREFIX) else None
 
 
+def lease_pod(pod: str, container_id: str) -> str | None:
+    """The pod an IPLease (its ``pod`` and ``containerID``) counts for: its own, or for a probe
+    address the pod it stands for; None for a node's host address (no pod's) or a probe lease
+    that names no pseudo-pod."""
+    if is_host_container(container_id):
+        return None
+    return probe_pod_owner(pod) if is_probe_container(container_id) else pod
+
+
 def is_probe_lease(spec: dict) -> bool:
     """Whether an IPLease spec records a pod's probe address rather than one of its own."""
     return is_probe_container(str(spec.get("containerID") or ""))

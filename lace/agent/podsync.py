@@ -47,8 +47,7 @@ from lace.store.records import same_objects
 from .cluster import ClusterCache
 from .desired import ENDPOINT_MAPS, Entries, ct_limit, endpoint_entries
 from .diff import MapChanges
-from .model import (LocalEndpoint, PodAddress, Snapshot, is_host_container, is_pod_container,
-                    is_probe_container, probe_pod_owner)
+from .model import LocalEndpoint, PodAddress, Snapshot, is_pod_container, lease_pod
 from .state import pod_endpoints
 
 #: kinds whose changes an incremental pod pass may program
@@ -101,8 +100,8 @@ class PodSync:
             keys = set()
             for r in records:
                 # a probe address counts for the pod it stands for (its endpoint's probe targets)
-                owner = probe_pod_owner(r.pod) if is_probe_container(r.container_id) else r.pod
-                if is_host_container(r.container_id) or owner is None:
+                owner = lease_pod(r.pod, r.container_id)
+                if owner is None:
                     return False
                 keys.add(owner)
         with self._lock:
