@@ -333,7 +333,8 @@ def ct_floor(dp: Testbed, base, ctx: bytes, pkt: bytes, size: int, rounds: int, 
     """What the kernel itself costs for conntrack's work per packet (tests/bpf/bench_ct_floor.c), in
     an LRU hash with the test bed's capacity and size entries, net of the pass program: for a new
     flow a lookup that misses and an insert, each once per call (cold, like the new-flow rows) and
-    warm; for an established packet a lookup that hits and the coarse clock, warm (like its row)."""
+    warm; for an established packet a lookup that hits and the clock, warm (like its row): the coarse
+    clock the walk once read per packet, and the walk's clock (lib/clock.h) that it reads now."""
     spec = ObjectSpec.open(str(bpf_dir() / "test" / "bench_ct_floor.o"))
     spec.maps["bench_ct"].set_max_entries(dp.max_entries["ct-tcp-v4"])
     obj = spec.load()
@@ -343,7 +344,8 @@ def ct_floor(dp: Testbed, base, ctx: bytes, pkt: bytes, size: int, rounds: int, 
         bss = next(m for name, m in obj.maps.items() if name.endswith(".bss"))
         seq = bss.lookup(struct.pack("<I", 0))[:4]          # struct bench_keys: seq, then hit_key
         bss.update(struct.pack("<I", 0), seq + hit_key)
-        progs = {op: obj.programs[f"bench_{op}"] for op in ("ct_miss", "ct_insert", "ct_hit", "coarse_clock")}
+        progs = {op: obj.programs[f"bench_{op}"] for op in ("ct_miss", "ct_insert", "ct_hit", "coarse_clock",
+                                                                "walk_clock")}
         with enter_netns(dp.netns):
             for op, prog in progs.items():
                 rc = test_run(prog, pkt, ctx=ctx, data_size_out=len(pkt) + 128).retval
@@ -611,7 +613,8 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
           f"    lookup that misses    {floor['ct_miss once']:>5.0f} once/call   {floor['ct_miss warm']:>5.0f} warm\n"
           f"    insert of a new entry {floor['ct_insert once']:>5.0f} once/call   {floor['ct_insert warm']:>5.0f} warm\n"
           f"    lookup that hits                       {floor['ct_hit warm']:>5.0f} warm\n"
-          f"    coarse clock read                      {floor['coarse_clock warm']:>5.0f} warm")
+          f"    coarse clock read                      {floor['coarse_clock warm']:>5.0f} warm\n"
+          f"    the walk's clock (ticks, lib/clock.h)  {floor['walk_clock warm']:>5.0f} warm")
     return 0
 
 

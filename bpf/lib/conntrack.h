@@ -6,13 +6,7 @@
 
 #include "lib/maps.h"
 #include "lib/flow.h"
-
-/* Conntrack time: CLOCK_MONOTONIC_COARSE, a few ns to read instead of ~30 for the precise clock;
- * a tick (<= 4 ms) of error is nothing against timeouts of seconds. */
-static __always_inline __u64 ct_now(void)
-{
-	return bpf_ktime_get_coarse_ns();
-}
+#include "lib/clock.h"
 
 union lace_ct_key {
 	struct lace_ct4_key v4;

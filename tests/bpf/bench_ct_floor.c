@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 /* The floor under conntrack, for bench/datapath.py: what the kernel itself costs for what conntrack
  * does per packet — a lookup that finds nothing and the insert of a fresh entry (a new flow), a
- * lookup that finds its entry and the coarse clock read (an established packet) — in a map shaped
+ * lookup that finds its entry and the clock (an established packet: the coarse clock the walk once
+ * read per packet, and lib/clock.h's per-tick reading it takes now) — in a map shaped
  * like ct-tcp-v4 (its key and entry; the bench sets the capacity and the fill of the test bed's
  * table). No lace code runs: the difference to the stage table's conntrack rows is lace's own. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 
 #include "lace/abi/conntrack.h"
+#include "lib/clock.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -67,4 +69,11 @@ SEC("tc")
 int bench_coarse_clock(struct __sk_buff *skb)
 {
 	return bpf_ktime_get_coarse_ns() ? 0 : 1;
+}
+
+/* the walk's clock (lib/clock.h): the tick count and a per-CPU reading of the coarse clock */
+SEC("tc")
+int bench_walk_clock(struct __sk_buff *skb)
+{
+	return ct_now() ? 0 : 1;
 }

@@ -12,7 +12,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from lace.datapath.common import Direction
-from lace.datapath.conntrack import CT_ENTRY, CtState, ct_key
+from lace.datapath.conntrack import CT_ENTRY, CT_TIMEOUT_UDP, CtState, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.reasons import DropReason
 from lace.datapath.common import Verdict
@@ -674,6 +674,32 @@ def test_bare_syn_on_a_reversed_tracked_tuple_is_a_new_flow(dp, family):
     res = dp.from_pod(b, dp.l3(b, A, family) / TCP(sport=80, dport=46000, flags="SA"))
     assert_local(res, dp, "a", family)
     assert res.events == [] or res.events[-1]["ct_status"] == CtStatus.REPLY
+
+
+def test_conntrack_times_are_the_monotonic_clock(dp):
+    """The agent's GC and `lace node ct list` compare conntrack's times with CLOCK_MONOTONIC: an
+    entry is stamped with the coarse clock of its packet's moment, and a later packet restamps it
+    with a later reading (the walk reads the clock once per tick per CPU: lib/clock.h)."""
+    import time
+
+    a, b = dp.pods["a"], dp.pods["b"]
+    before = now_coarse()
+    dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6100, dport=53))
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    e = ct_entry(dp, NET1, a.ipv4, b.ipv4, 6100, 53, 17)
+    assert before <= e["created_ns"] <= after
+    assert e["last_seen_ns"] == e["created_ns"]
+    assert e["expires_ns"] - e["last_seen_ns"] == CT_TIMEOUT_UDP * 10**9
+    moved = before
+    while moved <= e["created_ns"]:          # the coarse clock steps once per tick
+        time.sleep(0.001)
+        moved = now_coarse()
+    dp.from_pod(a, dp.l3(a, b.ipv4, 4) / UDP(sport=6100, dport=53))
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    e2 = ct_entry(dp, NET1, a.ipv4, b.ipv4, 6100, 53, 17)
+    assert moved <= e2["last_seen_ns"] <= after, "a later packet restamps its entry with a later reading"
+    assert e2["created_ns"] == e["created_ns"] and e2["packets_fwd"] == 2
+    assert e2["expires_ns"] - e2["last_seen_ns"] == CT_TIMEOUT_UDP * 10**9
 
 
 def test_expired_entry_is_a_new_flow(dp):

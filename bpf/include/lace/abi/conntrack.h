@@ -86,7 +86,8 @@ struct lace_ct6_key {
 	__u8   reserved[3];
 };
 
-/* Times are CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns). */
+/* Times are CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns, read once per tick:
+ * lib/clock.h). */
 struct lace_ct_entry {
 	__u64  created_ns;
 	__u64  last_seen_ns;
