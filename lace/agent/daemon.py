@@ -117,7 +117,7 @@ class Agent:
         #: every other watched kind, listed once and kept by the watch (lace.agent.cluster)
         self.cluster = ClusterCache(node=node)
         #: incremental passes for pods, of this node (after CNI ADD and DEL) and others (lace.agent.podsync)
-        self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS, self.links)
+        self.pod_sync = PodSync(node, self.cluster, self.datapath, OWNED_MAPS, self.links, self.policy)
         self._watch_since: int | None = None
         self.metrics = AgentMetrics(self.datapath, {n: m.max_entries for n, m in registry.MAPS.items()
                                                     if m.map_type != "ringbuf"},

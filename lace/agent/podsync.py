@@ -17,8 +17,12 @@ the pods) decides otherwise:
 
 - the set of segments that have pods stays the same (a segment's first pod or its last one makes
   selectors match or stop matching it);
-- so does the set of segments with pods on this node (the subjects this node's policy map holds
-  entries for: a segment's first local pod or its last is a full pass);
+- a segment that gains its first pod on this node or loses its last (a subject of this node's
+  policy map) brings or takes its policy entries: the full pass's resolution of every policy
+  stands (the checks here are what it depends on), so the node's policy maps for the new set of
+  subjects are an assembly of it, and the pass writes the difference (Cilium regenerates an
+  endpoint's policy from the cached selector results the same way); the pass declines when the
+  programmer's last assembly was made for another set of subjects (an audit's, say);
 - each segment's named container ports stay the same (named ports resolve per segment);
 - no address, old or new, lies in an ipBlock of any policy (ipBlocks match pod addresses too);
 - the segment already exists (a new label set needs a Segment allocated, in a full pass);
@@ -40,6 +44,7 @@ from typing import Any
 
 from lace.datapath.delivery import exact_entries
 from lace.datapath.segment import segment_value
+from lace.policy.program import PolicyProgrammer
 from lace.store import kinds as K
 from lace.store.api import WatchEvent
 from lace.store.records import same_objects
@@ -58,15 +63,18 @@ class PodSync:
     """The pods the watch left for the next pass, what the check reads, and the pass itself.
     ``links``: the agent's index of the namespace's interfaces (lace.netlink.LinkIndex), which a
     pass for a pod of this node looks its interface up in; passes run under the agent's reconcile
-    lock, as full passes do, which is what the index asks."""
+    lock, as full passes do, which is what the index asks. ``policy``: the agent's policy
+    programmer, whose last resolution gives the policy entries of a segment that gains its first
+    pod on this node or loses its last (without one, such a pass is left to a full pass)."""
 
     def __init__(self, node: str, cluster: ClusterCache, datapath: Any, order: tuple[str, ...],
-                 links: Any = None) -> None:
+                 links: Any = None, policy: PolicyProgrammer | None = None) -> None:
         self.node = node
         self.cluster = cluster
         self.datapath = datapath
         self.order = order
         self.links = links
+        self.policy = policy
         self._pending: set[str] = set()
         self._lock = threading.Lock()
         #: from the last full pass, kept by incremental ones (None: no full pass yet)
@@ -197,8 +205,18 @@ class PodSync:
                 segment.updates[a.key] = segment_value(a.segment, local=(a.network, a.ip) in ips)
         if _held(seg_pods) != _held(self._seg_pods) or _held(seg_ports) != _held(self._seg_ports):
             return None   # a segment gains its first pod or loses its last, or its named ports change
-        if _held(local_segs) != _held(self._local_segs):
-            return None   # a segment gains its first pod on this node or loses its last
+        subjects, was = _held(local_segs), _held(self._local_segs)
+        if subjects != was:
+            # a segment gains its first pod on this node or loses its last: the policy map's
+            # entries for it come or go, from the resolution the last full pass made
+            maps = self.policy.resubject(was, subjects) if self.policy is not None else None
+            if maps is None:
+                return None
+            for name, want in maps[1].items():
+                have = maps[0][name]
+                ch = changes.setdefault(name, MapChanges())
+                ch.deletes.extend(k for k in have if k not in want)
+                ch.updates.update((k, v) for k, v in want.items() if have.get(k) != v)
         for key, eps in endpoints.items():
             before = self._entries(self._endpoints.get(key, ()))
             after = self._entries(eps)

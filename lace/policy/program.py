@@ -32,9 +32,15 @@ def assemble(res: Resolution, inputs: PolicyInputs, node: str, capacity: int | N
              prefix_capacity: int | None = None) -> tuple[Entries, Entries, Pressure]:
     """(policy entries, prefix-segment entries, pressure) of ``node`` from a resolution, cut to the
     maps' capacities (default: the registry's)."""
+    return assemble_subjects(res, node_segments(inputs, node), capacity, prefix_capacity)
+
+
+def assemble_subjects(res: Resolution, subjects: set[int], capacity: int | None = None,
+                      prefix_capacity: int | None = None) -> tuple[Entries, Entries, Pressure]:
+    """``assemble`` for a node whose pods have the segments ``subjects``."""
     cap = registry.get("policy").max_entries if capacity is None else capacity
     pcap = registry.get("prefix-segment").max_entries if prefix_capacity is None else prefix_capacity
-    entries, pr = res.entries(node_segments(inputs, node), cap)
+    entries, pr = res.entries(subjects, cap)
     prefixes, pr.prefix_desired, pr.prefix_dropped = res.prefix_entries(pcap)
     pr.prefix_capacity = pcap
     return entries, prefixes, pr
@@ -51,12 +57,15 @@ class PolicyProgrammer:
         #: the last assembly's pressure (None before the first)
         self.pressure: Pressure | None = None
         self._resolver = Resolver()
+        #: the last resolution, and the last assembly: (fingerprint, entries, prefix-segment
+        #: entries, each policy map's entries)
+        self._res: Resolution | None = None
         self._last: tuple[tuple, Entries, Entries, dict[str, Entries]] | None = None
         self._lock = threading.Lock()
 
     def _assemble(self, inputs: PolicyInputs) -> tuple[tuple, Entries, Entries, dict[str, Entries]]:
         with self._lock:
-            res = self._resolver.resolve(inputs)
+            res = self._res = self._resolver.resolve(inputs)
             fingerprint = (res.version, frozenset(node_segments(inputs, self.node)),
                            tuple(sorted(inputs.network_ids)))
             if self._last is not None and self._last[0] == fingerprint:
@@ -76,3 +85,21 @@ class PolicyProgrammer:
         agent writes them."""
         _, _, prefixes, maps = self._assemble(inputs)
         return maps, prefixes
+
+    def resubject(self, before: set[int], after: set[int]) -> tuple[dict[str, Entries], dict[str, Entries]] | None:
+        """Each policy map's entries for this node with its pods' segments ``before`` and ``after``
+        (its subjects), both from the last resolution: for a pass that changes nothing but which
+        segments have pods on this node (lace.agent.podsync checks that the segments, their named
+        ports and the ipBlocks' pods are the ones the resolution saw). The second becomes the last
+        assembly, with its pressure. None before the first assembly, or when the networks or the
+        subjects it was made for are not the ones given."""
+        with self._lock:
+            res, last = self._res, self._last
+            if res is None or last is None or last[0][:2] != (res.version, frozenset(before)):
+                return None
+            old = policy_maps(res.entries(before, self.capacity)[0])
+            entries, prefixes, pressure = assemble_subjects(res, after, self.capacity, self.prefix_capacity)
+            maps = policy_maps(entries)
+            self._last = ((res.version, frozenset(after), last[0][2]), entries, prefixes, maps)
+            self.pressure = pressure
+            return old, maps

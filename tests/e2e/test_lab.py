@@ -280,6 +280,41 @@ def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full
     assert ok and out == f"{ns}/rep0", out
 
 
+def test_a_selected_workloads_first_pod_on_a_node_brings_its_policy_without_a_full_pass(lab, ns):
+    """A policy selects a workload with a pod on another node; its first pod on worker-2 makes its
+    label set a subject of worker-2's policy map: the CNI ADD writes that subject's policy
+    entries with the pod (no full pass), and the policy holds at once — a pod it allows reaches
+    the new pod across nodes, one it does not is dropped. The DEL of the last such pod takes the
+    entries again; `lace verify` finds every map as a full pass would make it after each."""
+    lab.apply([{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "guard", "namespace": ns},
+                "spec": {"podSelector": {"matchLabels": {"app": "guarded"}},
+                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "friend"}}}],
+                                      "ports": [{"port": 80}]}]}},
+               pod("g0", ns, "worker-1", labels={"app": "guarded"}),
+               pod("friend", ns, "worker-1", labels={"role": "friend"}),
+               pod("stranger", ns, "worker-1", labels={"role": "stranger"})])
+    lab.wait(ns, ["g0", "friend", "stranger"])
+    before = _passes(lab, "worker-2")
+    lab.apply([pod("g1", ns, "worker-2", labels={"app": "guarded"})])
+    g1 = lab.wait(ns, ["g1"])["g1"]
+    for ip in ips(g1):
+        ok, out = lab.check(f"{ns}/friend", "tcp", ip, 80)
+        assert ok and out == f"{ns}/g1", (ip, out)
+        ok, out = lab.check(f"{ns}/stranger", "tcp", ip, 80)
+        assert not ok, f"{ip}: a peer the policy does not allow reached the new pod ({out})"
+    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
+    assert rc == 0, f"{out}\n{err}"
+    added = _passes(lab, "worker-2")
+    assert added["add"] == before["add"] + 1 and added["full"] == before["full"], (before, added)
+    lab.lace("delete", "pod", "g1", "-n", ns)
+    lab.wait_gone(ns, "g1")
+    wait_for(lambda: _passes(lab, "worker-2")["del"] > added["del"], "g1's CNI DEL on worker-2")
+    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
+    assert rc == 0, f"{out}\n{err}"
+    assert _passes(lab, "worker-2")["full"] == before["full"]
+
+
 def test_ipam_exhaustion_is_a_clear_error(lab, ns):
     tag = uuid.uuid4().hex[:4]
     tiny = f"tiny{tag}"

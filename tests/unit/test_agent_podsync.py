@@ -20,6 +20,7 @@ from lace.agent.diff import MapChanges
 from lace.agent.model import ANN_LOCATOR, ANN_NODE_ID, ANN_UNDERLAY, probe_container_id, probe_pod
 from lace.agent.podsync import PodSync
 from lace.agent.state import build_snapshot
+from lace.policy.program import PolicyProgrammer
 from lace.datapath.segment import segment_key
 from lace.store import SqliteStore
 from lace.store import kinds as K
@@ -100,12 +101,12 @@ class Cluster:
             store.allocate_segment("default", "default", labels)
         self.cluster = ClusterCache.listed(store, node=ME)   # as the agent of ME keeps it
         self.since = store.revision()
+        #: the agent's policy programmer: its full passes' resolution serves incremental ones
+        self.policy = PolicyProgrammer(ME)
         self.maps = Maps(self.full())   # the first pass allocates the ipBlock's segment: a full pass
-        self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS, self.links)
+        self.sync = PodSync(ME, self.cluster, self.maps, OWNED_MAPS, self.links, self.policy)
         assert not self.watch()
-        self.maps = Maps(self.full())
-        self.sync.datapath = self.maps
-        self.sync.rebuilt(self.snapshot())
+        self.full_pass()
 
     def add_pod(self, obj: dict, ip: ipaddress.IPv4Address | None = None, host: str | None = None,
                 network: str = "default", block: ipaddress.IPv4Network | None = None,
@@ -146,6 +147,7 @@ class Cluster:
         return build_snapshot(self.store, ME, "eth0", 1500, links=self.links, cluster=self.cluster)  # type: ignore[arg-type]
 
     def full(self) -> dict[bytes, bytes]:
+        """A full pass's maps from a fresh snapshot, with fresh programmers (nothing cached)."""
         return desired_maps(self.snapshot())   # type: ignore[return-value]
 
     def watch(self) -> bool:
@@ -174,9 +176,10 @@ class Cluster:
         """What the agent does when the incremental pass declines: a full pass, which also
         rebuilds what the check reads."""
         self.sync.take()
-        self.maps = Maps(self.full())
+        snap = self.snapshot()
+        self.maps = Maps(desired_maps(snap, self.policy))
         self.sync.datapath = self.maps
-        self.sync.rebuilt(self.snapshot())
+        self.sync.rebuilt(snap)
 
 
 @pytest.fixture
@@ -325,24 +328,65 @@ def test_a_pod_of_another_network_is_probed_through_its_probe_address(c):
     agrees(c)
 
 
-@pytest.mark.parametrize("why", ["first local pod of a segment", "last local pod of a segment",
-                                 "a named port of a local pod on another number"])
-def test_a_change_of_this_nodes_policy_subjects_is_left_to_a_full_pass(c, why):
-    """The segments with pods on this node are the subjects its policy map holds entries for."""
-    if why == "first local pod of a segment":   # db's pods, all on the other node, are selected
-        c.store.apply({"apiVersion": K.NETWORKING_API_VERSION, "kind": "NetworkPolicy",
-                       "metadata": {"name": "db", "namespace": "default"},
-                       "spec": {"podSelector": {"matchLabels": {"app": "db"}},
-                                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}})
-        assert not c.watch()
-        c.full_pass()
+def select_db(c: Cluster) -> None:
+    """A policy selecting db, whose pods are all on the other node (a full pass)."""
+    c.store.apply({"apiVersion": K.NETWORKING_API_VERSION, "kind": "NetworkPolicy",
+                   "metadata": {"name": "db", "namespace": "default"},
+                   "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                                         "ports": [{"port": 5432}]}]}})
+    assert not c.watch()
+    c.full_pass()
+
+
+def test_a_segments_first_pod_on_this_node_brings_its_policy_entries(c):
+    """The segments with pods on this node are the subjects its policy map holds entries for: a
+    selected segment's first pod here brings its marker and allow entries (the full pass's
+    resolution, assembled for the new subjects), its last one takes them, with the pod's own."""
+    select_db(c)
+    ip = c.add_pod(pod("db-3", "db", on=ME), host="lxdb3")
+    work = c.incremental()
+    assert work is not None and {"policy", "policy-exact"} & set(work), "the pass writes db's policy entries"
+    assert not any(ch.deletes for ch in work.values())
+    agrees(c)
+    assert c.policy.pressure is not None and c.policy.pressure.dropped == 0
+    ip2 = c.add_pod(pod("db-4", "db", on=ME), host="lxdb4")
+    work = c.incremental()
+    assert work is not None and not {"policy", "policy-exact"} & set(work), "a second local pod: nothing of policy"
+    agrees(c)
+    c.delete_pod("db-4", ip2)
+    c.delete_pod("db-3", ip)
+    work = c.incremental()
+    assert work is not None and all(not ch.updates for ch in work.values())
+    assert {"policy", "policy-exact"} & set(work), "the last local pod takes db's policy entries"
+    agrees(c)
+
+
+def test_the_last_local_pod_of_a_segment_with_ipblock_and_named_port_rules_takes_their_entries(c):
+    """web, selected by a policy with an ipBlock and a named port, loses its only pod here."""
+    c.store.delete("pods", "local", "default")
+    work = c.incremental()
+    pol = {n: work[n] for n in ("policy", "policy-exact") if n in work} if work is not None else {}
+    assert pol and all(ch.deletes and not ch.updates for ch in pol.values())
+    agrees(c)
+
+
+def test_a_subject_change_after_an_audit_of_other_subjects_is_left_to_a_full_pass(c):
+    """The policy entries of a subject change are the difference of two assemblies of one
+    resolution; when the programmer's last assembly was for other subjects (an audit read a
+    newer world), the pass cannot know what the maps hold and declines."""
+    select_db(c)
+    c.add_pod(pod("db-3", "db", on=ME), host="lxdb3")
+    assert c.watch()
+    desired_maps(c.snapshot(), c.policy)   # the agent's audit, with db-3 already in its snapshot
     before = {n: dict(e) for n, e in c.maps.entries.items()}
-    if why == "first local pod of a segment":
-        c.add_pod(pod("db-3", "db", on=ME), host="lxdb3")
-    elif why == "last local pod of a segment":
-        c.store.delete("pods", "local", "default")
-    else:   # the policy's named port http is 8081 too now
-        c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8081),)), host="lxlocal2")
+    assert c.sync.sync(c.sync.take()) is None
+    assert c.maps.entries == before, "a declined pass writes nothing"
+
+
+def test_a_named_port_of_a_local_pod_on_another_number_is_left_to_a_full_pass(c):
+    before = {n: dict(e) for n, e in c.maps.entries.items()}
+    c.add_pod(pod("local-2", "web", on=ME, ports=(("http", 8081),)), host="lxlocal2")   # http is 8081 too now
     assert c.incremental() is None
     assert c.maps.entries == before, "a declined pass writes nothing"
     full = c.full()
@@ -353,9 +397,7 @@ def test_a_declined_pass_leaves_what_it_checks_as_it_was(c):
     c.add_pod(pod("cache-1", "cache"))
     assert c.incremental() is None
     # the full pass the agent then makes rebuilds the check; the next pod goes the short way
-    c.maps = Maps(c.full())
-    c.sync.datapath = c.maps
-    c.sync.rebuilt(c.snapshot())
+    c.full_pass()
     ip = c.add_pod(pod("cache-2", "cache"))
     work = c.incremental()
     assert work is not None and list(work["segment"].updates) == [segment_key(1, ip)]
