@@ -275,9 +275,9 @@ def local_pod_starts(lab: Lab, store: SqliteStore, n: int) -> dict[str, Any]:
     start: from the apply to the first ICMP echo the pod answers, pinged every ms from worker-1's
     own namespace (through the node's host device) once its lease is written; and the agent's own
     time per ADD and DEL (its lace_agent_cni_duration_seconds). A first pod of the label set goes
-    first and is not counted: the segment's first pod on the node changes its policy subjects (a
-    full pass, by design); it is also deleted last, for the same reason. The others are deleted
-    one at a time, each until the kubelet's DEL for it is done."""
+    first and is reported apart: the segment's first pod on the node makes it a subject of the
+    node's policy map (its policy entries come with it); it is also deleted last, for the same
+    reason. The others are deleted one at a time, each until the kubelet's DEL for it is done."""
     name = "lace_agent_cni_duration_seconds"
     dels = f'{name}_count{{command="DEL",result="ok"}}'
 
@@ -299,7 +299,8 @@ def local_pod_starts(lab: Lab, store: SqliteStore, n: int) -> dict[str, Any]:
 
     sock = icmp_echo_socket(lab.agent().netns)
     try:
-        first_answer_ms(store, sock, doc(0))
+        start = lab.metrics()
+        first = first_answer_ms(store, sock, doc(0))
         before = lab.metrics()
         starts = [first_answer_ms(store, sock, doc(i)) for i in range(1, n + 1)]
     finally:
@@ -309,8 +310,12 @@ def local_pod_starts(lab: Lab, store: SqliteStore, n: int) -> dict[str, Any]:
         delete(i)
     deleted = lab.metrics()
     delete(0)
+    gone = lab.metrics()
     return {"starts": starts, "add_ms": agent_ms(before, added, "ADD"), "del_ms": agent_ms(added, deleted, "DEL"),
-            "passes": pass_counts(before, deleted)}
+            "passes": pass_counts(before, deleted), "first": first, "first_add_ms": agent_ms(start, before, "ADD"),
+            "first_del_ms": agent_ms(deleted, gone, "DEL"),
+            "first_passes": pass_counts({k: start.get(k, 0.0) + deleted.get(k, 0.0) - before.get(k, 0.0)
+                                         for k in deleted}, gone)}
 
 
 def settled(lab: Lab, quiet: float = 5.0, timeout: float = 180.0) -> None:
@@ -349,8 +354,12 @@ def pass_counts(before: dict[str, float], after: dict[str, float]) -> str:
         return after.get(name, 0.0) - before.get(name, 0.0)
     n = delta("lace_agent_pod_sync_duration_seconds_count")
     mean = delta("lace_agent_pod_sync_duration_seconds_sum") / n * 1000 if n else 0.0
+    prefix = 'lace_agent_full_passes_total{cause="'
+    causes = ", ".join(f"{k[len(prefix):-2]} {d:.0f}" for k in sorted(after)
+                       if k.startswith(prefix) and (d := delta(k)))
     return (f"{n:.0f} incremental pod passes (mean {mean:.2f} ms), "
-            f"{delta('lace_agent_reconcile_duration_seconds_count'):.0f} full passes")
+            f"{delta('lace_agent_reconcile_duration_seconds_count'):.0f} full passes"
+            + (f" ({causes})" if causes else ""))
 
 
 def restarted(lab: Lab) -> tuple[float, float, float]:
@@ -508,6 +517,9 @@ def main() -> int:
           f"{fmt_ms(lp['starts'])}, p90 {p90(lp['starts']):.1f}")
     print(f"  ... the agent's time per CNI ADD {lp['add_ms']:.1f} ms, per DEL {lp['del_ms']:.1f} ms; "
           f"its passes for them: {lp['passes']}")
+    print(f"  the workload's first pod on that node (its label set becomes a policy subject there): "
+          f"{lp['first']:.1f} ms; the agent's ADD {lp['first_add_ms']:.1f} ms, DEL {lp['first_del_ms']:.1f} ms; "
+          f"its passes for them: {lp['first_passes']}")
     print(f"  full resync: {', '.join(f'{x:.2f} s' for x in s['resync'])}")
     print(f"  agent restarted into it: ready after {s['restart'][0]:.1f} s, RSS {s['restart'][1]:.1f} MiB "
           f"(peak {s['restart'][2]:.1f})")

@@ -403,9 +403,12 @@ class Agent:
             keys, full = self.service_sync.take()
             pods = self.pod_sync.take()
             try:
-                # only services or pods of other nodes changed: program those; anything else
-                # (or an incremental pass that declines) is a full pass
-                if resync or full or not (keys or pods) or \
+                # only services or pods changed: program those; a change no incremental pass
+                # covers (the watch asked for a full pass) or an incremental pass that declines
+                # is a full pass. Woken with nothing left to do is nothing to do: the watch sets
+                # the flag after it notes a change, so a pass that took the change already may
+                # find the flag set again behind it
+                if resync or full or \
                         (pods and self.sync_pods(pods) is None) or (keys and self.sync_services(keys) is None):
                     time.sleep(0.005)   # coalesce a burst of writes into one pass
                     self.reconcile(resync=resync, cause="resync" if resync else "watch")
@@ -456,6 +459,7 @@ class Agent:
                 if relist:   # first, or fell behind compaction: list again, and a full pass
                     since = self._list()
                     relist = False
+                    self.service_sync.request_full()
                     self.dirty.set()
                 self._watch = self.store.watch(WATCH_KINDS, since=since)
                 self.watch_state.connected, self.watch_state.error = True, None
@@ -499,6 +503,7 @@ class Agent:
         """The store is back after an outage: watch afresh and make a full pass, so what changed
         meanwhile reaches the maps even if the old watch missed it."""
         self._restart_watch()
+        self.service_sync.request_full()
         self.dirty.set()
 
     # -- API ---------------------------------------------------------------------------------

@@ -227,7 +227,8 @@ def test_pod_delete_removes_every_trace(lab, ns):
 
 def _passes(lab: LabHandle, node: str) -> dict[str, float]:
     """The node's agent's incremental pod passes, its full passes for CNI operations (those the pod
-    pass could not cover), and its CNI ADDs and DELs so far."""
+    pass could not cover) and for watch events (a change no incremental pass covers), and its CNI
+    ADDs and DELs so far."""
     _, out, _ = lab.lace("metrics", "--node", node, "-o", "json")
     doc = json.loads(out)["nodes"][node]
 
@@ -237,6 +238,7 @@ def _passes(lab: LabHandle, node: str) -> dict[str, float]:
     cni = "lace_agent_cni_duration_seconds"
     return {"pod": value("lace_agent_pod_sync_duration_seconds", "lace_agent_pod_sync_duration_seconds_count"),
             "full": value("lace_agent_full_passes", "lace_agent_full_passes_total", cause="cni"),
+            "watch": value("lace_agent_full_passes", "lace_agent_full_passes_total", cause="watch"),
             "add": value(cni, f"{cni}_count", command="ADD", result="ok"),
             "del": value(cni, f"{cni}_count", command="DEL", result="ok")}
 
@@ -258,7 +260,7 @@ def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full
     assert rc == 0, f"{out}\n{err}"
     added = _passes(lab, "worker-2")
     assert added["add"] == before["add"] + 1
-    assert added["full"] == before["full"], (before, added)
+    assert (added["full"], added["watch"]) == (before["full"], before["watch"]), (before, added)
     assert added["pod"] > before["pod"]
     lab.lace("delete", "pod", "rep1", "-n", ns)
     lab.wait_gone(ns, "rep1")
@@ -275,7 +277,7 @@ def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full
     assert rc == 0, f"{out}\n{err}"
     deleted = _passes(lab, "worker-2")
     assert deleted["del"] >= added["del"] + 2   # the kubelet may repeat its own DEL too
-    assert deleted["full"] == before["full"], (before, deleted)
+    assert (deleted["full"], deleted["watch"]) == (before["full"], before["watch"]), (before, deleted)
     ok, out = lab.check(f"{ns}/cli", "tcp", ips(lab.wait(ns, ["rep0"])["rep0"])[0], 80)
     assert ok and out == f"{ns}/rep0", out
 
@@ -306,13 +308,15 @@ def test_a_selected_workloads_first_pod_on_a_node_brings_its_policy_without_a_fu
     rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
     assert rc == 0, f"{out}\n{err}"
     added = _passes(lab, "worker-2")
-    assert added["add"] == before["add"] + 1 and added["full"] == before["full"], (before, added)
+    assert added["add"] == before["add"] + 1, (before, added)
+    assert (added["full"], added["watch"]) == (before["full"], before["watch"]), (before, added)
     lab.lace("delete", "pod", "g1", "-n", ns)
     lab.wait_gone(ns, "g1")
     wait_for(lambda: _passes(lab, "worker-2")["del"] > added["del"], "g1's CNI DEL on worker-2")
     rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
     assert rc == 0, f"{out}\n{err}"
-    assert _passes(lab, "worker-2")["full"] == before["full"]
+    deleted = _passes(lab, "worker-2")
+    assert (deleted["full"], deleted["watch"]) == (before["full"], before["watch"]), (before, deleted)
 
 
 def test_ipam_exhaustion_is_a_clear_error(lab, ns):
