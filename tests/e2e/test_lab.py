@@ -243,6 +243,25 @@ def _passes(lab: LabHandle, node: str) -> dict[str, float]:
             "del": value(cni, f"{cni}_count", command="DEL", result="ok")}
 
 
+def _verified(lab: LabHandle, node: str) -> None:
+    """`lace verify` finds every map of the node as a full pass would make it."""
+    rc, out, err = lab.lace("verify", "--node", node, check=False)
+    assert rc == 0, f"{out}\n{err}"
+
+
+def _no_full_pass(before: dict[str, float], now: dict[str, float]) -> None:
+    """No full pass for a CNI operation or a watch event between two looks at _passes."""
+    assert (now["full"], now["watch"]) == (before["full"], before["watch"]), (before, now)
+
+
+def _started(lab: LabHandle, doc: dict) -> tuple[dict[str, float], dict]:
+    """Start one pod: its node's _passes just before, and the pod once running."""
+    meta = doc["metadata"]
+    before = _passes(lab, doc["spec"]["nodeName"])
+    lab.apply([doc])
+    return before, lab.wait(meta["namespace"], [meta["name"]])[meta["name"]]
+
+
 def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full_pass(lab, ns):
     """A pod whose label set already has a pod on its node changes none of the node's policy
     subjects: its CNI ADD and DEL program its endpoint with incremental passes (no full pass for
@@ -250,17 +269,14 @@ def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full
     pass would make it."""
     lab.apply([pod("rep0", ns, "worker-2", labels={"app": "rep"}), pod("cli", ns, "worker-1")])
     lab.wait(ns, ["rep0", "cli"])
-    before = _passes(lab, "worker-2")
-    lab.apply([pod("rep1", ns, "worker-2", labels={"app": "rep"})])
-    rep1 = lab.wait(ns, ["rep1"])["rep1"]
+    before, rep1 = _started(lab, pod("rep1", ns, "worker-2", labels={"app": "rep"}))
     for ip in ips(rep1):
         ok, out = lab.check(f"{ns}/cli", "tcp", ip, 80)
         assert ok and out == f"{ns}/rep1", (ip, out)
-    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
-    assert rc == 0, f"{out}\n{err}"
+    _verified(lab, "worker-2")
     added = _passes(lab, "worker-2")
     assert added["add"] == before["add"] + 1
-    assert (added["full"], added["watch"]) == (before["full"], before["watch"]), (before, added)
+    _no_full_pass(before, added)
     assert added["pod"] > before["pod"]
     lab.lace("delete", "pod", "rep1", "-n", ns)
     lab.wait_gone(ns, "rep1")
@@ -273,11 +289,10 @@ def test_a_replica_on_a_node_that_runs_its_workload_is_programmed_without_a_full
            "CNI_IFNAME": "eth0", "CNI_ARGS": f"K8S_POD_NAMESPACE={ns};K8S_POD_NAME=rep1"}
     r = subprocess.run([cni], env=env, input=conf, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
-    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
-    assert rc == 0, f"{out}\n{err}"
+    _verified(lab, "worker-2")
     deleted = _passes(lab, "worker-2")
     assert deleted["del"] >= added["del"] + 2   # the kubelet may repeat its own DEL too
-    assert (deleted["full"], deleted["watch"]) == (before["full"], before["watch"]), (before, deleted)
+    _no_full_pass(before, deleted)
     ok, out = lab.check(f"{ns}/cli", "tcp", ips(lab.wait(ns, ["rep0"])["rep0"])[0], 80)
     assert ok and out == f"{ns}/rep0", out
 
@@ -297,26 +312,22 @@ def test_a_selected_workloads_first_pod_on_a_node_brings_its_policy_without_a_fu
                pod("friend", ns, "worker-1", labels={"role": "friend"}),
                pod("stranger", ns, "worker-1", labels={"role": "stranger"})])
     lab.wait(ns, ["g0", "friend", "stranger"])
-    before = _passes(lab, "worker-2")
-    lab.apply([pod("g1", ns, "worker-2", labels={"app": "guarded"})])
-    g1 = lab.wait(ns, ["g1"])["g1"]
+    before, g1 = _started(lab, pod("g1", ns, "worker-2", labels={"app": "guarded"}))
     for ip in ips(g1):
         ok, out = lab.check(f"{ns}/friend", "tcp", ip, 80)
         assert ok and out == f"{ns}/g1", (ip, out)
         ok, out = lab.check(f"{ns}/stranger", "tcp", ip, 80)
         assert not ok, f"{ip}: a peer the policy does not allow reached the new pod ({out})"
-    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
-    assert rc == 0, f"{out}\n{err}"
+    _verified(lab, "worker-2")
     added = _passes(lab, "worker-2")
     assert added["add"] == before["add"] + 1, (before, added)
-    assert (added["full"], added["watch"]) == (before["full"], before["watch"]), (before, added)
+    _no_full_pass(before, added)
     lab.lace("delete", "pod", "g1", "-n", ns)
     lab.wait_gone(ns, "g1")
     wait_for(lambda: _passes(lab, "worker-2")["del"] > added["del"], "g1's CNI DEL on worker-2")
-    rc, out, err = lab.lace("verify", "--node", "worker-2", check=False)
-    assert rc == 0, f"{out}\n{err}"
+    _verified(lab, "worker-2")
     deleted = _passes(lab, "worker-2")
-    assert (deleted["full"], deleted["watch"]) == (before["full"], before["watch"]), (before, deleted)
+    _no_full_pass(before, deleted)
 
 
 def test_ipam_exhaustion_is_a_clear_error(lab, ns):
