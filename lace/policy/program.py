@@ -90,16 +90,15 @@ class PolicyProgrammer:
         """Each policy map's entries for this node with its pods' segments ``before`` and ``after``
         (its subjects), both from the last resolution: for a pass that changes nothing but which
         segments have pods on this node (lace.agent.podsync checks that the segments, their named
-        ports and the ipBlocks' pods are the ones the resolution saw). The second becomes the last
-        assembly, with its pressure. None before the first assembly, or when the networks or the
-        subjects it was made for are not the ones given."""
+        ports and the ipBlocks' pods are the ones the resolution saw). The first is the last
+        assembly's; the second becomes the last assembly, with its pressure. None before the first
+        assembly, or when the last one was not made for the subjects ``before``."""
         with self._lock:
             res, last = self._res, self._last
             if res is None or last is None or last[0][:2] != (res.version, frozenset(before)):
                 return None
-            old = policy_maps(res.entries(before, self.capacity)[0])
             entries, prefixes, pressure = assemble_subjects(res, after, self.capacity, self.prefix_capacity)
             maps = policy_maps(entries)
             self._last = ((res.version, frozenset(after), last[0][2]), entries, prefixes, maps)
             self.pressure = pressure
-            return old, maps
+            return last[3], maps
