@@ -18,8 +18,9 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from lace.bpf import BPFError, Link, Map, Migration, NotSupported, Program, attach_tcx
+from lace.bpf import BPFError, Link, Map, MapEntryCounts, Migration, NotSupported, Program, attach_tcx
 from lace.datapath.node import LoadedDatapath, load_objects
+from lace.datapath.registry import MAP_ENTRIES_OBJECT, MAP_ENTRIES_PROGRAM, bpf_dir
 from lace.datapath.policy import EXACT_MAP, TRIE_MAP, is_marker, policy_maps
 from lace.datapath.services import MAGLEV_SIZE
 
@@ -94,6 +95,10 @@ class NodeDatapath:
         #: passes would count in the agent's RSS for nothing
         self._mapped: dict[str, mmap.mmap] = {}
         self._values: dict[str, np.ndarray] = {}
+        #: the map iterator that reads the kernel's entry counts (entry_counts), loaded on first
+        #: use; False once it could not be (counts then walk the maps)
+        self._counts: MapEntryCounts | bool | None = None
+        self._counts_lock = threading.Lock()
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -149,6 +154,10 @@ class NodeDatapath:
             if self.loaded is not None:
                 self.loaded.close()
                 self.loaded = None
+        with self._counts_lock:
+            if isinstance(self._counts, MapEntryCounts):
+                self._counts.close()
+            self._counts = None
 
     def _objects(self, what: str) -> LoadedDatapath:
         if self.loaded is None:   # a KeyError, as for a map or program the objects lack
@@ -161,6 +170,31 @@ class NodeDatapath:
 
     def program(self, name: str) -> Program:
         return self._objects(name).program(name)
+
+    def entry_counts(self, names: Iterable[str]) -> dict[str, int]:
+        """Entries in each of these maps now, for the fill metrics and the status: the kernel's
+        own count for a hash map, every one read at once through a map iterator
+        (lace.bpf.iter: microseconds, where walking a full conntrack table takes ~0.5 s), and a
+        walk for the other types — and for all of them where the iterator cannot load (logged
+        once: a kernel before 6.6, no BTF)."""
+        maps = {name: self.map(name) for name in names}
+        with self._counts_lock:
+            if self._counts is None:
+                try:
+                    self._counts = MapEntryCounts(str(bpf_dir() / MAP_ENTRIES_OBJECT), MAP_ENTRIES_PROGRAM)
+                except (BPFError, OSError) as e:
+                    log.warning("map entry counts walk each map: the map iterator did not load (%s)", e)
+                    self._counts = False
+            counts = self._counts
+        if isinstance(counts, MapEntryCounts):
+            return counts.entries(maps)
+        return {name: m.count() for name, m in maps.items()}
+
+    @property
+    def counts_from_kernel(self) -> bool:
+        """Whether entry_counts reads the kernel's counts (False before its first call, or when
+        the map iterator could not load)."""
+        return isinstance(self._counts, MapEntryCounts)
 
     # -- attach points -----------------------------------------------------------------------
 

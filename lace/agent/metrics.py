@@ -73,10 +73,13 @@ class DatapathCollector:
         ratio = GaugeMetricFamily("lace_map_pressure", "Entries / capacity of a datapath map (0..1; array "
                                   "maps always read 1)", labels=["map"])
         ct = GaugeMetricFamily("lace_conntrack_entries", "Entries in a conntrack table", labels=["table"])
+        try:
+            counts = self.datapath.entry_counts(self.capacities)
+        except Exception:
+            counts = {}
         for name, capacity in self.capacities.items():
-            try:
-                entries = self.datapath.map(name).count()
-            except Exception:
+            entries = counts.get(name)
+            if entries is None:
                 continue
             fill.add_metric([name], entries)
             cap.add_metric([name], capacity)

@@ -504,6 +504,12 @@ def _map_facts(agent: Any) -> list[dict[str, Any]]:
     from lace.datapath import registry
     out = []
     svc = agent.services.pressure
+    counted = [name for name, m in registry.MAPS.items()
+               if m.map_type != "ringbuf" and name != "maglev" and m.map_type not in ARRAY_TYPES]
+    try:
+        counts = agent.datapath.entry_counts(counted)
+    except Exception:
+        counts = {}
     for name, m in registry.MAPS.items():
         if m.map_type == "ringbuf":
             continue
@@ -515,11 +521,9 @@ def _map_facts(agent: Any) -> list[dict[str, Any]]:
         if m.map_type in ARRAY_TYPES:   # every slot exists: nothing to count
             out.append({"map": name, "type": m.map_type, "entries": m.max_entries, "capacity": m.max_entries})
             continue
-        try:
-            entries = agent.datapath.map(name).count()
-        except Exception:
+        if name not in counts:
             continue
-        out.append({"map": name, "type": m.map_type, "entries": entries, "capacity": m.max_entries})
+        out.append({"map": name, "type": m.map_type, "entries": counts[name], "capacity": m.max_entries})
     return out
 
 
@@ -573,7 +577,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     store = _store_facts(agent)
     pol, svc = agent.policy.pressure, agent.services.pressure
     try:
-        probe_entries = agent.datapath.map("probes").count()
+        probe_entries = agent.datapath.entry_counts(["probes"])["probes"]
     except Exception:
         probe_entries = None
     w: WatchState = agent.watch_state
@@ -582,7 +586,7 @@ def gather(agent: Any, *, maps: bool = True) -> dict[str, Any]:
     store["segments"]["local"] = len(local_segments)
     try:
         from lace.datapath.policy import POLICY_MAPS
-        policy_entries = sum(agent.datapath.map(name).count() for name in POLICY_MAPS)
+        policy_entries = sum(agent.datapath.entry_counts(POLICY_MAPS).values())
     except Exception:
         policy_entries = 0
     return {

@@ -310,6 +310,7 @@ _PROTOS: dict[str, tuple[object, list[object]]] = {
     "bpf_link_create": (c_int, [c_int, c_int, c_int, POINTER(BpfLinkCreateOpts)]),
     "bpf_link_update": (c_int, [c_int, c_int, POINTER(BpfLinkUpdateOpts)]),
     "bpf_link_detach": (c_int, [c_int]),
+    "bpf_iter_create": (c_int, [c_int]),
     "bpf_prog_query_opts": (c_int, [c_int, c_int, POINTER(BpfProgQueryOpts)]),
     "bpf_prog_get_next_id": (c_int, [c_uint32, POINTER(c_uint32)]),
     "bpf_map_get_next_id": (c_int, [c_uint32, POINTER(c_uint32)]),
@@ -332,6 +333,7 @@ libc.syscall.argtypes = [c_long, c_long, c_void_p, c_uint32]
 
 SYS_bpf = 321  # x86-64
 BPF_PROG_QUERY = 16
+BPF_TRACE_ITER = 28   # enum bpf_attach_type
 
 
 def check(ret: int, op: str, *, key_op: bool = False) -> int:

@@ -217,6 +217,11 @@ def ct_table(family: int, proto: int) -> str:
 #: host device, and the cgroup socket hooks of the node's host processes
 OBJECTS: dict[str, str] = {"pod_veth": "pod_veth.o", "uplink": "uplink.o", "host": "host.o", "sock": "sock.o"}
 
+#: the map iterator (not a datapath program) that reads every hash map's entry count the kernel
+#: keeps (lace.bpf.iter), and its program
+MAP_ENTRIES_OBJECT = "map_entries.o"
+MAP_ENTRIES_PROGRAM = "lace_map_entries"
+
 #: the repository root (lace/datapath/registry.py -> ../..)
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -261,6 +261,9 @@ class FakeDatapath:
             return FakeMap()
         return NS(count=lambda: 3)
 
+    def entry_counts(self, names):
+        return {name: self.map(name).count() for name in names}
+
 
 def exported_families(text: str) -> set[str]:
     return set(nm.parse(text))
