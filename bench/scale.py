@@ -311,11 +311,12 @@ def local_pod_starts(lab: Lab, store: SqliteStore, n: int) -> dict[str, Any]:
     deleted = lab.metrics()
     delete(0)
     gone = lab.metrics()
+    # the first pod's two windows, its ADD (start -> before) and its DEL (deleted -> gone), as one:
+    # what the metrics moved by in both is gone - (deleted - before + start)
+    first_windows = {k: deleted.get(k, 0.0) - before.get(k, 0.0) + start.get(k, 0.0) for k in deleted}
     return {"starts": starts, "add_ms": agent_ms(before, added, "ADD"), "del_ms": agent_ms(added, deleted, "DEL"),
             "passes": pass_counts(before, deleted), "first": first, "first_add_ms": agent_ms(start, before, "ADD"),
-            "first_del_ms": agent_ms(deleted, gone, "DEL"),
-            "first_passes": pass_counts({k: start.get(k, 0.0) + deleted.get(k, 0.0) - before.get(k, 0.0)
-                                         for k in deleted}, gone)}
+            "first_del_ms": agent_ms(deleted, gone, "DEL"), "first_passes": pass_counts(first_windows, gone)}
 
 
 def settled(lab: Lab, quiet: float = 5.0, timeout: float = 180.0) -> None:

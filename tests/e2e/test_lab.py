@@ -22,7 +22,7 @@ from scapy.utils import rdpcap
 from lace.bpf import Map
 from lace.datapath import registry
 
-from .conftest import NETCHECK, LabHandle, leftovers, namespace, network, pod, ips, wait_for
+from .conftest import NETCHECK, LabHandle, leftovers, network, pod, ips, wait_for
 
 
 def test_pods_talk_on_one_node_and_across_nodes(lab, ns):
