@@ -51,7 +51,7 @@ from lace.store.records import same_objects
 
 from .cluster import ClusterCache
 from .desired import ENDPOINT_MAPS, Entries, ct_limit, endpoint_entries
-from .diff import MapChanges
+from .diff import COMPARE, MapChanges, diff
 from .model import LocalEndpoint, PodAddress, Snapshot, is_pod_container, lease_pod
 from .state import pod_endpoints
 
@@ -213,10 +213,10 @@ class PodSync:
             if maps is None:
                 return None
             for name, want in maps[1].items():
-                have = maps[0][name]
+                step = diff(name, want, maps[0][name])
                 ch = changes.setdefault(name, MapChanges())
-                ch.deletes.extend(k for k in have if k not in want)
-                ch.updates.update((k, v) for k, v in want.items() if have.get(k) != v)
+                ch.deletes.extend(step.deletes)
+                ch.updates.update(step.updates)
         for key, eps in endpoints.items():
             before = self._entries(self._endpoints.get(key, ()))
             after = self._entries(eps)
@@ -231,7 +231,8 @@ class PodSync:
             # a key both deleted and written is an update; one that holds the same entry is left
             deletes = [k for k in ch.deletes if k not in ch.updates]
             have = self.datapath.held(name, [*ch.updates, *deletes])
-            ch.updates = {k: v for k, v in ch.updates.items() if have.get(k) != v}
+            view = COMPARE.get(name, bytes)   # the policy maps' hit counters are the datapath's
+            ch.updates = {k: v for k, v in ch.updates.items() if k not in have or view(have[k]) != view(v)}
             ch.deletes = [k for k in dict.fromkeys(deletes) if k in have]
             if ch:
                 work[name] = ch
