@@ -20,7 +20,7 @@ from lace.datapath.common import Family, addr_str
 from lace.datapath.conntrack import (CT4_KEY, CT6_KEY, CT_ENDPOINT_KEY, CT_ENTRY, CtFlag, ct_endpoint_key,
                                      ct_endpoint_value)
 from lace.datapath.masquerade import MASQ_PORT_COUNT
-from lace.datapath.services import revnat_key
+from lace.datapath.services import REVNAT_KEY, revnat_key
 from lace.datapath.node import LoadedDatapath
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -63,6 +63,66 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
             backend |= nat == np.frombuffer(packed.ljust(16, b"\0"), dtype="V16")[0]
         sel &= arr["network"] == network
         sel |= backend & ((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & (val["dst_network"] == network)
+        idx = np.nonzero(sel)[0]
+        if len(idx):
+            kb = bytes(keys)
+            picked = b"".join(kb[i * m.key_size:(i + 1) * m.key_size] for i in idx)
+            removed += m.delete_batch(picked, len(idx))
+    return removed
+
+
+def _void(raw: bytes, width: int) -> Any:
+    """An address as the NumPy scalar a decoded table's column of that width compares with."""
+    return np.frombuffer(raw.ljust(width, b"\0"), dtype=f"V{width}")[0]
+
+
+def flush_service_flows(datapath: LoadedDatapath | NodeDatapath,
+                        departed: list[tuple[bytes, tuple[int, str, int]]]) -> int:
+    """Delete the UDP service flows of ``departed`` pairs (revnat key of a backend that left a
+    service, frontend (source network, address, port) it left): each flow's frontend entry (SERVICE,
+    keyed client -> frontend under the frontend's source network, holding the backend), and where
+    the flow kept a backend entry (DNAT, keyed client -> backend, holding the frontend) that entry
+    and its reply alias. The client's next datagram is then a new flow and gets a backend the
+    service has now (ServiceProgrammer.take_departed). Returns the number of entries deleted."""
+    removed = 0
+    for v6, name in ((False, "ct-udp-v4"), (True, "ct-udp-v6")):
+        wanted = []
+        for k, (net, frontend, fport) in departed:
+            b = REVNAT_KEY.unpack(k)
+            if (b["family"] == Family.IPV6) != v6:
+                continue
+            width = 16 if v6 else 4
+            wanted.append((net, ipaddress.ip_address(frontend).packed, fport,
+                           b["network"], bytes(b["addr"])[:width], b["port"]))
+        if not wanted:
+            continue
+        m = datapath.map(name)
+        keys, values, n = m.dump()
+        if not n:
+            continue
+        arr = (CT6_KEY if v6 else CT4_KEY).decode_many(keys, n)
+        val = CT_ENTRY.decode_many(values, n)
+        width = 16 if v6 else 4
+        flags = val["flags"]
+        service = (flags & np.uint8(CtFlag.SERVICE)) != 0
+        dnat = (flags & np.uint8(CtFlag.DNAT)) != 0
+        alias = (flags & np.uint8(CtFlag.ALIAS)) != 0
+        sel = np.zeros(n, dtype=bool)
+        for net, fe, fport, bnet, be, bport in wanted:
+            front = (arr["network"] == net) & (arr["daddr"] == _void(fe, width)) & (arr["dport"] == fport)
+            sel |= service & front & (val["nat_addr"] == _void(be, 16)) & (val["nat_port"] == bport) & \
+                (val["dst_network"] == bnet)
+            back = (arr["network"] == net) & (arr["daddr"] == _void(be, width)) & (arr["dport"] == bport) & dnat & \
+                (val["nat_addr"] == _void(fe, 16)) & (val["nat_port"] == fport) & (val["dst_network"] == bnet)
+            sel |= back
+            if bnet != net and back.any():
+                # the reply alias of each such backend entry: the same tuple under the backend's network
+                clients = set(zip(arr["saddr"][back].tolist(), arr["sport"][back].tolist()))
+                near = np.nonzero(alias & (arr["network"] == bnet) & (arr["daddr"] == _void(be, width)) &
+                                  (arr["dport"] == bport) & (val["dst_network"] == net))[0]
+                for i in near:
+                    if (arr["saddr"][i].tolist(), int(arr["sport"][i])) in clients:
+                        sel[i] = True
         idx = np.nonzero(sel)[0]
         if len(idx):
             kb = bytes(keys)

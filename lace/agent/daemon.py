@@ -246,6 +246,7 @@ class Agent:
             have = {name: self.datapath.read(name, fresh=resync) for name in OWNED_MAPS}
             changes = {name: ch for name, ch in diff_all(want, have).items() if ch}
             self.datapath.apply(changes, OWNED_MAPS)
+            self.service_sync.flush_departed()
             self.pod_sync.rebuilt(snap)
             if resync or "probes" in changes:   # a target went, or a release hook was missed
                 self._collect_probe_cookies(want["probes"])

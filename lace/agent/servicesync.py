@@ -14,10 +14,15 @@ syncs and Cilium's per-service updates do:
   decides which frontends stay in, in its stable order.
 
 A full pass reads the same cache, so both kinds of pass agree on every frontend.
+
+After either kind of pass has written the maps, the UDP flows whose backend left their service
+are deleted (:meth:`ServiceSync.flush_departed`): their clients' next datagrams meet the service as
+it is now.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -25,7 +30,10 @@ from lace.services.cache import RECORDS, ServiceCache
 from lace.services.program import ServiceProgrammer
 from lace.store.api import WatchEvent
 
+from .conntrack import flush_service_flows
 from .diff import MapChanges
+
+log = logging.getLogger("lace.agent")
 
 #: kinds whose changes an incremental pass programs; any other kind needs a full pass
 SERVICE_KINDS = ("Service", "EndpointSlice")
@@ -87,4 +95,18 @@ class ServiceSync:
         work = {name: MapChanges(updates, deletes) for name, (updates, deletes) in changes.items()
                 if updates or deletes}
         self.datapath.apply(work, self.order)
+        self.flush_departed()
         return work
+
+    def flush_departed(self) -> int:
+        """Delete the UDP flows through a frontend whose backend left it since the last call
+        (ServiceProgrammer.take_departed), once the pass that took the backend out is written: a
+        client sending from one source port would otherwise keep its flow to the gone backend alive
+        for as long as it sends. Returns the entries deleted."""
+        departed = self.programmer.take_departed()
+        if not departed:
+            return 0
+        n = flush_service_flows(self.datapath, departed)
+        log.info("%d UDP service flows to %d departed backend(s) deleted", n,
+                 len({k for k, _ in departed}))
+        return n

@@ -25,12 +25,22 @@ entry — until :meth:`ServiceProgrammer.release_revnat`, which the agent calls 
 resync with the frontends live conntrack entries still name, drops the others. At most
 REVNAT_FRONTENDS frontends per backend: the programmed ones first, in a stable order; the ones
 left out are counted (``ServicePressure.revnat_left_out``).
+
+A UDP flow has no end the datapath could see: its client may send from one source port for as
+long as it lives, each datagram renewing its entry, so a flow whose backend left the service would
+stay dead (TCP's would end, and a new connection gets a live backend). kube-proxy deletes such
+conntrack entries when an endpoint goes; the programmer does the same through the agent: every
+(backend, frontend) pair retired from a UDP backend's revnat entry is handed out once by
+:meth:`ServiceProgrammer.take_departed`, and the agent deletes those flows' entries after the
+pass that retired it has been written (so the client's next datagram is a new flow that meets the
+service as it is now). A terminating backend is not retired: its flows keep going.
 """
 
 from __future__ import annotations
 
 import copy
 import ipaddress
+import socket
 import struct
 import threading
 from array import array
@@ -151,6 +161,8 @@ class ServiceProgrammer:
         self._revnat_left_out: dict[bytes, int] = {}
         #: per key, the frontends its entry holds, in their slots (never changed in place)
         self._revnat_refs: dict[bytes, list[Ref]] = {}
+        #: retired (UDP backend key, frontend) pairs whose flows take_departed handed out already
+        self._departed_taken: set[tuple[bytes, Ref]] = set()
         self._lock = threading.Lock()
 
     def scratch(self) -> ServiceProgrammer:
@@ -298,7 +310,10 @@ class ServiceProgrammer:
                 users[ref] = users.get(ref, 0) + 1
             retired = self._revnat_retired.get(k)
             if retired:
-                retired.difference_update(refs)
+                back = retired.intersection(refs)
+                retired.difference_update(back)
+                # back in use: its next retirement is news again (take_departed)
+                self._departed_taken.difference_update((k, r) for r in back)
             self._revnat_set(k)
         for ident in built.identities:
             self._id_users[ident] = self._id_users.get(ident, 0) + 1
@@ -395,6 +410,17 @@ class ServiceProgrammer:
         """Whether some retired frontend waits for its flows to end (only then is conntrack read)."""
         with self._lock:
             return bool(self._revnat_retired)
+
+    def take_departed(self) -> list[tuple[bytes, Ref]]:
+        """The (UDP backend's revnat key, frontend) pairs retired since the last call: flows through
+        that frontend to that backend are to be deleted (see the module docstring). A pair that
+        comes back and is retired again is handed out again."""
+        with self._lock:
+            retired = {(k, r) for k, refs in self._revnat_retired.items()
+                       if REVNAT_KEY.unpack(k)["proto"] == socket.IPPROTO_UDP for r in refs}
+            new = sorted(retired - self._departed_taken)
+            self._departed_taken = retired
+            return new
 
     def release_revnat(self, in_use: set[tuple[bytes, Ref]]) -> tuple[Entries, list[bytes]]:
         """Drop the retired frontends that no live conntrack entry names any more: ``in_use`` holds

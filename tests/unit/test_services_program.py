@@ -257,3 +257,34 @@ def test_a_full_revnat_entry_keeps_its_frontends_when_another_comes():
     assert p.release_revnat(set()) is not None
     (last,) = _revnat(p.revnat_entries()).values()
     assert (1, "10.96.2.1", 80) in last and (1, "10.96.2.10", 80) not in last
+
+
+def _udp_fronts(endpoints, *, vip="10.96.0.10"):
+    s = svc("dns", [vip], [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "tcp", "port": 53}])
+    slices = [eps("dns", 4, endpoints, [{"name": "dns", "port": 5353, "protocol": "UDP"},
+                                        {"name": "tcp", "port": 5353}])]
+    return frontends([s], slices, NET, {}, "w1")
+
+
+def test_a_udp_backend_that_leaves_its_service_is_handed_out_once_for_its_flows_to_go():
+    """UDP flows have no end to see: a backend taken out of a UDP frontend is handed out (once) so
+    the agent deletes its flows; a terminating one keeps them; a TCP frontend's backend is not."""
+    p = ServiceProgrammer()
+    a, b = ep("10.244.1.1", pod="a"), ep("10.244.1.2", pod="b")
+    p.entries(_udp_fronts([a, b]))
+    assert p.take_departed() == []
+    # b terminating: still the service's, its flows go on
+    p.update({"default/dns": _udp_fronts([a, ep("10.244.1.2", pod="b", ready=False, serving=True,
+                                                terminating=True)])})
+    assert p.take_departed() == []
+    # b gone: its UDP flows through the frontend are to go, and only once
+    p.update({"default/dns": _udp_fronts([a])})
+    assert p.take_departed() == [(revnat_key(1, "10.244.1.2", 5353, Proto.UDP), (1, "10.96.0.10", 53))]
+    assert p.take_departed() == []
+    # back, and gone again: handed out again
+    p.update({"default/dns": _udp_fronts([a, b])})
+    p.update({"default/dns": _udp_fronts([a])})
+    assert [k for k, _ in p.take_departed()] == [revnat_key(1, "10.244.1.2", 5353, Proto.UDP)]
+    # the same through a full pass
+    p.entries(_udp_fronts([b]))
+    assert p.take_departed() == [(revnat_key(1, "10.244.1.1", 5353, Proto.UDP), (1, "10.96.0.10", 53))]

@@ -1,0 +1,159 @@
+"""UDP through a Service whose backend is replaced, as a resolver, a game or a telemetry client
+sees it: the client sends from one fixed source port the whole time, so every datagram renews its
+conntrack entry. When the backend pod is deleted and another one comes up, the client's next
+datagrams must reach the new pod (the agent deletes the flows to a backend that left its service),
+for a ClusterIP from a pod on another node and for a NodePort from the outside, IPv4 and IPv6."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+
+import pytest
+
+from lace.lab import topology
+from lace.lab.kubelet import sandbox_netns
+from lace.nsenter import entered
+
+from .conftest import ips, pod, wait_for
+from .test_nodestate import node_json
+from .test_outside import node_addr
+
+INTERNET = {4: topology.INTERNET4, 6: topology.INTERNET6}
+SPORT = 40123
+
+
+class FixedPortClient:
+    """A UDP socket made in a network namespace and bound to one source port there; the test
+    process sends through it, as a client that never changes its port."""
+
+    def __init__(self, netns: str, family: int, bind: str = "") -> None:
+        with entered(netns):
+            self.sock = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET, socket.SOCK_DGRAM)
+            if family == 6:   # the IPv4 client binds the same port
+                self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.sock.bind((bind, SPORT))
+
+    def echo(self, addr: str, port: int, timeout: float = 0.3) -> bool:
+        """One datagram to addr:port: whether its echo came back from addr:port."""
+        payload = f"lace-udp {id(self)} {addr}".encode()
+        self.sock.settimeout(timeout)
+        self.sock.sendto(payload, (addr, port))
+        try:
+            while True:
+                data, peer = self.sock.recvfrom(2048)
+                if data == payload:
+                    return ipaddress.ip_address(peer[0]) == ipaddress.ip_address(addr) and peer[1] == port
+        except socket.timeout:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def udp_service(name: str, ns: str, type_: str = "ClusterIP") -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+            "spec": {"type": type_, "selector": {"app": name}, "ipFamilyPolicy": "PreferDualStack",
+                     "ports": [{"name": "echo", "port": 5300, "protocol": "UDP", "targetPort": 53}]}}
+
+
+def backend_of(lab, node: str, client_port: int, frontend_port: int) -> set[str]:
+    """The backends node's UDP service flows from client_port to frontend_port name."""
+    out = set()
+    for table in ("ct-udp-v4", "ct-udp-v6"):
+        for e in node_json(lab, node, "-n", "ct", "list", table)["entries"]:
+            if e["sport"] == client_port and e["dport"] == frontend_port and e.get("nat_addr"):
+                out.add(e["nat_addr"])
+    return out
+
+
+def active(lab, node: str, vip: str, port: int) -> int | None:
+    """The active backends node's services map holds for vip:port."""
+    for e in node_json(lab, node, "bpf", "show", "services", "-n")["entries"]:
+        if e["addr"] == vip and e["port"] == port:
+            return e["active_count"]
+    return None
+
+
+def replace_backend(lab, ns: str, name: str, old: str, new_node: str) -> tuple[str, str]:
+    """Delete pod ``old`` at once and start ``name-b`` on new_node with the service's label; its
+    addresses."""
+    lab.lace("delete", "pod", old, "-n", ns, "--grace-period", "0")
+    lab.apply([pod(f"{name}-b", ns, new_node, labels={"app": name}, tcp=(), udp=(53,))])
+    return ips(lab.wait(ns, [f"{name}-b"])[f"{name}-b"])
+
+
+def test_a_udp_client_on_one_port_follows_its_clusterip_to_the_new_backend(lab, ns):
+    lab.apply([pod("echo-a", ns, "worker-2", labels={"app": "echo"}, tcp=(), udp=(53,)),
+               pod("cli", ns, "worker-1", tcp=(), udp=())])
+    ps = lab.wait(ns, ["echo-a", "cli"])
+    lab.apply([udp_service("echo", ns)])
+    svc = lab.lace("get", "services", "echo", "-n", ns, "-o", "json")[1]
+    vips = json.loads(svc)["spec"]["clusterIPs"]
+    netns = sandbox_netns(lab.name, ps["cli"]["metadata"]["uid"])
+    clients = {vip: FixedPortClient(netns, 6 if ":" in vip else 4) for vip in vips}
+    try:
+        for vip, c in clients.items():
+            wait_for(lambda: c.echo(vip, 5300), f"echo through {vip}:5300", timeout=30)
+        old = set(ips(ps["echo-a"]))
+        assert backend_of(lab, "worker-1", SPORT, 5300) == old
+        new = set(replace_backend(lab, ns, "echo", "echo-a", "worker-3"))
+        # the same source port, datagram after datagram: each one renewed the stale entry before
+        for vip, c in clients.items():
+            wait_for(lambda: c.echo(vip, 5300), f"{vip}:5300 answering the same client port from echo-b",
+                     timeout=20)
+        assert backend_of(lab, "worker-1", SPORT, 5300) == new
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+def test_a_udp_client_on_one_port_follows_a_nodeport_to_the_new_backend(lab, ns):
+    lab.apply([pod("np-a", ns, "worker-2", labels={"app": "np"}, tcp=(), udp=(53,))])
+    ps = lab.wait(ns, ["np-a"])
+    lab.apply([udp_service("np", ns, "NodePort")])
+    svc = json.loads(lab.lace("get", "services", "np", "-n", ns, "-o", "json")[1])
+    port = int(svc["spec"]["ports"][0]["nodePort"])
+    outside = lab.status()["outside"]
+    # worker-1 translates; the backend is on worker-2, then worker-3
+    addrs = {f: node_addr(lab, "worker-1", f) for f in (4, 6)}
+    clients = {f: FixedPortClient(outside, f, INTERNET[f]) for f in (4, 6)}
+    try:
+        for f, c in clients.items():
+            wait_for(lambda: c.echo(addrs[f], port), f"echo through {addrs[f]}:{port}", timeout=30)
+        assert backend_of(lab, "worker-1", SPORT, port) == set(ips(ps["np-a"]))
+        new = set(replace_backend(lab, ns, "np", "np-a", "worker-3"))
+        for f, c in clients.items():
+            wait_for(lambda: c.echo(addrs[f], port), f"{addrs[f]}:{port} answering the same client port from np-b",
+                     timeout=20)
+        assert backend_of(lab, "worker-1", SPORT, port) == new
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_nothing_flushes_a_udp_flow_whose_backend_stays(lab, ns, family):
+    """A service change that keeps the flow's backend (another backend added) leaves its flow alone:
+    the same backend answers the same client port."""
+    name = f"keep{family}"
+    lab.apply([pod(f"{name}-a", ns, "worker-2", labels={"app": name}, tcp=(), udp=(53,)),
+               pod(f"{name}-cli", ns, "worker-1", tcp=(), udp=())])
+    ps = lab.wait(ns, [f"{name}-a", f"{name}-cli"])
+    lab.apply([udp_service(name, ns)])
+    vips = json.loads(lab.lace("get", "services", name, "-n", ns, "-o", "json")[1])["spec"]["clusterIPs"]
+    vip = next(v for v in vips if (":" in v) == (family == 6))
+    c = FixedPortClient(sandbox_netns(lab.name, ps[f"{name}-cli"]["metadata"]["uid"]), family)
+    try:
+        wait_for(lambda: c.echo(vip, 5300), f"echo through {vip}:5300", timeout=30)
+        before = backend_of(lab, "worker-1", SPORT, 5300)
+        lab.apply([pod(f"{name}-b", ns, "worker-3", labels={"app": name}, tcp=(), udp=(53,))])
+        lab.wait(ns, [f"{name}-b"])
+        wait_for(lambda: active(lab, "worker-1", vip, 5300) == 2, f"{vip}:5300 with two backends on worker-1",
+                 timeout=20)
+        for _ in range(5):
+            assert c.echo(vip, 5300)
+        assert backend_of(lab, "worker-1", SPORT, 5300) == before
+    finally:
+        c.close()
