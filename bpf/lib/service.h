@@ -62,6 +62,8 @@
 #define LACE_SVC_FLOW_REOPEN   0x8   /* a new flow on the tuple of a service flow's stale entry
 				      * (closed, or collided: service_ct_reply): its backend's tuple
 				      * is looked at before it is taken (service_direct_live) */
+#define LACE_SVC_FLOW_BACKEND_ENTRY 0x10 /* its backend is flagged REPLY_ENTRY: the flow keeps a
+				      * backend entry for its replies (LACE_CT_F2_BACKEND_ENTRY) */
 
 /* Fixed, never random per boot: a flow must hash the same on every node and after a restart, so
  * that a flow whose conntrack entry was lost lands on the same backend. */
@@ -240,7 +242,9 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	b = lb_choose(key, svc, &client, hash, &f->backend_id, &pinned);
 	if (!b)
 		return LACE_DROP_SERVICE_NO_BACKEND;
-	if (check_held && (f->svc_flags & LACE_SVC_FLOW_REOPEN) && service_direct_live(f, b)) {
+	/* a backend entry takes the backend's tuple: a live direct connection there keeps it */
+	if (check_held && ((f->svc_flags & LACE_SVC_FLOW_REOPEN) || (b->flags & LACE_BACKEND_F_REPLY_ENTRY)) &&
+	    service_direct_live(f, b)) {
 		id = service_free_backend(f, key, svc, hash);
 		b = lb_backend(id, f->family);
 		if (!b)
@@ -250,15 +254,18 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	}
 	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
 		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
+	if (b->flags & LACE_BACKEND_F_REPLY_ENTRY)
+		f->svc_flags |= LACE_SVC_FLOW_BACKEND_ENTRY;
 	lace_copy16_a8(&backend, b->addr);
 	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
 }
 
 /* The entry of a new service flow, once it is admitted and translated (f is the backend flow,
  * nat_addr:nat_port the frontend): keyed by the frontend, holding the backend; and its affinity
- * choice. A kubelet probe (LACE_SVC_FLOW_PROBE) also gets the backend entry and its reply alias
- * (lib/probe.h: its replies find the frontend through them; the agent writes no revnat entry for
- * a probe target). */
+ * choice. A kubelet probe (LACE_SVC_FLOW_PROBE) and a flow to a backend flagged REPLY_ENTRY
+ * (LACE_SVC_FLOW_BACKEND_ENTRY) also get the backend entry and its reply alias: their replies find
+ * the frontend through them (the agent writes no revnat entry for a probe target, and the backend's
+ * revnat entry does not name every frontend of the other). */
 __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 {
 	struct lace_ct_entry e = {};
@@ -269,13 +276,16 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 	e.flags |= LACE_CT_F_SERVICE;
 	if (f->svc_flags & LACE_SVC_FLOW_PROBE)
 		e.flags |= LACE_CT_F_PROBE;
+	if (f->svc_flags & (LACE_SVC_FLOW_PROBE | LACE_SVC_FLOW_BACKEND_ENTRY))
+		e.flags2 |= LACE_CT_F2_BACKEND_ENTRY;
 	lace_copy16_a8(e.nat_addr, f->daddr);
 	e.nat_port = f->dport;
 	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
 	if (rc)
 		return rc;
-	if (f->svc_flags & LACE_SVC_FLOW_PROBE) {
+	if (e.flags2 & LACE_CT_F2_BACKEND_ENTRY) {
 		e.flags = (e.flags & ~LACE_CT_F_SERVICE) | LACE_CT_F_DNAT;
+		e.flags2 = 0;
 		lace_copy16_a8(e.nat_addr, f->nat_addr);
 		e.nat_port = f->nat_port;
 		rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
@@ -296,8 +306,8 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 /* Take back the entries a new flow f wrote (ct_create, service_ct_create, masq_new_flow,
  * nodeport_ct_create_remote) when its packet is dropped after all, on its way out: a flow that
  * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
- * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe:
- * also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
+ * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe or
+ * a flow that keeps a backend entry: also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
  * reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's identifier as both
  * ports); plain — the entry and the reply alias. A ClientIP affinity choice stays: it is a
  * preference for the client's next flow, not state of this one. */
@@ -313,7 +323,7 @@ __lace_subprog int ct_forget_new(const struct lace_flow *f)
 	}
 	if (f->nat_kind == LACE_NAT_DNAT) {
 		ct_forget(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port);
-		if (!(f->svc_flags & LACE_SVC_FLOW_PROBE))
+		if (!(f->svc_flags & (LACE_SVC_FLOW_PROBE | LACE_SVC_FLOW_BACKEND_ENTRY)))
 			return 0;
 	}
 	ct_forget(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport);
@@ -341,7 +351,8 @@ static __always_inline void service_follow(struct lace_ct_entry *fe, const struc
 
 /* An established packet to a frontend, found by its frontend entry fe (already advanced): send it
  * to fe's backend. Sets the flow's destination network and segment; returns 0 or a drop reason.
- * A probe also advances its backend entry (rebuilt from fe if it was evicted). */
+ * A flow that keeps a backend entry (a probe, a backend flagged REPLY_ENTRY) also advances it
+ * (rebuilt from fe if it was evicted). */
 __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, struct lace_ct_entry *fe,
 				   __u64 now)
 {
@@ -355,7 +366,7 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	if (rc)
 		return rc;
 	f->dst_segment = fe->dst_segment;
-	if (!(fe->flags & LACE_CT_F_PROBE))
+	if (!(fe->flags2 & LACE_CT_F2_BACKEND_ENTRY) && !(fe->flags & LACE_CT_F_PROBE))
 		return 0;
 	ct_key(&k, f->family, f->src_network, f->proto, seen.b, f->daddr, f->sport, f->dport);
 	be = ct_lookup(f->family, f->proto, &k);
@@ -371,6 +382,7 @@ __lace_subprog int service_forward(struct __sk_buff *skb, struct lace_flow *f, s
 	be = ct_lookup(f->family, f->proto, &k);
 	if (be) {
 		be->flags = (be->flags & ~LACE_CT_F_SERVICE) | LACE_CT_F_DNAT;
+		be->flags2 = 0;
 		lace_copy16_a8(be->nat_addr, f->nat_addr);
 		be->nat_port = f->nat_port;
 	}
@@ -453,6 +465,10 @@ __attribute__((noinline)) int service_revnat_find(struct lace_flow *f, __u32 bac
 		if (!e || !(e->flags & LACE_CT_F_SERVICE) || e->dst_network != backend_net || e->nat_port != bport ||
 		    !lace_eq16(e->nat_addr, backend))
 			continue;
+		/* a flow that keeps a backend entry is found by it (its reversed tuple, after this):
+		 * that entry follows both directions */
+		if (e->flags2 & LACE_CT_F2_BACKEND_ENTRY)
+			return -1;
 		f->ct_network = fr->network;
 		lace_copy16_a8(f->nat_addr, fr->addr);
 		f->nat_port = fr->port;

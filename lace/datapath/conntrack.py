@@ -85,6 +85,12 @@ class CtFlag(enum.IntFlag):
     #               names the network the flow's entry is keyed under
 
 
+class CtFlag2(enum.IntFlag):
+    """Bits of lace_ct_entry.flags2 (LACE_CT_F2_*)."""
+
+    BACKEND_ENTRY = 0x01  # a service flow's frontend entry whose flow also keeps a backend entry (DNAT)
+
+
 #: struct lace_ct4_key (conntrack.h)
 CT4_KEY = Layout(
     "struct lace_ct4_key",
@@ -135,7 +141,7 @@ CT_ENTRY = Layout(
         ("tcp_flags_fwd", "u8"),
         ("tcp_flags_rev", "u8"),
         ("delivery", "u8"),
-        ("reserved", "u8"),
+        ("flags2", "u8"),
     ],
 )
 
@@ -183,6 +189,7 @@ C_MACROS: dict[str, int] = {
     "LACE_CT_F_SERVICE": CtFlag.SERVICE,
     "LACE_CT_F_MASQ": CtFlag.MASQ,
     "LACE_CT_F_ALIAS": CtFlag.ALIAS,
+    "LACE_CT_F2_BACKEND_ENTRY": CtFlag2.BACKEND_ENTRY,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_ct_state": (CtState, "LACE_CT_"),

@@ -66,6 +66,7 @@ class BackendFlag(enum.IntFlag):
 
     ACTIVE = 0x1
     TERMINATING = 0x2
+    REPLY_ENTRY = 0x4  # its new flows keep a backend entry: its revnat entry cannot name all its frontends
 
 
 #: struct lace_service_key (services.h)
@@ -213,6 +214,7 @@ C_MACROS: dict[str, int] = {
     "LACE_SVC_F_EXTERNAL_IP": ServiceFlag.EXTERNAL_IP,
     "LACE_BACKEND_F_ACTIVE": BackendFlag.ACTIVE,
     "LACE_BACKEND_F_TERMINATING": BackendFlag.TERMINATING,
+    "LACE_BACKEND_F_REPLY_ENTRY": BackendFlag.REPLY_ENTRY,
     "LACE_HAIRPIN_IPV4": HAIRPIN_IPV4_INT,
     "LACE_HAIRPIN_IPV6_HIGH": HAIRPIN_IPV6_HIGH,
     "LACE_HAIRPIN_IPV6_LOW": HAIRPIN_IPV6_LOW,

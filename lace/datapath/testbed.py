@@ -449,23 +449,27 @@ class Testbed:
 
     def service(self, vip: str, port: int, active: Sequence[Backend], *, terminating: Sequence[Backend] = (),
                 network: int = NET1, proto: int = 6, service_id: int = 1, maglev_table: int | None = None,
-                affinity_timeout: int = 0, flags: int = 0) -> Service:
+                affinity_timeout: int = 0, flags: int = 0, reply_entry: bool = False) -> Service:
         """Program frontend vip:port/proto in ``network`` as the agent does: the backends, their
         slots (``active`` first, then ``terminating``) and slot 0 last; a Maglev table (number
         ``maglev_table``, default ``service_id``; 0 for none) when two or more are active.
         ``affinity_timeout`` > 0 turns on ClientIP affinity. Reprogramming a frontend with fewer
         backends leaves its old slots behind (the datapath never reads past backend_count), and
         every backend keeps the frontend in its revnat entry (as the agent keeps it while
-        conntrack may hold a flow to it)."""
+        conntrack may hold a flow to it). ``reply_entry``: as the agent programs a backend whose
+        revnat entry is full — the backends flagged REPLY_ENTRY, and this frontend not added to
+        their revnat entries."""
         ids = {b: self.backend_id(b, proto) for b in [*active, *terminating]}
+        extra = svc.BackendFlag.REPLY_ENTRY if reply_entry else 0
         for b in [*active, *terminating]:
-            self.revnat(b, proto, network, vip, port)
+            if not reply_entry:
+                self.revnat(b, proto, network, vip, port)
         for b in active:
             self.m("backends").update(svc.backend_key(ids[b]), svc.backend_value(
-                b.addr, b.port, proto, b.network, svc.BackendFlag.ACTIVE))
+                b.addr, b.port, proto, b.network, svc.BackendFlag.ACTIVE | extra))
         for b in terminating:
             self.m("backends").update(svc.backend_key(ids[b]), svc.backend_value(
-                b.addr, b.port, proto, b.network, svc.BackendFlag.TERMINATING))
+                b.addr, b.port, proto, b.network, svc.BackendFlag.TERMINATING | extra))
         table = service_id if maglev_table is None else maglev_table
         entries: list[int] = []
         if len(active) >= 2 and table:

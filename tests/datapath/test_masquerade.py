@@ -65,7 +65,7 @@ def hold(dp, family, port, dport, proto, *, holder: str = "10.1.1.77", expired: 
         packets_fwd=1, bytes_fwd=60, packets_rev=0, bytes_rev=0, src_segment=257, dst_segment=2,
         dst_network=NET1, rev_nat_id=0, nat_addr=addr16(holder)[1],
         nat_port=1234, state=CtState.SYN_SENT if proto == 6 else CtState.UNREPLIED, flags=CtFlag.MASQ,
-        tcp_flags_fwd=0, tcp_flags_rev=0, delivery=DeliveryKind.OUTSIDE, reserved=0))
+        tcp_flags_fwd=0, tcp_flags_rev=0, delivery=DeliveryKind.OUTSIDE, flags2=0))
 
 
 def assert_out_of_uplink(res, dp):

@@ -65,7 +65,7 @@ def write_ct(dp, net: int, src: str, dst: str, sport: int, dport: int, **fields)
     entry = dict(created_ns=now, last_seen_ns=now, expires_ns=now + 3600 * 10**9, packets_fwd=1, bytes_fwd=60,
                  packets_rev=1, bytes_rev=60, src_segment=SEGMENT_HOST, dst_segment=0, dst_network=NET1,
                  rev_nat_id=0, nat_addr=bytes(16), nat_port=0, state=CtState.ESTABLISHED, flags=0,
-                 tcp_flags_fwd=0x12, tcp_flags_rev=0x12, delivery=DeliveryKind.LOCAL, reserved=0)
+                 tcp_flags_fwd=0x12, tcp_flags_rev=0x12, delivery=DeliveryKind.LOCAL, flags2=0)
     entry.update(fields)
     dp.m(f"ct-tcp-v{int(fam)}").update(key, CT_ENTRY.pack(entry))
 

@@ -14,13 +14,13 @@ from scapy.layers.inet6 import ICMPv6DestUnreach, IPv6, IPerror6
 from scapy.packet import Raw
 
 from lace.datapath.common import Direction, Verdict, addr_str, mac_bytes, now_coarse
-from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtState, CtStatus, ct_key
+from lace.datapath.conntrack import CT_ENTRY, CtFlag, CtFlag2, CtState, CtStatus, ct_key
 from lace.datapath.delivery import DeliveryKind
 from lace.datapath.maglev import flow_hash
 from lace.datapath.reasons import DropReason
 from lace.datapath.registry import CT_TABLES
-from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV_SIZE, affinity_key,
-                                    service_key)
+from lace.datapath.services import (AFFINITY, HAIRPIN_IPV4, HAIRPIN_IPV6, MAGLEV_SIZE, REVNAT_FRONTENDS,
+                                    affinity_key, service_key)
 from lace.datapath.testbed import (NET1, NET2, REMOTE, TC_ACT_REDIRECT, TC_ACT_SHOT, Backend, icmp_echo)
 from lace.datapath.trace import NatKind
 
@@ -914,3 +914,97 @@ def test_live_service_flows_name_their_frontends_and_go_with_their_backend(dp, f
         (revnat_key(NET1, b.ip(family), TARGET, 6), (NET1, str(ipaddress.ip_address(VIP[family])), PORT))}
     assert flush_addresses(dp.loaded, NET1, [ipaddress.ip_address(b.ip(family))]) == 1
     assert ct_count(dp) == 0 and revnat_in_use(dp.loaded) == set()
+
+
+# -- more frontends per backend than its revnat entry names -------------------------------------
+
+def _frontends_of_one_backend(dp, family, backend, n, *, proto=6, network=NET1, first_reply_entry=REVNAT_FRONTENDS):
+    """n frontends (VIPs 10.96.3.x / fd00:10:96::3:x, port PORT) that all send to backend, programmed
+    as the agent does: the first REVNAT_FRONTENDS named by the backend's revnat entry, then the
+    backend flagged REPLY_ENTRY for the others."""
+    vips = [f"10.96.3.{i + 1}" if family == 4 else f"fd00:10:96::3:{i + 1:x}" for i in range(n)]
+    for i, vip in enumerate(vips):
+        dp.service(vip, PORT, [backend], proto=proto, network=network, service_id=100 + i,
+                   reply_entry=i >= first_reply_entry)
+    return vips
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_backend_behind_more_frontends_than_its_revnat_entry_answers_each_flow_from_its_own(dp, family, where):
+    """Twelve frontends share one backend port: its revnat entry names eight; once the agent flags
+    the backend REPLY_ENTRY, every new flow to it keeps a backend entry, and the replies of flows
+    through every frontend — named in the revnat entry or not — leave from their own frontend; the
+    handshake takes both entries to ESTABLISHED."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    addr = b.ip(family) if where == "local" else REMOTE["ipv4" if family == 4 else "ipv6"]
+    vips = _frontends_of_one_backend(dp, family, Backend(addr, TARGET), REVNAT_FRONTENDS + 4)
+    for i, vip in enumerate(vips):
+        sport = 43000 + i
+        res = dp.from_pod(a, dp.l3(a, vip, family) / TCP(sport=sport, dport=PORT, flags="S", seq=1))
+        assert res.retval == TC_ACT_REDIRECT, (vip, res.events)
+        fe = ct(dp, NET1, a.ip(family), vip, sport, PORT, 6)
+        assert fe["flags"] & CtFlag.SERVICE and nat_of(fe, family) == (addr, TARGET)
+        assert fe["flags2"] & CtFlag2.BACKEND_ENTRY
+        be = ct(dp, NET1, a.ip(family), addr, sport, TARGET, 6)
+        assert be is not None and be["flags"] & CtFlag.DNAT and nat_of(be, family) == (vip, PORT)
+        reply = fam_ip(family)(src=addr, dst=a.ip(family)) / TCP(sport=TARGET, dport=sport, flags="SA", seq=50, ack=2)
+        if where == "local":
+            res = dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=sport, flags="SA",
+                                                                        seq=50, ack=2))
+        else:
+            res = dp.from_uplink(dp.encap(reply, NET1, NET1))
+        out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+        assert (out.src, out.sport, out.dport) == (vip, PORT, sport), f"reply of the flow through {vip}"
+        assert checksums_valid(bytes(out))
+        res = dp.from_pod(a, dp.l3(a, vip, family) / TCP(sport=sport, dport=PORT, flags="A", seq=2, ack=51))
+        assert res.retval == TC_ACT_REDIRECT, res.events
+        assert ct(dp, NET1, a.ip(family), vip, sport, PORT, 6)["state"] == CtState.ESTABLISHED
+        assert ct(dp, NET1, a.ip(family), addr, sport, TARGET, 6)["state"] == CtState.ESTABLISHED
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reply_entry_backends_udp_flow_from_another_network_comes_back_through_its_alias(dp, family):
+    """A service network 2 imports, its backend in network 1 flagged REPLY_ENTRY: the backend entry
+    is keyed under the client's network 2 and the reply alias under network 1, through which b's
+    answer to c's address (a's, in network 1) goes back to c, from the VIP."""
+    b, c = dp.pods["b"], dp.pods["c"]
+    dp.service(VIP[family], PORT, [Backend(b.ip(family), TARGET, NET1)], network=NET2, service_id=3, proto=17,
+               reply_entry=True)
+    assert_to_pod(dp.from_pod(c, dp.l3(c, VIP[family], family) / UDP(sport=5400, dport=PORT)), dp, "b")
+    assert ct_count(dp) == 3, "frontend entry, backend entry, reply alias"
+    res = dp.from_pod(b, dp.l3(b, c.ip(family), family) / UDP(sport=TARGET, dport=5400) / Raw(b"x"))
+    out = fam_ip(family)(assert_to_pod(res, dp, "c"))
+    assert (out.src, out.sport) == (VIP[family], PORT) and checksums_valid(bytes(out))
+    assert ct(dp, NET2, c.ip(family), VIP[family], 5400, PORT, 17)["state"] == CtState.REPLIED
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_dropped_new_flow_to_a_reply_entry_backend_leaves_no_entries(dp, family):
+    a = dp.pods["a"]
+    one_backend(dp, family, reply_entry=True)
+    hop = {"ttl": 1} if family == 4 else {"hlim": 1}
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family, **hop) / l4(6, 40001, PORT))
+    assert_dropped(res, DropReason.TTL_EXCEEDED)
+    assert ct_total(dp) == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_reply_entry_backends_flow_does_not_take_a_live_direct_connections_tuple(dp, family):
+    """A backend entry would take client:port -> backend:port; a live connection straight to the
+    backend from that port holds it, so the new service flow is refused (its only backend) and the
+    direct connection keeps its entry."""
+    a, b = dp.pods["a"], dp.pods["b"]
+    one_backend(dp, family, reply_entry=True)
+    assert_to_pod(dp.from_pod(a, dp.l3(a, b.ip(family), family) / TCP(sport=44000, dport=TARGET, flags="S")), dp, "b")
+    dp.from_pod(b, dp.l3(b, a.ip(family), family) / TCP(sport=TARGET, dport=44000, flags="SA"))
+    dp.from_pod(a, dp.l3(a, b.ip(family), family) / TCP(sport=44000, dport=TARGET, flags="A"))
+    direct = ct(dp, NET1, a.ip(family), b.ip(family), 44000, TARGET, 6)
+    assert direct["state"] == CtState.ESTABLISHED and not direct["flags"] & CtFlag.DNAT
+    res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=44000, dport=PORT, flags="S", seq=41))
+    out = fam_ip(family)(assert_to_pod(res, dp, "a"))
+    assert (out.src, out.sport, out[TCP].flags) == (VIP[family], PORT, "RA"), "a reset from the VIP"
+    ev = res.events[-1]
+    assert ev["verdict"] == Verdict.DROP and DropReason(ev["reason"]) == DropReason.TUPLE_IN_USE
+    assert ct(dp, NET1, a.ip(family), b.ip(family), 44000, TARGET, 6) == direct
+    assert ct(dp, NET1, a.ip(family), VIP[family], 44000, PORT, 6) is None

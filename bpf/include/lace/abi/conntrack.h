@@ -63,6 +63,12 @@ enum lace_ct_status {
  * reply found through the alias continues with that entry, into that network: no route back is
  * needed. The alias holds nothing else; its expiry is renewed whenever a reply uses it. */
 #define LACE_CT_F_ALIAS      0x80  /* reply alias of a flow between networks (see above) */
+/* lace_ct_entry.flags2. A service flow to a backend its revnat entry cannot name every frontend of
+ * (LACE_BACKEND_F_REPLY_ENTRY, abi/services.h) keeps a backend entry as a probe does: DNAT, keyed
+ * client -> backend, holding the frontend, with its reply alias; its replies find it by their own
+ * reversed tuple. Its frontend entry is flagged so that established packets advance the backend
+ * entry too (it sees the replies, its state follows both directions). */
+#define LACE_CT_F2_BACKEND_ENTRY 0x01  /* a frontend entry whose flow keeps a backend entry */
 
 /* Keys carry the source network of the original direction; ICMP echo uses the identifier as both
  * ports so that the reply's reversed tuple finds the same entry. */
@@ -107,7 +113,7 @@ struct lace_ct_entry {
 	__u8   tcp_flags_fwd;   /* union of TCP flags seen in the original direction */
 	__u8   tcp_flags_rev;
 	__u8   delivery;        /* enum lace_delivery_kind of the original direction */
-	__u8   reserved;
+	__u8   flags2;          /* LACE_CT_F2_* */
 };
 
 /* endpoint-ct: how many conntrack flows each local endpoint opened, per table, against the limit

@@ -29,6 +29,10 @@
 
 #define LACE_BACKEND_F_ACTIVE      0x1
 #define LACE_BACKEND_F_TERMINATING 0x2
+/* More frontends send flows to this backend than its revnat entry names (LACE_REVNAT_FRONTENDS),
+ * or the revnat map had no room for its entry: its new flows keep a backend entry for their
+ * replies (LACE_CT_F2_BACKEND_ENTRY, abi/conntrack.h) instead of relying on the revnat map. */
+#define LACE_BACKEND_F_REPLY_ENTRY 0x4
 
 /* Hairpin: a pod whose service flow is balanced to itself receives it from a reserved source
  * instead of its own address (a kernel drops a packet from one of its own addresses arriving on
@@ -101,8 +105,10 @@ struct lace_affinity {
  * LoadBalancer or external IP — and keeps a backend's entry while conntrack may still hold a flow
  * to it (a deleted or terminating backend keeps its established flows). A reply looks its source
  * up here and tries the frontend entries (client -> each frontend) until one whose nat_addr:nat_port
- * is this backend: that is its flow. At most LACE_REVNAT_FRONTENDS frontends per backend; the
- * agent reports the ones it leaves out. */
+ * is this backend: that is its flow. At most LACE_REVNAT_FRONTENDS frontends per backend: a backend
+ * with more (or none, when the map is full) is flagged LACE_BACKEND_F_REPLY_ENTRY, and its new
+ * flows keep a backend entry that their replies find directly — a second conntrack entry for those
+ * flows only, so that any number of frontends may share a backend. */
 struct lace_revnat_key {
 	__u32  network;     /* the backend's network */
 	__u8   addr[16];
