@@ -1,13 +1,21 @@
 """What a lab pod runs: HTTP servers that answer with the pod's name and UDP echo servers, dual-stack.
 
     python -m lace.lab.podserver --name NS/POD --tcp 80 --tcp 8080 --udp 53 [--ready-file PATH]
-                                 [--startup-delay SECONDS]
+                                 [--startup-delay SECONDS] [--delay-shutdown SECONDS]
 
 Every TCP port answers any GET (or HEAD) with ``NS/POD\\n`` and status 200; every UDP port sends each
 datagram back unchanged.  Each port is one IPv6 socket with IPV6_V6ONLY off, so IPv4 clients are
 served too (as v4-mapped peers); where IPv6 is disabled it falls back to IPv4 only.  The ready
 file is written once every socket is bound, so a client may connect as soon as it exists.
 SIGTERM and SIGINT stop it with exit status 0.
+
+``--delay-shutdown SECONDS`` (agnhost netexec's flag, which upstream's e2e tests of terminating
+endpoints use) delays the stop after SIGTERM: the server goes on serving its connections, kept
+ones and new ones, for that long and only then exits, as a workload draining through its grace
+period does; ``/readyz`` answers 503 meanwhile, ``/healthz`` stays healthy (don't kill it, but send
+it no new traffic). SIGINT still stops it at once. The log (stderr) has a line with the wall-clock
+time (seconds since the epoch) of the SIGTERM and of the exit, so that tests can order them
+against a preStop hook.
 
 A health switch, one per process and flipped from inside the cluster (any client that reaches a TCP
 port), lets tests make a pod fail its probes on purpose:
@@ -16,7 +24,8 @@ port), lets tests make a pod fail its probes on purpose:
   ``starting NS/POD`` during the first ``--startup-delay`` seconds (default 0) — the ports are bound
   at once, so a tcpSocket probe succeeds while an httpGet of /healthz still waits;
 - ``GET /fail``: /healthz answers 500 from now on (200 ``failing NS/POD``);
-- ``GET /recover``: /healthz is healthy again (200 ``recovered NS/POD``).
+- ``GET /recover``: /healthz is healthy again (200 ``recovered NS/POD``);
+- ``GET /readyz``: as /healthz, but 503 ``shutting down NS/POD`` once SIGTERM came (agnhost's).
 
 The switch lives in the process: a restarted server (the kubelet restarts a pod whose liveness probe
 fails) is healthy again.  The lab's kubelet passes a pod's container ``args`` on to it, so
@@ -62,6 +71,8 @@ class Health:
     def __init__(self, startup_delay: float = 0.0) -> None:
         self.healthy_from = time.monotonic() + startup_delay
         self.failing = False
+        #: SIGTERM came: still serving (--delay-shutdown), but no longer ready for new traffic
+        self.shutting_down = False
 
     def status(self) -> tuple[int, str]:
         if self.failing:
@@ -69,6 +80,12 @@ class Health:
         if time.monotonic() < self.healthy_from:
             return 503, "starting"
         return 200, "ok"
+
+    def readiness(self) -> tuple[int, str]:
+        if self.shutting_down:
+            return 503, "shutting down"
+        code, word = self.status()
+        return code, "ready" if code == 200 else word
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -82,8 +99,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, flip: bool) -> tuple[int, bytes]:
         path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            code, word = self.health.status()
+        if path in ("/healthz", "/readyz"):
+            code, word = self.health.status() if path == "/healthz" else self.health.readiness()
             return code, f"{word} {self.name}\n".encode()
         if path in ("/fail", "/recover"):
             if flip:
@@ -155,18 +172,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ready-file", help="written with 'ready' once every port is bound")
     parser.add_argument("--startup-delay", type=float, default=0.0, metavar="SECONDS",
                         help="/healthz answers 503 for this long after the start")
+    parser.add_argument("--delay-shutdown", type=float, default=0.0, metavar="SECONDS",
+                        help="after SIGTERM, keep serving for this long before exiting (/readyz answers 503)")
     args = parser.parse_args(argv)
     if not args.tcp and not args.udp:
         parser.error("give at least one --tcp or --udp port")
-    if args.startup_delay < 0:
-        parser.error("--startup-delay must be at least 0")
+    for flag in ("startup_delay", "delay_shutdown"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 0")
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop, at_once = threading.Event(), threading.Event()
+    signals: list[str] = []
 
+    def on_signal(name: str) -> None:
+        signals.append(name)
+        if name == "SIGINT":
+            at_once.set()
+        stop.set()
+    signal.signal(signal.SIGTERM, lambda *_: on_signal("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: on_signal("SIGINT"))
+
+    health = Health(args.startup_delay)
     handler = type("Handler", (_Handler,), {"name": args.name, "body": f"{args.name}\n".encode(),
-                                            "health": Health(args.startup_delay)})
+                                            "health": health})
     servers: list[_HTTPServer] = []
     udp: list[socket.socket] = []
     threads: list[threading.Thread] = []
@@ -189,6 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"podserver {args.name}: tcp {args.tcp} udp {args.udp}", file=sys.stderr, flush=True)
     while not stop.wait(3600):
         pass
+    print(f"podserver {args.name}: {signals[0]} at {time.time():.3f}", file=sys.stderr, flush=True)
+    if signals[0] == "SIGTERM" and args.delay_shutdown > 0:
+        # drain as a real workload does through its grace period: every socket stays open and
+        # served, only readiness says it is going (the kubelet's SIGKILL may come first)
+        health.shutting_down = True
+        print(f"podserver {args.name}: serving {args.delay_shutdown:g} s more before exiting",
+              file=sys.stderr, flush=True)
+        at_once.wait(args.delay_shutdown)
+    print(f"podserver {args.name}: exiting at {time.time():.3f}", file=sys.stderr, flush=True)
     for srv in servers:
         srv.shutdown()
         srv.server_close()
