@@ -5,7 +5,10 @@ network that imports it. Its backends come from the EndpointSlices labelled with
 cluster IP's address family, through the slice port whose name (and protocol) match the service
 port: an endpoint that is ready and not terminating is *active* (takes new flows); one that is
 terminating but still serving is *terminating* (keeps its established flows); anything else is left
-out. ``internalTrafficPolicy: Local`` keeps only this node's endpoints.
+out. When a frontend has no ready endpoint at all, its serving terminating ones are active instead
+(kube-proxy's fallback, KEP-1669 ProxyTerminatingEndpoints): a service whose last pods are
+draining through their grace period still takes new connections rather than refusing them.
+``internalTrafficPolicy: Local`` keeps only this node's endpoints (and falls back among those).
 
 A NodePort or LoadBalancer Service also has frontends for the outside (source network OUTSIDE):
 one per cluster IP family and port at its ``nodePort`` on this node's address of that family
@@ -258,7 +261,8 @@ class ServiceRecord:
 def backends_of(slices: Iterable[SliceRecord], network: int, family: int, port_name: str, proto: int,
                 node: str | None) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
     """(active, terminating) backends of one service port from its slices; ``node`` limits them to
-    one node (internalTrafficPolicy / externalTrafficPolicy Local)."""
+    one node (internalTrafficPolicy / externalTrafficPolicy Local). Without a ready endpoint the
+    serving terminating ones are the active backends (the fallback in the module docstring)."""
     active: set[Backend] = set()
     terminating: set[Backend] = set()
     for sl in slices:
@@ -277,6 +281,8 @@ def backends_of(slices: Iterable[SliceRecord], network: int, family: int, port_n
                 for port in ports:
                     into.add(Backend(network, addr, port, proto, ep.node, ep.pod))
     terminating -= active
+    if not active:
+        return tuple(sorted(terminating)), ()
     return tuple(sorted(active)), tuple(sorted(terminating))
 
 
