@@ -363,6 +363,7 @@ class Agent:
         self.metrics.left_out.labels("services").set(svc.frontends - svc.programmed if svc else 0)
         self.metrics.left_out.labels("maglev").set(svc.without_table if svc else 0)
         self.metrics.left_out.labels("revnat").set(svc.revnat_left_out if svc else 0)
+        self.metrics.reply_entry_backends.set(svc.reply_entry_backends if svc else 0)
 
     def _log_service_pressure(self) -> None:
         """Warn once per change of what full service maps leave out (MAP_FULL)."""
@@ -378,10 +379,9 @@ class Agent:
         if pr is not None and pr.revnat_left_out != self._revnat_left_out_logged:
             self._revnat_left_out_logged = pr.revnat_left_out
             if pr.revnat_left_out:
-                log.warning("node %s: %d frontends left out of their backends' revnat entries (at most %d per "
-                            "backend): replies of flows through them leave untranslated; fewer services, "
-                            "networks or external addresses per backend port fix it", self.node,
-                            pr.revnat_left_out, REVNAT_FRONTENDS)
+                log.info("node %s: %d frontends not named by their backends' revnat entries (at most %d per "
+                         "backend): %d backends keep a second conntrack entry per new flow for its replies",
+                         self.node, pr.revnat_left_out, REVNAT_FRONTENDS, pr.reply_entry_backends)
 
     def _next_resync(self) -> float:
         """When the next periodic resync is due (monotonic clock); /healthz shows it (wall clock)."""

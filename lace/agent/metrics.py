@@ -224,7 +224,13 @@ class AgentMetrics:
         self.left_out = Gauge("lace_agent_map_left_out",
                               "What the desired state holds that a full map could not take: policy entries "
                               "(policy, prefix-segment), service frontends (services), frontends without a "
-                              "Maglev table (maglev)", ["map"], registry=self.registry)
+                              "Maglev table (maglev), frontends a backend's revnat entry does not name "
+                              "(revnat: they work, their flows keep a backend entry)", ["map"],
+                              registry=self.registry)
+        self.reply_entry_backends = Gauge(
+            "lace_agent_service_reply_entry_backends",
+            "Backends flagged REPLY_ENTRY: more frontends than a revnat entry names, or no room in the revnat "
+            "map; each new flow to one keeps a second conntrack entry for its replies", registry=self.registry)
         self.ct_gc_deleted = Counter("lace_conntrack_gc_deleted",
                                      "Expired conntrack entries the agent's GC pass deleted", registry=self.registry)
         self.ct_gc_duration = Histogram("lace_conntrack_gc_duration_seconds",

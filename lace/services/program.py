@@ -23,8 +23,12 @@ using a backend (a backend deleted, a service gone) does not take itself out of 
 conntrack may still hold flows through it, whose replies need it. It is *retired* — kept in the
 entry — until :meth:`ServiceProgrammer.release_revnat`, which the agent calls on its periodic
 resync with the frontends live conntrack entries still name, drops the others. At most
-REVNAT_FRONTENDS frontends per backend: the programmed ones first, in a stable order; the ones
-left out are counted (``ServicePressure.revnat_left_out``).
+REVNAT_FRONTENDS frontends per backend: the programmed ones first, in a stable order. A backend
+with more (or whose entry the revnat map has no room for) is flagged REPLY_ENTRY in the backends
+map, and the datapath gives its new flows a backend entry that their replies find directly (a
+second conntrack entry, for those flows only): every frontend works, whatever number share a
+backend. The frontends a revnat entry does not name are counted
+(``ServicePressure.revnat_left_out``) and the backends flagged (``reply_entry_backends``).
 
 A UDP flow has no end the datapath could see: its client may send from one source port for as
 long as it lives, each datagram renewing its entry, so a flow whose backend left the service would
@@ -75,6 +79,8 @@ class _Built:
     services: Entries = field(default_factory=dict)
     #: revnat key of each backend -> the frontend refs this frontend puts there
     revnat: dict[bytes, tuple[Ref, ...]] = field(default_factory=dict)
+    #: revnat key of each backend -> its backends map key
+    backend_keys: dict[bytes, bytes] = field(default_factory=dict)
     backends: Entries = field(default_factory=dict)
     members: tuple[str, ...] | None = None
     table: int = 0
@@ -93,8 +99,10 @@ class ServicePressure:
     tables_capacity: int = 0
     tables_used: int = 0
     without_table: int = 0
-    #: frontends a backend's revnat entry had no room for (their flows' replies are not translated)
+    #: frontends a backend's revnat entry does not name (their flows keep a backend entry)
     revnat_left_out: int = 0
+    #: backends flagged REPLY_ENTRY: more frontends than a revnat entry names, or no room in the map
+    reply_entry_backends: int = 0
     left_out: list[str] = field(default_factory=list)
     #: the frontends left out (for the datapath's map-full routes)
     left_out_frontends: list[Frontend] = field(default_factory=list)
@@ -112,6 +120,7 @@ class ServicePressure:
                 "entriesDesired": self.entries_desired, "capacity": self.capacity,
                 "maglevTables": self.tables_used, "maglevCapacity": self.tables_capacity,
                 "withoutTable": self.without_table, "revnatLeftOut": self.revnat_left_out,
+                "replyEntryBackends": self.reply_entry_backends,
                 "leftOut": self.left_out[:20], "reason": self.reason}
 
 
@@ -125,8 +134,10 @@ class ServiceProgrammer:
     before — costs one dictionary lookup, so a pass costs what changed, not what exists.
     """
 
-    def __init__(self, *, capacity: int | None = None, maglev_entries: int | None = None) -> None:
+    def __init__(self, *, capacity: int | None = None, maglev_entries: int | None = None,
+                 revnat_entries: int | None = None) -> None:
         self.capacity = registry.get("services").max_entries if capacity is None else capacity
+        self.revnat_capacity = registry.get("revnat").max_entries if revnat_entries is None else revnat_entries
         entries = registry.get("maglev").max_entries if maglev_entries is None else maglev_entries
         self.tables_capacity = max(entries // MAGLEV_SIZE - 1, 0)   # table 0 is never used
         self.pressure: ServicePressure | None = None
@@ -161,6 +172,10 @@ class ServiceProgrammer:
         self._revnat_left_out: dict[bytes, int] = {}
         #: per key, the frontends its entry holds, in their slots (never changed in place)
         self._revnat_refs: dict[bytes, list[Ref]] = {}
+        #: revnat key -> backends map key of every programmed backend; the revnat keys whose backend
+        #: is flagged REPLY_ENTRY (more frontends than an entry names, or no room in the map)
+        self._revnat_backend: dict[bytes, bytes] = {}
+        self._reply_entry: set[bytes] = set()
         #: retired (UDP backend key, frontend) pairs whose flows take_departed handed out already
         self._departed_taken: set[tuple[bytes, Ref]] = set()
         self._lock = threading.Lock()
@@ -278,8 +293,10 @@ class ServiceProgrammer:
                     pair = tuple(sorted((b.identity, bid) for b, bid in zip(f.active, ids)))
                     self._blobs[t] = maglev_table(list(pair), MAGLEV_SIZE)
         refs = tuple((net, str(f.addr), f.port) for net in f.networks)
-        for b in (*f.active, *f.terminating):
-            built.revnat[revnat_key(b.network, b.addr, b.port, b.proto)] = refs
+        for b, bid in zip((*f.active, *f.terminating), ids):
+            rk = revnat_key(b.network, b.addr, b.port, b.proto)
+            built.revnat[rk] = refs
+            built.backend_keys[rk] = backend_key(bid)
         for net in f.networks:
             built.services[service_key(net, f.addr, f.port, f.proto, 0)] = service_value(
                 service_id=f.service_id, backend_count=len(ids), active_count=len(f.active), flags=f.flags,
@@ -300,10 +317,12 @@ class ServiceProgrammer:
         services.update(built.services)
         for k in built.services:
             self._owners.setdefault(k, []).append(f)
+        self._revnat_backend.update(built.backend_keys)
+        revnat_of = {bk: rk for rk, bk in built.backend_keys.items()}
         for k, v in built.backends.items():
             users = self._backend_users.setdefault(k, {})
             users[v] = users.get(v, 0) + 1
-            backends[k] = _shared_value(users)
+            backends[k] = self._backend_entry(k, revnat_of.get(k))
         for k, refs in built.revnat.items():
             users = self._revnat_users.setdefault(k, {})
             for ref in refs:
@@ -345,7 +364,7 @@ class ServiceProgrammer:
             if not users[v]:
                 del users[v]
             if users:
-                backends[k] = _shared_value(users)
+                backends[k] = self._backend_entry(k, next((r for r, b in built.backend_keys.items() if b == k), None))
             else:
                 del self._backend_users[k]
                 backends.pop(k, None)
@@ -358,6 +377,8 @@ class ServiceProgrammer:
                     self._revnat_retired.setdefault(k, set()).add(ref)
             if not users:
                 del self._revnat_users[k]
+                if built.backend_keys.get(k) not in backends:
+                    self._revnat_backend.pop(k, None)
             self._revnat_set(k)
         for ident in built.identities:
             self._id_users[ident] -= 1
@@ -388,17 +409,40 @@ class ServiceProgrammer:
             self._revnat_retired.pop(k, None)
             self._revnat_left_out.pop(k, None)
             self._revnat_refs.pop(k, None)
+            self._set_reply_entry(k, False)
             return
         kept = [r for r in self._revnat_refs.get(k, ()) if r in wanted]
         held = set(kept)
         refs = kept + [r for r in sorted(users) + sorted(retired - users.keys()) if r not in held]
-        over = len(refs) - REVNAT_FRONTENDS
+        room = k in self._revnat or len(self._revnat) < self.revnat_capacity
+        over = len(refs) - REVNAT_FRONTENDS if room else len(refs)
         if over > 0:
             self._revnat_left_out[k] = over
         else:
             self._revnat_left_out.pop(k, None)
+        self._set_reply_entry(k, over > 0)
+        if not room:
+            return
         self._revnat_refs[k] = refs[:REVNAT_FRONTENDS]
         self._revnat[k] = revnat_value(self._revnat_refs[k])
+
+    def _set_reply_entry(self, k: bytes, on: bool) -> None:
+        """Flag (or no longer) the backend of revnat key k REPLY_ENTRY in the backends entries."""
+        if on == (k in self._reply_entry):
+            return
+        if on:
+            self._reply_entry.add(k)
+        else:
+            self._reply_entry.discard(k)
+        bk = self._revnat_backend.get(k)
+        if bk is not None and bk in self._out[1] and self._backend_users.get(bk):
+            self._out[1][bk] = self._backend_entry(bk, k)
+
+    def _backend_entry(self, bk: bytes, rk: bytes | None) -> bytes:
+        """The backends entry bk as its frontends agree on it (_shared_value), flagged REPLY_ENTRY
+        when its revnat key rk is one of _reply_entry."""
+        value = _shared_value(self._backend_users[bk])
+        return _flagged(value) if rk in self._reply_entry else value
 
     def revnat_entries(self) -> Entries:
         """The revnat map's desired entries (after a pass)."""
@@ -444,6 +488,7 @@ class ServiceProgrammer:
                     deletes.append(k)
             if self.pressure is not None:
                 self.pressure.revnat_left_out = sum(self._revnat_left_out.values())
+                self.pressure.reply_entry_backends = len(self._reply_entry)
             return updates, deletes
 
     def _give_table(self, f: Frontend) -> None:
@@ -528,6 +573,7 @@ class ServiceProgrammer:
         pr.tables_used = len(self._table_users)
         pr.without_table = self._without_table
         pr.revnat_left_out = sum(self._revnat_left_out.values())
+        pr.reply_entry_backends = len(self._reply_entry)
 
     def update(self, changed: dict[str, list[Frontend]]) -> dict[str, tuple[Entries, list[bytes]]] | None:
         """An incremental pass: these services (namespace/name) now have these frontends (none:
@@ -590,6 +636,13 @@ def _ref(rec: dict, family: int) -> Ref:
     """A revnat frontend record as a Ref."""
     raw = rec["addr"][:4] if family == Family.IPV4 else rec["addr"]
     return (rec["network"], str(ipaddress.ip_address(raw)), rec["port"])
+
+
+def _flagged(value: bytes) -> bytes:
+    """A backends entry with REPLY_ENTRY set."""
+    b = BACKEND.unpack(value)
+    b["flags"] |= BackendFlag.REPLY_ENTRY
+    return BACKEND.pack(**b)
 
 
 def _shared_value(users: dict[bytes, int]) -> bytes:

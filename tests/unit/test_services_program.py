@@ -288,3 +288,54 @@ def test_a_udp_backend_that_leaves_its_service_is_handed_out_once_for_its_flows_
     # the same through a full pass
     p.entries(_udp_fronts([b]))
     assert p.take_departed() == [(revnat_key(1, "10.244.1.1", 5353, Proto.UDP), (1, "10.96.0.10", 53))]
+
+
+def _flags(p):
+    """Each backend's flags in the programmer's backends entries, by address."""
+    out = {}
+    for v in p._out[1].values():
+        b = BACKEND.unpack(v)
+        out[str(ipaddress.ip_address(b["addr"][:4]))] = b["flags"]
+    return out
+
+
+def test_a_backend_behind_more_frontends_than_a_revnat_entry_names_is_flagged_reply_entry():
+    """Nine frontends on one backend port: the revnat entry names eight, the backend is flagged
+    REPLY_ENTRY (its new flows keep a backend entry); back to eight, the flag goes and the ninth,
+    still in use, takes the free slot — in a full pass and an incremental one alike."""
+    from lace.datapath.services import REVNAT_FRONTENDS
+    p = ServiceProgrammer()
+    fronts = [f for i in range(REVNAT_FRONTENDS + 1) for f in _fronts(1, sid=40 + i, vip=f"10.96.4.{i + 1}")]
+    _, backends, _ = p.entries(fronts[:REVNAT_FRONTENDS])
+    assert _flags(p) == {"10.244.1.1": BackendFlag.ACTIVE}
+    assert p.pressure.reply_entry_backends == 0
+    _, backends, _ = p.entries(fronts)
+    assert _flags(p) == {"10.244.1.1": BackendFlag.ACTIVE | BackendFlag.REPLY_ENTRY}
+    assert BACKEND.unpack(next(iter(backends.values())))["flags"] & BackendFlag.REPLY_ENTRY
+    assert p.pressure.reply_entry_backends == 1 and p.pressure.as_dict()["replyEntryBackends"] == 1
+    # an incremental pass that replaces them all by another: the nine are retired (their flows
+    # may live on) and still count, so the flag stays and nothing is rewritten
+    more = _fronts(1, sid=60, vip="10.96.4.60")
+    changes = p.update({more[0].service: more})
+    assert changes is not None and not changes["backends"][0], "the flag was already there"
+    assert _flags(p)["10.244.1.1"] & BackendFlag.REPLY_ENTRY
+    p.update({more[0].service: []})
+    # the first frontend goes (and its flows): nine are left, still flagged; then one more goes
+    p.entries(fronts[1:])
+    p.release_revnat(set())
+    p.entries(fronts[2:])
+    p.release_revnat(set())
+    p.entries(fronts[2:])
+    assert _flags(p) == {"10.244.1.1": BackendFlag.ACTIVE}
+    (names,) = _revnat(p.revnat_entries()).values()
+    assert len(names) == REVNAT_FRONTENDS - 1 and (1, "10.96.4.9", 80) in names
+    assert p.pressure.reply_entry_backends == 0
+
+
+def test_a_backend_the_revnat_map_has_no_room_for_is_flagged_reply_entry():
+    p = ServiceProgrammer(revnat_entries=1)
+    p.entries(_fronts(2))
+    assert len(p.revnat_entries()) == 1
+    flags = _flags(p)
+    assert sorted(bool(f & BackendFlag.REPLY_ENTRY) for f in flags.values()) == [False, True]
+    assert p.pressure.reply_entry_backends == 1
