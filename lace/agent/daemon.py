@@ -332,6 +332,19 @@ class Agent:
             have = {n: self.datapath.read_kernel(n) for n in names}
         return {n: want[n] for n in names}, have
 
+    def left_out(self) -> dict[str, list[str]]:
+        """What full maps left out at the last pass, by map: service frontends (``ns/name:port``),
+        policy entries (``policy: N entries``), prefix-segment entries (a count)."""
+        out: dict[str, list[str]] = {}
+        svc, pol = self.services.pressure, self.policy.pressure
+        if svc is not None and svc.left_out:
+            out["services"] = list(svc.left_out)
+        if pol is not None and pol.dropped:
+            out["policy"] = [f"{k}: {v} entries" for k, v in sorted(pol.dropped_by_policy.items())]
+        if pol is not None and pol.prefix_dropped:
+            out["prefix-segment"] = [f"{pol.prefix_dropped} entries"]
+        return out
+
     def _collect_probe_cookies(self, probe_entries: dict[bytes, bytes]) -> None:
         """Delete the probe-cookie entries the socket hooks left behind (lace.agent.probes)."""
         m = self.datapath.map("probe-cookie")

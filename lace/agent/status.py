@@ -301,6 +301,11 @@ def assemble(f: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     for name in ("policy", "services"):
         pr = f.get(name + "Pressure")
         probs = [f"map full ({pr['reason']}): entries left out"] if pr and pr.get("reason") else []
+        if name == "services" and pr and pr.get("leftOut"):
+            n, shown = pr["frontends"] - pr["programmed"], pr["leftOut"][:5]
+            more = f", {n - len(shown)} more" if n > len(shown) else ""
+            probs = [f"map full ({pr['reason']}): {n} frontends left out ({', '.join(shown)}{more}); "
+                     "new flows to them are dropped as map-full"]
         extra = {"pressure": pr}
         if name == "policy":
             summary = f"{f.get('policyEntries', 0)} policy entries"

@@ -20,6 +20,10 @@ A store change the reconcile loop has not applied yet is not drift: the audit wa
 pass (``Agent.dirty``) first, and when it finds drift it looks again a moment later and reports
 only what drifts both times.
 
+Beside the drift, the report names what the desired state holds that a full map could not take
+(``left_out``: service frontends, policy entries by policy): not drift — the kernel holds what the
+agent could write — but traffic that meets them is dropped as MAP_FULL, so the audit is not clean.
+
 Not audited: the maps the datapath writes itself (conntrack, affinity, events, metrics,
 probe-cookie, sock-revnat), which have no desired state.
 
@@ -53,6 +57,8 @@ class Audited(Protocol):
     api: Any
 
     def audit(self, names: list[str]) -> tuple[dict[str, Entries], dict[str, Entries]]: ...
+
+    def left_out(self) -> dict[str, list[str]]: ...
 
     def reconcile(self, *, resync: bool = False) -> dict[str, int]: ...
 
@@ -218,6 +224,7 @@ class Verifier:
             drift = confirmed(drift, second)
             looks = 2
         doc = report(drift, want, have)
+        doc["left_out"] = self.agent.left_out()
         st = self.agent.stats
         doc.update(node=self.agent.node, time=time.time(), looks=looks, settled=settled,
                    agent={"last_reconcile": st.get("last_reconcile"), "last_error": st.get("last_error"),

@@ -373,3 +373,12 @@ def test_store_facts_come_from_the_agents_cache():
     assert got["pods"] == [{"pod": "a/web", "created": 1796551200.0}]
     # other nodes' pods keep no status facts in the agent's cache
     assert cache.pod("a/far").created is None and cache.pod("a/web").created == 1796551200.0
+
+
+def test_a_full_services_map_names_the_frontends_it_left_out():
+    f = facts(servicesPressure={"reason": "services map full", "frontends": 9, "programmed": 2,
+                                "leftOut": [f"a/web{i}:80" for i in range(7)]})
+    doc = st.assemble(f, NOW)
+    failing = {s["name"]: s["reason"] for s in doc["subsystems"] if not s["ok"]}
+    assert failing["services"] == ("map full (services map full): 7 frontends left out (a/web0:80, a/web1:80, "
+                                   "a/web2:80, a/web3:80, a/web4:80, 2 more); new flows to them are dropped as map-full")

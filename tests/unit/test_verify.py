@@ -382,3 +382,17 @@ def test_kubernetes_path_with_fake_exec() -> None:
 
 def test_table_key_is_u32() -> None:
     assert av.decode_key("maglev", struct.pack("<I", 9)) == {"table": 9}
+
+
+def test_what_full_maps_left_out_makes_the_audit_unclean() -> None:
+    """No drift, but a full services map left frontends out: named in the summary, exit 1, and
+    the cluster summary says so too."""
+    doc = {"maps": {"services": {"missing": [], "stale": [], "different": []}}, "entries": 4,
+           "left_out": {"services": ["a/web:80", "a/dns:53"]}}
+    assert nv.summary("w", doc) == ("node w: no drift in 1 map (4 entries); full maps left out services: "
+                                    "a/web:80, a/dns:53 (new flows to them drop as map-full)")
+    assert nv.status_of(doc) == 1 and not nv.clean(doc)
+    results = [cv.NodeResult("worker-1", doc)]
+    assert cv.cluster_summary(results) == "0/1 nodes clean; worker-1: full maps left out services: a/web:80, a/dns:53"
+    assert cv.status(results) == 1
+    assert nv.clean({**doc, "left_out": {}})

@@ -93,19 +93,22 @@ pick_nodes = fanout.pick_nodes
 
 def cluster_summary(results: list[NodeResult]) -> str:
     """``2/3 nodes clean; worker-1: 3 entries drift; worker-2 did not answer: …``."""
-    clean = [r for r in results if r.doc is not None and node_verify.drift_count(r.doc.get("maps") or {}) == 0]
+    clean = [r for r in results if r.doc is not None and node_verify.clean(r.doc)]
     parts = [f"{len(clean)}/{len(results)} nodes clean"]
     for r in results:
         if r.doc is None:
             parts.append(f"{r.node} did not answer: {r.error}")
         elif r not in clean:
             n = node_verify.drift_count(r.doc.get("maps") or {})
-            parts.append(f"{r.node}: {render.plural(n, 'entries')} {'drifts' if n == 1 else 'drift'}")
+            full = node_verify.left_out_text(r.doc)
+            parts.append(f"{r.node}: " + ", ".join(
+                ([f"{render.plural(n, 'entries')} {'drifts' if n == 1 else 'drift'}"] if n else []) +
+                ([f"full maps left out {full}"] if full else [])))
     return "; ".join(parts)
 
 
 def status(results: list[NodeResult]) -> ExitStatus:
-    ok = all(r.doc is not None and node_verify.drift_count(r.doc.get("maps") or {}) == 0 for r in results)
+    ok = all(r.doc is not None and node_verify.clean(r.doc) for r in results)
     return ExitStatus.OK if ok else ExitStatus.ERROR
 
 
@@ -125,8 +128,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         render.write_json(inv.stdout, {
             "nodes": {r.node: r.doc for r in results if r.doc is not None},
             "unanswered": {r.node: {"error": r.error, "hint": r.hint} for r in results if r.doc is None},
-            "clean": [r.node for r in results if r.doc is not None
-                      and node_verify.drift_count(r.doc.get("maps") or {}) == 0],
+            "clean": [r.node for r in results if r.doc is not None and node_verify.clean(r.doc)],
             "summary": summary})
         return status(results)
     for r in results:

@@ -267,6 +267,17 @@ def drift_count(maps: dict[str, Any]) -> int:
     return sum(len(m.get(k) or []) for m in maps.values() for k in KINDS)
 
 
+def left_out_text(doc: dict[str, Any]) -> str:
+    """``services: a/web:80, a/dns:53`` for what full maps left out (the agent's ``left_out``), or ''."""
+    return "; ".join(f"{name}: {', '.join(items[:5])}{f' and {len(items) - 5} more' if len(items) > 5 else ''}"
+                     for name, items in (doc.get("left_out") or {}).items() if items)
+
+
+def clean(doc: dict[str, Any]) -> bool:
+    """No drift and nothing a full map left out."""
+    return drift_count(doc.get("maps") or {}) == 0 and not left_out_text(doc)
+
+
 def summary(node: str, doc: dict[str, Any]) -> str:
     """``node worker-1: 3 entries drift in 2 maps (routing: 1 stale; …)`` or ``… no drift in N maps (M entries)``."""
     maps = doc.get("maps") or {}
@@ -278,13 +289,15 @@ def summary(node: str, doc: dict[str, Any]) -> str:
         nf = drift_count(fixed)
         text += (f"repaired {render.plural(nf, 'entries')} in {render.plural(len(_by_map(fixed)), 'maps')} "
                  f"({'; '.join(_by_map(fixed))}); " if nf else "nothing to repair; ")
+    full = left_out_text(doc)
+    full = f"; full maps left out {full} (new flows to them drop as map-full)" if full else ""
     if n == 0:
         return text + (f"no drift in {render.plural(len(maps), 'maps')} "
-                       f"({render.plural(int(doc.get('entries') or 0), 'entries')})")
+                       f"({render.plural(int(doc.get('entries') or 0), 'entries')})") + full
     verb = "drifts" if n == 1 else "drift"
     left = " left" if rep is not None else ""
     return (text + f"{render.plural(n, 'entries')} {verb}{left} in {render.plural(len(_by_map(maps)), 'maps')} "
-            f"({'; '.join(_by_map(maps))})")
+            f"({'; '.join(_by_map(maps))})") + full
 
 
 def _rows(m: dict[str, Any], limit: int | None) -> tuple[list[list[Any]], int]:
@@ -325,7 +338,7 @@ def render_report(inv: Invocation, node: str, doc: dict[str, Any], limit: int | 
 
 
 def status_of(doc: dict[str, Any]) -> ExitStatus:
-    return ExitStatus.OK if drift_count(doc.get("maps") or {}) == 0 else ExitStatus.ERROR
+    return ExitStatus.OK if clean(doc) else ExitStatus.ERROR
 
 
 def run_verify(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
@@ -339,7 +352,7 @@ def run_verify(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     node = node_env.node or doc.get("node") or "this node"
     doc["node"] = node
     doc["numeric"] = bool(args.numeric)
-    doc["clean"] = drift_count(doc.get("maps") or {}) == 0
+    doc["clean"] = clean(doc)
     doc["summary"] = summary(node, doc)
     if args.output == "json":
         render.write_json(inv.stdout, doc)
