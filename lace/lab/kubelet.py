@@ -4,14 +4,34 @@ For every Pod: pick a node when it has none (fewest pods first), create its netw
 call lace's CNI plugin exactly as a container runtime would (``CNI_*`` environment, the network
 configuration on stdin, the result on stdout) from inside the node's namespace, write the pod's
 resolv.conf, start what the pod runs and report the pod Running with its addresses, then run its
-probes (below). A Pod deleted
-gracefully (``metadata.deletionTimestamp`` set by the store) is stopped — its processes get SIGTERM
-and, after its grace period, SIGKILL — then gets CNI DEL, loses its namespace and files, and the
-kubelet removes the Pod object (grace period 0). A DEL that fails (its agent down, the store
-unavailable) is called again at each relist, and until one succeeds the namespace, the sandbox
-record and the Pod (Terminating) stay, as a runtime retries tearing a sandbox's network down. A
-Pod removed at once is stopped the same way afterwards. Sandboxes are recorded on disk, so a
-restarted kubelet adopts what is running.
+probes (below). Sandboxes are recorded on disk, so a restarted kubelet adopts what is running.
+
+A Pod deleted gracefully (``metadata.deletionTimestamp`` set by the store) is stopped in
+Kubernetes' order, by a thread of its own (a grace period holds up no other pod):
+
+1. its grace period is ``metadata.deletionGracePeriodSeconds`` (the delete's ``--grace-period``,
+   else ``spec.terminationGracePeriodSeconds``, else 30; at least 1 s, ``deletion_grace``); a later
+   delete may shorten it;
+2. every container's ``lifecycle.preStop`` hook runs, all at once, for at most the grace period:
+   ``exec`` runs its command in the pod's namespaces as an exec probe does, ``sleep`` waits
+   ``seconds``, ``httpGet`` is sent from the node's prober as an httpGet probe is (tcpSocket, which
+   no kubelet runs, is logged as failed); a failed hook is logged and changes nothing else;
+3. SIGTERM, and SIGKILL when the processes have not exited by the end of what the hooks left of
+   the period, in whole seconds as the kubelet counts, but never less than 2 s (``GraceClock``);
+4. only once the processes are gone: the pod's status says so (phase Succeeded, or Failed when
+   SIGKILL was needed; not Ready; every container terminated), it gets CNI DEL, loses its
+   namespace and files, and the kubelet removes the Pod object (grace period 0).
+
+Meanwhile the pod is still Running and its status still reported: liveness and startup probes
+stop (nothing restarts a pod on its way out), its readiness probes go on as the kubelet's do, so
+its Ready condition stays what they say (True without one) until the processes are gone — and
+with it its EndpointSlice endpoints' ``serving`` (``ready`` is false from the deletion on, as
+``terminating`` is true). A DEL that fails (its agent down, the store unavailable) is called again
+at each relist, and until one succeeds the namespace, the sandbox record and the Pod (Terminating)
+stay, as a runtime retries tearing a sandbox's network down. A Pod removed at once (``--force``,
+or gone while the kubelet was away) is stopped afterwards the same way with 1 s of grace. The
+processes restarted after a failed liveness probe are stopped the same way too (hooks, SIGTERM,
+SIGKILL), with the probe's or the pod's grace period.
 
 The lab has no image registry: the first container's ``image`` names what a pod runs, in the pod's
 network namespace and with the pod's resolv.conf over /etc/resolv.conf (a mount namespace of its
@@ -23,7 +43,8 @@ own, see ``mountns``):
 - any other image (``lace/podserver`` by convention): ``lace.lab.podserver``, HTTP answering with the
   pod's name on each TCP containerPort and UDP echo on each UDP port, followed by the container's
   ``args`` (e.g. ``--startup-delay 5``; its ``/healthz``, ``/fail`` and ``/recover`` make probes
-  fail on purpose); a pod without ports runs nothing.
+  fail on purpose; ``--delay-shutdown 10`` keeps it serving for 10 s after SIGTERM, as agnhost's
+  netexec, with ``/readyz`` failing meanwhile); a pod without ports runs nothing.
 
 The pod's addresses come from the CNI result: ``status.podIPs`` (and ``podIP``, the first) are the
 addresses on the interface with a ``sandbox`` (the pod's eth0); addresses on the agent's host
@@ -46,12 +67,12 @@ does not have), as a kubelet discards probe errors.
 Readiness makes the pod's ``Ready`` and ``ContainersReady`` conditions (lastTransitionTime when they
 change); a pod without readiness probes is Ready once started. A failed liveness probe (or a startup
 probe failed past its threshold) restarts the pod's processes — all of them: the lab runs one
-process for all of a pod's containers — without a new sandbox or CNI call: stopped (SIGTERM, the
-probe's or pod's termination grace period, then SIGKILL) and started again as at first, and every
+process for all of a pod's containers — without a new sandbox or CNI call: stopped (preStop hooks,
+SIGTERM, the probe's or pod's termination grace period, then SIGKILL) and started again as at first, and every
 container's ``restartCount`` goes up by one (``containerStatuses``: name, image, ready, started,
 restartCount, state, lastState). Restarts are not delayed further (no CrashLoopBackOff): a pod that
-keeps failing restarts every failureThreshold x periodSeconds. Probing stops the moment a pod is
-deleted. A restarted kubelet
+keeps failing restarts every failureThreshold x periodSeconds. Once a pod is deleted only its
+readiness probes run (see above). A restarted kubelet
 continues from the stored status: restart counts, start times, readiness and the conditions'
 transition times. Every probe run is counted per node (``lace.lab.probing.ProbeStats``: run,
 success, failure, unknown) in ``<state>/kubelet/probe-stats.json``, written at most once a second
@@ -74,13 +95,14 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from lace import netlink
 from lace import probes as P
@@ -102,6 +124,11 @@ _TIME = "%Y-%m-%dT%H:%M:%SZ"
 BASE_STATUS = ("phase", "hostIP", "startTime", "network", "podIP", "podIPs", "probeIPs")
 #: Kubernetes' default terminationGracePeriodSeconds
 DEFAULT_GRACE = 30
+#: the least time between SIGTERM and SIGKILL, whatever the preStop hooks took (the kubelet's
+#: minimumGracePeriodInSeconds)
+MIN_STOP_WINDOW = 2
+#: how often a wait for a pod's processes to exit looks again
+_EXIT_POLL = 0.02
 
 
 def _now() -> str:
@@ -134,6 +161,92 @@ def split_cni_ips(result: dict | None) -> tuple[list[str], list[str]]:
         elif iface.get("name") == P.PROBE_INTERFACE:
             probe.append(address)
     return pod, probe
+
+
+def deletion_grace(pod: dict | None) -> int:
+    """The seconds a deleted pod is given, as the kubelet reckons them: the delete's
+    ``metadata.deletionGracePeriodSeconds`` (the store sets it from the request, else from the
+    spec), else ``spec.terminationGracePeriodSeconds``, else 30; at least 1, as the kubelet never
+    stops a pod with less (a pod removed at once, ``--force``, gets 1)."""
+    meta, spec = (pod or {}).get("metadata") or {}, (pod or {}).get("spec") or {}
+    for value in (meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(1, value)
+    return DEFAULT_GRACE if pod is not None else 1
+
+
+class GraceClock:
+    """A stopping pod's grace period as the kubelet spends it (plain state; the caller passes the
+    clock, monotonic seconds).
+
+    The preStop hooks run first, for at most the whole period (``hooks_until``); what they took,
+    in whole seconds as the kubelet counts, comes off it, and ``signal`` (SIGTERM) returns when
+    SIGKILL follows: after what is left, but never sooner than ``MIN_STOP_WINDOW`` seconds, so a
+    hook that used up the period still leaves the processes 2 s to exit. A later delete may
+    shorten the period, never lengthen it: from then on at most the new period remains."""
+
+    def __init__(self, seconds: int, now: float) -> None:
+        self.seconds = max(1, int(seconds))
+        self.started = now
+        self.hooks_until = now + self.seconds
+        self.sigterm_at: float | None = None
+        self.kill_at: float | None = None
+
+    def signal(self, now: float) -> float:
+        """The hooks are done (or there were none): SIGTERM goes now; returns when SIGKILL follows."""
+        self.sigterm_at = now
+        left = self.seconds - int(now - self.started)
+        self.kill_at = now + max(MIN_STOP_WINDOW, left)
+        return self.kill_at
+
+    def shorten(self, seconds: int, now: float) -> bool:
+        """A later delete asks for ``seconds``; True when that shortened the period."""
+        seconds = max(1, int(seconds))
+        if seconds >= self.seconds:
+            return False
+        self.seconds = seconds
+        self.hooks_until = min(self.hooks_until, now + seconds)
+        if self.kill_at is not None:
+            self.kill_at = min(self.kill_at, now + max(MIN_STOP_WINDOW, seconds))
+        return True
+
+
+def pre_stop_hooks(pod: dict | None) -> list[tuple[dict, dict]]:
+    """(container, its ``lifecycle.preStop``) of every container that has one."""
+    out = []
+    for c in ((pod or {}).get("spec") or {}).get("containers") or ():
+        hook = (c.get("lifecycle") or {}).get("preStop")
+        if isinstance(hook, dict) and hook:
+            out.append((c, hook))
+    return out
+
+
+class Stopping:
+    """One pod's processes being stopped: its grace clock and what a wait on it watches. A
+    shortened period (a later delete, a force delete) wakes every wait at once."""
+
+    def __init__(self, uid: str, rec: dict, pod: dict | None, grace: int, why: str = "deleted") -> None:
+        self.uid, self.rec, self.pod, self.why = uid, rec, pod, why
+        self.clock = GraceClock(grace, time.monotonic())
+        self.cond = threading.Condition()
+        #: SIGKILL was needed (the processes outlived the period)
+        self.killed = False
+
+    def shorten(self, seconds: int) -> None:
+        with self.cond:
+            if self.clock.shorten(seconds, time.monotonic()):
+                self.cond.notify_all()
+
+    def wait(self, deadline: str, done: Callable[[], bool]) -> bool:
+        """Wait until ``done()`` or the clock's ``deadline`` (an attribute name: a shortened period
+        moves it while we wait); True when ``done()``."""
+        with self.cond:
+            while not done():
+                left = (getattr(self.clock, deadline) or 0.0) - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, _EXIT_POLL))
+            return True
 
 
 class ProbeContext(NamedTuple):
@@ -243,6 +356,10 @@ class Kubelet:
         #: uid -> the status last written, so that unchanged statuses are not written again
         self._written: dict[str, dict] = {}
         self._warned: set[tuple[str, str, str]] = set()
+        #: uid -> the pod whose processes are being stopped (a thread each: a grace period must not
+        #: hold up other pods, nor the pod's own status writes, which readiness still makes)
+        self._stopping: dict[str, Stopping] = {}
+        self._stopping_guard = threading.Lock()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -336,7 +453,7 @@ class Kubelet:
         self.sandboxes.put(rec)
         self._probe_ctx[uid] = self._context(pod, rec)
         if not self.prober.add(probing.PodProbes.of(pod, time.monotonic(), status["startTime"])):
-            return   # deleted meanwhile: finish_pod follows
+            return   # deleted meanwhile: terminate follows
         if not self.write_status(uid):
             self.stop_pod(rec)
             return
@@ -444,6 +561,198 @@ class Kubelet:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def terminate(self, pod: dict) -> None:
+        """A pod marked deleted (the pod's serial lock held): start stopping it (``finish``, a thread
+        of its own), or shorten its grace period when a later delete asked for less."""
+        uid = pod["metadata"]["uid"]
+        grace = deletion_grace(pod)
+        with self._stopping_guard:
+            st = self._stopping.get(uid)
+        if st is not None:
+            st.shorten(grace)
+            return
+        rec = self.sandboxes.get(uid)
+        if rec is None:   # nothing of it runs here (never started, or torn down): it goes at once
+            self._delete_pod(pod)
+            return
+        if rec.get("ready") and not self.prober.has(uid):
+            self.adopt(pod, rec)   # running before this kubelet started: its readiness is still reported
+        self.write_status(uid, rec)
+        log.info("pod %s/%s: deleted, grace period %d s", rec["namespace"], rec["name"], grace)
+        self._start_stopping(Stopping(uid, rec, pod, grace))
+
+    def stop_removed(self, uid: str, pod: dict | None) -> None:
+        """A pod no longer stored (removed at once, or gone while this kubelet was away; the pod's
+        serial lock held): stopped as the kubelet stops a force-deleted pod, with 1 s of grace
+        (``pod``: the removed object, for its preStop hooks, when known)."""
+        with self._stopping_guard:
+            st = self._stopping.get(uid)
+        if st is not None:
+            st.shorten(1)
+            return
+        rec = self.sandboxes.get(uid)
+        if rec is not None:
+            self._start_stopping(Stopping(uid, rec, pod, 1, why="removed"))
+
+    def _start_stopping(self, st: Stopping) -> None:
+        with self._stopping_guard:
+            self._stopping[st.uid] = st
+        threading.Thread(target=self.finish, args=(st,), name=f"stop-{st.rec['name']}"[:15], daemon=True).start()
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._pod_locks.setdefault(uid, threading.Lock())
+
+    def finish(self, st: Stopping) -> None:
+        """Stop the pod's processes (hooks, SIGTERM, SIGKILL: ``stop_processes``), and only once they
+        are gone report it terminated, tear its sandbox down and remove the Pod object. A DEL that
+        fails leaves the Pod (Terminating) and the sandbox for the next relist, which comes here again
+        and finds nothing left to stop."""
+        try:
+            self.stop_processes(st)
+            with self._lock(st.uid):
+                last = self.pod_status(st.uid, st.rec)
+                self.prober.remove(st.uid, deleted=True)
+                if st.why == "deleted" and st.rec.get("ready") and not st.rec.get("terminated"):
+                    self._write_terminated(st, last)
+                if not self.stop_pod(st.rec, grace=0.1):
+                    return
+                if st.why == "deleted":
+                    assert st.pod is not None
+                    self._delete_pod(st.pod)
+        except Exception:
+            log.exception("pod %s/%s: stopping", st.rec["namespace"], st.rec["name"])
+        finally:
+            with self._stopping_guard:
+                if self._stopping.get(st.uid) is st:
+                    del self._stopping[st.uid]
+
+    def stop_processes(self, st: Stopping) -> None:
+        """Stop the pod's processes as the kubelet kills a container: its containers' preStop hooks
+        (all at once, for at most the grace period), then SIGTERM, then SIGKILL when they have not
+        exited by the end of the period (``GraceClock``); returns once they are gone. Nothing is run
+        for processes that already exited."""
+        rec, name = st.rec, st.rec["proc"]
+        ref = f"{rec['namespace']}/{rec['name']}"
+        if not procs.running(name, self.state_dir):
+            procs.stop(name, self.state_dir)   # forget a dead one's record
+            return
+        hooks = pre_stop_hooks(st.pod)
+        if hooks:
+            threads = [threading.Thread(target=self._run_hook, args=(st, c, hook), daemon=True,
+                                        name=f"prestop-{rec['name']}"[:15]) for c, hook in hooks]
+            for t in threads:
+                t.start()
+            if not st.wait("hooks_until", lambda: not any(t.is_alive() for t in threads)):
+                log.warning("pod %s: preStop hooks still running at the end of the grace period (%d s)",
+                            ref, st.clock.seconds)
+        with st.cond:
+            kill_at = st.clock.signal(time.monotonic())
+        log.info("pod %s (%s): SIGTERM; SIGKILL in %.0f s unless it exits", ref, st.why, kill_at - time.monotonic())
+        procs.kill(name, self.state_dir, signal.SIGTERM)
+        if not st.wait("kill_at", lambda: not procs.running(name, self.state_dir)):
+            st.killed = True
+            log.warning("pod %s: still running at the end of its grace period: SIGKILL", ref)
+        procs.stop(name, self.state_dir, sig=signal.SIGKILL)
+
+    def _run_hook(self, st: Stopping, container: dict, hook: dict) -> None:
+        """One container's preStop hook (a thread of its own; ``stop_processes`` waits for it for at
+        most the grace period): exec runs the command in the pod's namespaces as an exec probe does,
+        sleep waits, httpGet is sent from the node's prober as a probe is; a failed hook is logged
+        and the pod stopped all the same, as the kubelet does."""
+        rec = st.rec
+        ref, cname = f"{rec['namespace']}/{rec['name']}", container.get("name") or ""
+        t0 = time.monotonic()
+        timeout = max(0.0, st.clock.hooks_until - t0)
+        problem: str | None = None
+        kind = next((k for k in ("exec", "httpGet", "sleep", "tcpSocket") if k in hook), "")
+        if kind == "exec":
+            command = [str(a) for a in (hook["exec"] or {}).get("command") or ()]
+            try:
+                done = procs.run(command, netns=rec["netns"], resolv_conf=rec.get("resolv_conf"), timeout=timeout)
+            except procs.ProcError as exc:
+                problem = str(exc)
+            else:
+                if done.timed_out:
+                    problem = f"command {command} did not end within the grace period"
+                elif done.returncode != 0:
+                    problem = f"command {command} exited with {done.returncode}: {done.output.strip()[:200]}"
+        elif kind == "sleep":
+            seconds = float((hook["sleep"] or {}).get("seconds") or 0)
+            st.wait("hooks_until", lambda: time.monotonic() - t0 >= seconds)
+        elif kind == "httpGet":
+            problem = self._http_hook(st, container, hook, timeout)
+        else:
+            problem = f"the kubelet runs exec, httpGet and sleep hooks, not {kind or 'this one'}"
+        took = time.monotonic() - t0
+        if problem is None:
+            log.info("pod %s: preStop %s hook of container %s done in %.1f s", ref, kind, cname, took)
+        else:
+            log.warning("pod %s: preStop %s hook of container %s failed after %.1f s: %s", ref, kind, cname,
+                        took, problem)
+
+    def _http_hook(self, st: Stopping, container: dict, hook: dict, timeout: float) -> str | None:
+        """A preStop httpGet, from the node's prober to the pod (as an httpGet probe goes); what went
+        wrong, or None."""
+        act = P.action(container, hook)
+        if act is None or act.port is None:
+            return "its port names no TCP containerPort of the container"
+        ctx = self._probe_ctx.get(st.uid) or (self._context(st.pod, st.rec) if st.pod else None)
+        host = P.connect_host(act, ctx.pod_ips, ctx.probe_ips, ctx.isolated) if ctx else None
+        if host is None:
+            return "the pod has no address"
+        answered = threading.Event()
+        outcome: list[tuple[str, str]] = []
+
+        def done(result: str, message: str) -> None:
+            outcome.append((result, message))
+            answered.set()
+        self.prober_client(st.rec["node"]).submit(probing.network_request(act, host, max(0.1, timeout)), done)
+        if not answered.wait(timeout + 1):
+            return "no answer within the grace period"
+        result, message = outcome[0]
+        return None if result == probing.SUCCESS else message or result
+
+    def _write_terminated(self, st: Stopping, last: dict | None) -> None:
+        """The pod's status once its processes are gone, before its network is: a terminal phase
+        (Succeeded, or Failed when SIGKILL was needed), not Ready, each container terminated —
+        as the kubelet reports a deleted pod before the API server lets it go. The lab reads no exit
+        codes: 0 for processes that exited on their own, 137 for killed ones."""
+        rec, now = st.rec, _now()
+        status = dict(last or {k: v for k, v in (rec.get("status") or {}).items() if k in BASE_STATUS})
+        status["phase"] = "Failed" if st.killed else "Succeeded"
+        status["conditions"] = [{"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                                for kind in ("ContainersReady", "Ready")]
+        code, reason = (137, "Error") if st.killed else (0, "Completed")
+        statuses = []
+        for cs in status.get("containerStatuses") or ():
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            statuses.append(dict(cs, ready=False, started=False, state={"terminated": {
+                "exitCode": code, "reason": reason, "startedAt": started, "finishedAt": now}}))
+        if statuses:
+            status["containerStatuses"] = statuses
+        try:
+            self.store.update_status("pods", rec["name"], rec["namespace"], status)
+        except NotFound:
+            pass
+        except StoreError as exc:   # the store unavailable: the pod goes all the same
+            log.warning("pod %s/%s: cannot report it terminated: %s", rec["namespace"], rec["name"], exc)
+            return
+        # once: a DEL tried again (nothing left to stop, nothing known of how it ended) keeps it
+        rec["terminated"] = True
+        self.sandboxes.put(rec)
+
+    def _delete_pod(self, pod: dict) -> None:
+        """Remove a stopped pod's object (unless another of the same name replaced it meanwhile)."""
+        meta = pod["metadata"]
+        try:
+            self.store.delete("pods", meta["name"], meta["namespace"], grace_period=0, uid=meta["uid"])
+        except (NotFound, Conflict):
+            pass
+        log.info("pod %s/%s stopped and deleted", meta["namespace"], meta["name"])
 
     # -- probes ------------------------------------------------------------------------------
 
@@ -583,12 +892,12 @@ class Kubelet:
         except NotFound:
             return
         if pod["metadata"].get("uid") != uid or pod["metadata"].get("deletionTimestamp"):
-            return   # being deleted: finish_pod stops it
+            return   # being deleted: terminate stops it
         self.write_status(uid, rec)   # not ready while it restarts
         grace = pp.cause_grace if pp.cause_grace is not None else \
             (pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE)
         log.warning("pod %s/%s: %s: restarting its processes", rec["namespace"], rec["name"], why)
-        procs.stop(rec["proc"], self.state_dir, timeout=max(0.1, float(grace)))
+        self.stop_processes(Stopping(uid, rec, pod, int(grace), why="restarted"))
         finished = _now()
         self._remove_run_files(rec)
         problem = self.run_containers(pod, rec, rec.get("ips") or [])
@@ -626,27 +935,16 @@ class Kubelet:
         for rec in self.sandboxes.all():
             if rec["uid"] not in live:
                 self.prober.remove(rec["uid"], deleted=True)
-                self._serial(rec["uid"], self.stop_pod, rec)
+                self._serial(rec["uid"], self.stop_removed, rec["uid"], None)
         for pod in pods:
             self.handle(pod)
 
-    def finish_pod(self, pod: dict) -> None:
-        """A gracefully deleted pod: stop what runs, then remove the Pod object (unless it was
-        replaced meanwhile by another of the same name)."""
-        meta = pod["metadata"]
-        rec = self.sandboxes.get(meta["uid"])
-        if rec is not None and not self.stop_pod(rec, grace=max(0.1, float(meta.get("deletionGracePeriodSeconds") or 0))):
-            return   # the Pod stays (Terminating) until its sandbox is torn down: the next relist retries
-        try:
-            self.store.delete("pods", meta["name"], meta["namespace"], grace_period=0, uid=meta["uid"])
-        except (NotFound, Conflict):
-            pass
-        log.info("pod %s/%s stopped and deleted", meta["namespace"], meta["name"])
-
     def handle(self, pod: dict) -> None:
         if pod["metadata"].get("deletionTimestamp"):
-            self.prober.remove(pod["metadata"]["uid"], deleted=True)   # no probe of a pod going away
-            self._serial(pod["metadata"]["uid"], self.finish_pod, pod)
+            # from now on only readiness is probed: nothing restarts a pod on its way out, and its
+            # Ready condition goes on following what it serves through its grace period
+            self.prober.terminate(pod["metadata"]["uid"])
+            self._serial(pod["metadata"]["uid"], self.terminate, pod)
             return
         spec = pod.get("spec") or {}
         if not spec.get("nodeName"):
@@ -659,12 +957,7 @@ class Kubelet:
     def remove(self, pod: dict) -> None:
         uid = pod["metadata"]["uid"]
         self.prober.remove(uid, deleted=True)
-
-        def stop() -> None:
-            rec = self.sandboxes.get(uid)
-            if rec:
-                self.stop_pod(rec)
-        self._serial(uid, stop)
+        self._serial(uid, self.stop_removed, uid, pod)
 
     def close(self) -> None:
         """Stop probing and the nodes' probers (the pods keep running, for the next kubelet)."""

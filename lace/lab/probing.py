@@ -16,6 +16,10 @@ Kubernetes' semantics (the kubelet's prober workers), per container:
   while it fails); without one, a started container is ready.
 - ``livenessProbe`` starts out succeeded; when it fails (or the startup probe does), the pod's
   processes are restarted and its probes start over, as for a new container.
+- Once the pod is being deleted (``terminate``) its liveness and startup probes stop, set to
+  success, so that nothing restarts a pod on its way out; its readiness probe goes on running
+  through the grace period, as the kubelet's does, so that the pod's Ready condition (and with it
+  its endpoints' ``serving``) follows the draining workload.
 
 ``ProbeWorker`` and ``PodProbes`` are that logic alone: plain state driven by results and a clock
 the caller passes in. ``Prober`` schedules them (one thread and a heap of due times), hands each due
@@ -211,6 +215,24 @@ class PodProbes:
     def workers(self) -> list[tuple[ContainerProbes, ProbeWorker]]:
         return [(c, w) for c in self.containers for w in c.workers.values()]
 
+    def terminate(self, now: float) -> list[tuple[ContainerProbes, ProbeWorker]]:
+        """The pod is being deleted: its liveness and startup probes stop with a last success (the
+        kubelet's quiet shutdown); returns the readiness probes to schedule anew (a container whose
+        startup probe had not passed yet starts being probed for readiness now)."""
+        out = []
+        for c in self.containers:
+            was_started = c.started
+            for kind in (LIVENESS, STARTUP):
+                w = c.workers.get(kind)
+                if w is not None:
+                    w.result, w.on_hold = SUCCESS, True
+            ready = c.workers.get(READINESS)
+            if ready is not None and c.started and not was_started:
+                ready.next_at = c.first_run(READINESS, now)
+                ready.gen += 1
+                out.append((c, ready))
+        return out
+
     def _signature(self) -> tuple:
         return tuple((c.started, c.ready) for c in self.containers), self.paused
 
@@ -358,6 +380,8 @@ class Prober(_Background):
         self.pods: dict[str, PodProbes] = {}
         #: uids of deleted pods: never probed again
         self.gone: set[str] = set()
+        #: uids of pods being deleted: readiness only (PodProbes.terminate), also when added again
+        self.terminating: set[str] = set()
         self._heap: list[tuple[float, int, PodProbes, ContainerProbes, ProbeWorker, int]] = []
         self._seq = itertools.count()
         super().__init__()
@@ -369,6 +393,8 @@ class Prober(_Background):
         with self._cond:
             if pp.uid in self.gone:
                 return False
+            if pp.uid in self.terminating:
+                pp.terminate(self.clock())
             self.pods[pp.uid] = pp
             for c, w in pp.workers():
                 w.gen += 1
@@ -382,7 +408,22 @@ class Prober(_Background):
         with self._cond:
             if deleted:
                 self.gone.add(uid)
+                self.terminating.discard(uid)
             return self.pods.pop(uid, None)
+
+    def terminate(self, uid: str) -> None:
+        """Pod ``uid`` is being deleted: from now on only its readiness probes run (see
+        ``PodProbes.terminate``), until ``remove``."""
+        with self._cond:
+            if uid in self.terminating:
+                return
+            self.terminating.add(uid)
+            pp = self.pods.get(uid)
+            if pp is None:
+                return
+            for c, w in pp.terminate(self.clock()):
+                self._push(pp, c, w)
+            self._cond.notify()
 
     def get(self, uid: str) -> PodProbes | None:
         with self._cond:

@@ -289,6 +289,12 @@ def kill(name: str, state_dir: str | os.PathLike[str], sig: int = signal.SIGTERM
     return True
 
 
+def running(name: str, state_dir: str | os.PathLike[str]) -> bool:
+    """Whether the process recorded as ``name`` still runs (the recorded one, not a recycled pid)."""
+    e = _entry(state_dir, name)
+    return e is not None and alive(int(e["pid"]), e.get("starttime"))
+
+
 def resume(pid: int) -> None:
     """SIGCONT to a process (and its group) stopped with SIGSTOP, by pid and without the record's
     lock: a process stopped while it held that lock (recording a child it spawned) would otherwise

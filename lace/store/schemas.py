@@ -86,6 +86,16 @@ _PROBE = {
         "successThreshold": _INT, "failureThreshold": _INT, "terminationGracePeriodSeconds": _INT,
     },
 }
+# a container's lifecycle.preStop / postStart (validation.py checks the handler and its values)
+_HOOK = {
+    "type": "object",
+    "properties": {
+        "exec": _PROBE["properties"]["exec"], "httpGet": _PROBE["properties"]["httpGet"],
+        "tcpSocket": _PROBE["properties"]["tcpSocket"],
+        "sleep": {"type": "object", "required": ["seconds"], "properties": {"seconds": _INT}},
+    },
+}
+_LIFECYCLE = {"type": "object", "properties": {"preStop": _HOOK, "postStart": _HOOK}}
 _IPS = {"type": "array", "items": {"type": "object", "properties": {"ip": _STR}}}
 
 POD = _object({
@@ -97,7 +107,8 @@ POD = _object({
             "type": "array",
             "items": {"type": "object", "properties": {
                 "name": _STR, "image": _STR, "args": _STR_LIST, "ports": {"type": "array", "items": _CONTAINER_PORT},
-                "startupProbe": _PROBE, "livenessProbe": _PROBE, "readinessProbe": _PROBE}},
+                "startupProbe": _PROBE, "livenessProbe": _PROBE, "readinessProbe": _PROBE,
+                "lifecycle": _LIFECYCLE}},
         },
     },
 }, status={"type": "object", "properties": {

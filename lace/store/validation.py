@@ -287,6 +287,10 @@ def _check_pod(c: _Checker) -> None:
     c.namespace_exists(meta["namespace"], "metadata.namespace")
     c.network_exists(K.pod_network(c.obj), f"metadata.annotations.{K.NETWORK_ANNOTATION}")
     spec = c.obj.get("spec") or {}
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is not None and grace < 0:
+        c.fail("spec.terminationGracePeriodSeconds", f"{grace} is negative",
+               "use 0 or more seconds (default 30; 0 stops the pod at once)")
     node = spec.get("nodeName")
     if node is not None and not _DNS_SUBDOMAIN.match(node):
         c.fail("spec.nodeName", f'"{node}" is not a valid node name',
@@ -301,24 +305,52 @@ def _check_pod(c: _Checker) -> None:
         for field in P.PROBE_FIELDS:
             if field in container:
                 _check_probe(c, container[field], field, f"spec.containers[{i}].{field}")
+        if "lifecycle" in container:
+            _check_lifecycle(c, container["lifecycle"], spec.get("terminationGracePeriodSeconds", K.DEFAULT_GRACE_PERIOD),
+                             f"spec.containers[{i}].lifecycle")
     for key in ("podIPs", "probeIPs"):
         for i, entry in enumerate((c.obj.get("status") or {}).get(key) or []):
             if "ip" in entry:
                 c.ip(entry["ip"], f"status.{key}[{i}].ip")
 
 
-def _check_probe(c: _Checker, probe: dict, kind: str, where: str) -> None:
-    """A container's probe, as Kubernetes checks it (one handler, ports, path, timings), with
-    Kubernetes' defaults filled in (timings; httpGet's path and scheme)."""
-    handlers = [h for h in P.HANDLERS if h in probe]
+#: the handlers of a lifecycle hook (preStop, postStart), as Kubernetes', in the order errors name them
+HOOK_HANDLERS = ("exec", "httpGet", "tcpSocket", "sleep")
+#: probe handlers in the order errors name them
+_PROBE_HANDLER_NAMES = ("httpGet", "tcpSocket", "exec", "grpc")
+
+
+def _check_lifecycle(c: _Checker, lifecycle: dict, grace: int, where: str) -> None:
+    """A container's lifecycle hooks, as Kubernetes checks them: one handler each, its values, and
+    a sleep within the pod's terminationGracePeriodSeconds (``grace``, 30 when unset)."""
+    for name in ("preStop", "postStart"):
+        hook = lifecycle.get(name)
+        if hook is None:
+            continue
+        at = f"{where}.{name}"
+        handler = _check_handler(c, hook, HOOK_HANDLERS, at, "hook")
+        if handler == "sleep":
+            seconds = hook["sleep"]["seconds"]
+            if seconds < 0 or seconds > grace:
+                c.fail(f"{at}.sleep.seconds", f"{seconds} is not between 0 and terminationGracePeriodSeconds ({grace})",
+                       "sleep at most the pod's grace period (spec.terminationGracePeriodSeconds, default 30)")
+
+
+def _check_handler(c: _Checker, obj: dict, allowed: tuple[str, ...], where: str, what: str) -> str:
+    """The one handler of a probe or hook and its values (ports, path, scheme, headers), with
+    Kubernetes' defaults filled in (httpGet's path and scheme); returns its name."""
+    handlers = [h for h in allowed if h in obj]
     if not handlers:
-        c.fail(where, "the probe has no handler", "set exactly one of httpGet, tcpSocket, exec or grpc")
+        names = _PROBE_HANDLER_NAMES if what == "probe" else allowed
+        c.fail(where, f"the {what} has no handler", f"set exactly one of {', '.join(names[:-1])} or {names[-1]}")
     if len(handlers) > 1:
-        c.fail(f"{where}.{handlers[1]}", f"a probe has one handler, but {' and '.join(handlers)} are set",
+        c.fail(f"{where}.{handlers[1]}", f"a {what} has one handler, but {' and '.join(handlers)} are set",
                "keep only one of them")
     handler = handlers[0]
-    spec = probe[handler]
+    spec = obj[handler]
     at = f"{where}.{handler}"
+    if handler == "sleep":
+        return handler
     if handler == "exec":
         if not spec["command"]:
             c.fail(f"{at}.command", "the command is empty",
@@ -353,6 +385,13 @@ def _check_probe(c: _Checker, probe: dict, kind: str, where: str) -> None:
             if any(ch in header["value"] for ch in "\r\n\0"):
                 c.fail(f"{at}.httpHeaders[{k}].value", "a header value may not contain line breaks",
                        "put it on one line")
+    return handler
+
+
+def _check_probe(c: _Checker, probe: dict, kind: str, where: str) -> None:
+    """A container's probe, as Kubernetes checks it (one handler, ports, path, timings), with
+    Kubernetes' defaults filled in (timings; httpGet's path and scheme)."""
+    _check_handler(c, probe, P.HANDLERS, where, "probe")
     if "initialDelaySeconds" in probe and probe["initialDelaySeconds"] < 0:
         c.fail(f"{where}.initialDelaySeconds", f"{probe['initialDelaySeconds']} is negative",
                "use 0 or more seconds (default 0)")

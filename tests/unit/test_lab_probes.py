@@ -657,7 +657,13 @@ def test_a_restarted_kubelet_continues_from_the_stored_status(tmp_path):
         queued = []
         kubelet._serial = lambda uid, fn, *args, **kw: queued.append(fn.__name__)   # stopping is not for here
         kubelet.handle(dict(stored, metadata=dict(stored["metadata"], deletionTimestamp="2030-01-01T00:01:00Z")))
-        assert not kubelet.prober.has(uid) and queued == ["finish_pod"]   # probing stopped before that runs
+        assert queued == ["terminate"]
+        # deleted: liveness stops before that runs (nothing restarts the pod), readiness goes on
+        assert kubelet.prober.get(uid) is pp and pp.containers[0].workers[LIVENESS].on_hold
+        assert not pp.containers[0].workers[READINESS].on_hold and kubelet.prober.terminating == {uid}
+        again = probing.PodProbes.of(stored, time.monotonic(), NOW)   # processes started again meanwhile
+        assert kubelet.prober.add(again) and again.containers[0].workers[LIVENESS].on_hold
+        kubelet.prober.remove(uid, deleted=True)                      # stopped: never probed again
         assert not kubelet.prober.add(probing.PodProbes.of(stored, time.monotonic(), NOW))
     finally:
         kubelet.close()
