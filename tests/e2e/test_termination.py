@@ -194,7 +194,7 @@ def test_the_last_backend_still_takes_new_connections_while_it_terminates(lab, n
 
 
 def test_prestop_hooks_run_before_sigterm_and_sigkill_ends_the_grace_period(lab, ns, tmp_path):
-    """preStop exec (in the pod's namespaces) and sleep run before SIGTERM; a server that outlives
+    """preStop exec (in the pod's namespaces), httpGet and sleep run before SIGTERM; a server that outlives
     its grace period (--delay-shutdown past it) is SIGKILLed at the period's end, and only then does
     the pod go."""
     mark = tmp_path / "prestop"
@@ -205,11 +205,20 @@ def test_prestop_hooks_run_before_sigterm_and_sigkill_ends_the_grace_period(lab,
     # sleep 2 of a 4 s period: SIGTERM after 2 s, SIGKILL 2 s later (the server would go on for 30)
     stubborn = draining("stubborn", ns, "worker-2", delay=30, grace=4, app="stubborn",
                         pre_stop={"sleep": {"seconds": 2}})
-    lab.apply([hooked, stubborn])
-    ps = lab.wait(ns, ["hooked", "stubborn"])
+    witness = pod("witness", ns, "worker-3")
+    lab.apply([hooked, stubborn, witness])
+    ps = lab.wait(ns, ["hooked", "stubborn", "witness"])
+    # httpGet (sent from the node, as a probe): flips the witness's health switch as the pod goes
+    caller = draining("caller", ns, "worker-1", delay=0, grace=5, app="caller",
+                      pre_stop={"httpGet": {"host": ips(ps["witness"])[0], "port": 80, "path": "/fail"}})
+    lab.apply([caller])
+    lab.wait(ns, ["caller"])
+    assert healthz(lab, f"{ns}/witness") == f"200 ok {ns}/witness"
     t0 = time.time()
-    lab.lace("delete", "pod", "hooked", "stubborn", "-n", ns, "--wait=false")
+    lab.lace("delete", "pod", "hooked", "stubborn", "caller", "-n", ns, "--wait=false")
     lab.wait_gone(ns, "hooked", timeout=15)
+    lab.wait_gone(ns, "caller", timeout=15)
+    assert healthz(lab, f"{ns}/witness") == f"500 unhealthy {ns}/witness", "the preStop httpGet did not arrive"
     # exec: ran in the pod's network namespace, and SIGTERM came after it had finished
     lines = mark.read_text().splitlines()
     began, ended = float(lines[0]), float(lines[-1])
@@ -224,6 +233,16 @@ def test_prestop_hooks_run_before_sigterm_and_sigkill_ends_the_grace_period(lab,
     assert 4 <= gone - t0 < 6.5, f"the pod went {gone - t0:.2f} s after the delete, not at its 4 s grace period's end"
     assert logged_at(lab, ps["stubborn"], "exiting") is None, "the server exited by itself: it was to be killed"
     assert f"pod {ns}/stubborn: still running at the end of its grace period: SIGKILL" in lab_log(lab)
+
+
+def healthz(lab, name: str) -> str:
+    """``STATUS BODY`` of the pod's own GET /healthz."""
+    rc, out = lab.exec(name, sys.executable, "-c", "import urllib.request as u, urllib.error as e\n"
+                       "try: r = u.urlopen('http://127.0.0.1/healthz', timeout=3)\n"
+                       "except e.HTTPError as x: r = x\n"
+                       "print(r.status, r.read().decode().strip())")
+    assert rc == 0, out
+    return out.strip()
 
 
 def lab_log(lab) -> str:
