@@ -10,7 +10,10 @@ backend), that have an address of the slice's family and have not finished. Per 
 - ``ready``: the pod's Ready condition is True and it is not terminating (always true with
   ``publishNotReadyAddresses``);
 - ``serving``: the pod's Ready condition is True;
-- ``terminating``: the pod has ``metadata.deletionTimestamp``.
+- ``terminating``: the pod has ``metadata.deletionTimestamp``;
+- ``hostname``: the pod's ``spec.hostname`` when its ``spec.subdomain`` names the Service (same
+  namespace), as Kubernetes sets it; the cluster DNS answers ``HOSTNAME.SERVICE.NAMESPACE.svc``
+  for it.
 
 A named ``targetPort`` is resolved per pod from its containers' ports (same name and protocol);
 pods that resolve the Service's ports differently land in different slices, since a slice's ports
@@ -93,7 +96,11 @@ def endpoint(service: Mapping[str, Any], pod: Mapping[str, Any], address: str) -
         "conditions": {"ready": publish or (serving and not terminating), "serving": serving,
                        "terminating": terminating},
     }
-    node = (pod.get("spec") or {}).get("nodeName")
+    spec = pod.get("spec") or {}
+    if spec.get("hostname") and spec.get("subdomain") == service["metadata"]["name"] \
+            and meta["namespace"] == service["metadata"].get("namespace"):
+        out["hostname"] = spec["hostname"]
+    node = spec.get("nodeName")
     if node:
         out["nodeName"] = node
     out["targetRef"] = {"kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],

@@ -102,6 +102,8 @@ POD = _object({
     "type": "object",
     "properties": {
         "nodeName": _STR,
+        # the pod's name in its headless Service's DNS: HOSTNAME.SUBDOMAIN.NAMESPACE.svc
+        "hostname": _STR, "subdomain": _STR,
         "terminationGracePeriodSeconds": _INT,
         "containers": {
             "type": "array",

@@ -295,6 +295,11 @@ def _check_pod(c: _Checker) -> None:
     if node is not None and not _DNS_SUBDOMAIN.match(node):
         c.fail("spec.nodeName", f'"{node}" is not a valid node name',
                "use lowercase letters, digits, '-' and '.'")
+    for field in ("hostname", "subdomain"):   # each one label of a DNS name, as Kubernetes checks them
+        value = spec.get(field)
+        if value is not None and (len(value) > 63 or not _DNS_LABEL.match(value)):
+            c.fail(f"spec.{field}", f'"{value}" is not a DNS label',
+                   "use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit")
     for i, container in enumerate(spec.get("containers") or []):
         for j, port in enumerate(container.get("ports") or []):
             where = f"spec.containers[{i}].ports[{j}]"

@@ -40,6 +40,20 @@ def addresses(sl):
     return [a for ep in sl["endpoints"] for a in ep["addresses"]]
 
 
+def test_a_pod_whose_subdomain_names_the_service_gets_its_hostname_on_its_endpoints():
+    svc = service("db", families=("IPv4", "IPv6"), clusterIP="None")
+    named = pod("db-0", ips=("10.244.1.5", "fd00:10:244:1::5"))
+    named["spec"].update(hostname="db-0", subdomain="db")
+    other = pod("x", ips=("10.244.1.6",))
+    other["spec"].update(hostname="x", subdomain="web")      # another service's subdomain
+    lone = pod("y", ips=("10.244.1.7",))
+    lone["spec"]["hostname"] = "y"                           # a hostname without subdomain
+    v4, v6 = E.desired_slices(svc, [named, other, lone])
+    assert {ep["targetRef"]["name"]: ep.get("hostname") for ep in v4["endpoints"]} == {"db-0": "db-0", "x": None,
+                                                                                       "y": None}
+    assert v6["endpoints"][0]["hostname"] == "db-0"
+
+
 def test_one_slice_per_family_with_labels_owner_and_conditions():
     svc = service(families=("IPv4", "IPv6"))
     pods = [pod("a", ips=("10.244.1.5", "fd00:10:244:1::5")), pod("b", ips=("10.244.2.6",), ready=False),
