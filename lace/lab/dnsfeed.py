@@ -1,5 +1,5 @@
-"""The DNS feeder: keeps the lab's cluster DNS records (``<state>/dns/hosts``) in step with the store
-and has every dnsmasq serving them re-read the file.
+"""The DNS feeder: keeps the lab's cluster DNS records (``<state>/dns/hosts`` for addresses,
+``<state>/dns/srv.conf`` for SRV records) in step with the store and has every DNS pod serve them.
 
 ``python -m lace.lab.dnsfeed --state-dir DIR`` runs it; ``lace lab up`` starts one per lab (``start``:
 process ``dns``) and ``lace lab down`` stops it. It is a process of its own rather than a controller in
@@ -8,13 +8,17 @@ signals to the lab's dnsmasq — while ``lace.controllers`` writes only Kubernet
 store and would serve a real cluster as it is; in a real cluster CoreDNS watches the API itself.
 
 Level-triggered and simple: list Services, EndpointSlices and Pods, compute the records
-(``lace.lab.dns.records``), write the file if its content changed, then watch those kinds and
-list again after any change (a burst of changes is read in one list). A write replaces the file
-atomically (rename) and is followed by SIGHUP to each dnsmasq with a pid file in the same
-directory (``dnsmasq-*.pid``, checked to be a dnsmasq), which makes it re-read its hosts files;
-nothing is written or signalled when the records are unchanged, so a restarted feeder is silent.
-No dnsmasq can miss a change: one writes its pid file before it first reads the records and
-ignores SIGHUP until it has, so either it is signalled or it reads the new file anyway.
+(``lace.lab.dns.records`` and ``srv_records``), write each file if its content changed, then
+watch those kinds and list again after any change (a burst of changes is read in one list). A
+write replaces the file atomically (rename). A new hosts file is followed by SIGHUP to each
+dnsmasq with a pid file in the same directory (``dnsmasq-*.pid``, checked to be a dnsmasq),
+which makes it re-read its hosts files; a new SRV file by SIGHUP to each DNS pod's server
+(``dnsmasq-*.server``, checked to be ``lace.lab.dnsserver``), which has a new dnsmasq serve them
+(dnsmasq reads SRV records only at start; see ``lace.lab.dnsserver``). The hosts file goes
+first, so a new SRV target has its address before its SRV record is served. Nothing is written
+or signalled when the records are unchanged, so a restarted feeder is silent. No server can
+miss a change: each writes its pid file before it first reads the records and ignores SIGHUP
+until it has, so either it is signalled or it reads the new file anyway.
 """
 
 from __future__ import annotations
@@ -67,18 +71,22 @@ def _is_dnsmasq(pid: int) -> bool:
         return False
 
 
-def reload_servers(directory: Path) -> list[int]:
-    """SIGHUP every running dnsmasq with a pid file in ``directory``; returns their pids.
+def _is_dns_server(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"lace.lab.dnsserver" in argv[:3]
 
-    A pid file left by a dnsmasq that is gone (or whose pid now belongs to another program) is
-    skipped: the pid is signalled only while /proc says it is a dnsmasq."""
+
+def _hup(directory: Path, glob: str, check) -> list[int]:
     signalled = []
-    for pid_file in sorted(directory.glob(dns.PID_GLOB)):
+    for pid_file in sorted(directory.glob(glob)):
         try:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if pid <= 0 or not _is_dnsmasq(pid):
+        if pid <= 0 or not check(pid):
             continue
         try:
             os.kill(pid, signal.SIGHUP)
@@ -86,6 +94,22 @@ def reload_servers(directory: Path) -> list[int]:
             continue
         signalled.append(pid)
     return signalled
+
+
+def reload_servers(directory: Path) -> list[int]:
+    """SIGHUP every running dnsmasq with a pid file in ``directory`` (it re-reads the hosts file);
+    returns their pids.
+
+    A pid file left by a dnsmasq that is gone (or whose pid now belongs to another program) is
+    skipped: the pid is signalled only while /proc says it is a dnsmasq."""
+    return _hup(directory, dns.PID_GLOB, _is_dnsmasq)
+
+
+def reload_srv(directory: Path) -> list[int]:
+    """SIGHUP every DNS pod's server (``lace.lab.dnsserver``) with a pid file in ``directory`` (it
+    serves the SRV file anew); returns their pids. Stale pid files are skipped as in
+    ``reload_servers``."""
+    return _hup(directory, dns.SERVER_PID_GLOB, _is_dns_server)
 
 
 class Feeder:
@@ -96,6 +120,7 @@ class Feeder:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.hosts = self.dir / dns.HOSTS_FILE
+        self.srv = self.dir / dns.SRV_FILE
         self.domain = domain
         self.stopping = threading.Event()
         self._watch: Watch | None = None
@@ -106,9 +131,14 @@ class Feeder:
         lists = {kind: self.store.list(kind) for kind in KINDS}
         recs = dns.records(lists["Service"].items, lists["EndpointSlice"].items, lists["Pod"].items,
                            domain=self.domain)
+        srvs = dns.srv_records(lists["Service"].items, lists["EndpointSlice"].items, domain=self.domain)
         if write_if_changed(self.hosts, dns.hosts_text(recs)):
             pids = reload_servers(self.dir)
             log.info("%d records written to %s; reloaded dnsmasq %s", len(recs), self.hosts,
+                     ", ".join(map(str, pids)) or "(none running)")
+        if write_if_changed(self.srv, dns.srv_text(srvs)):
+            pids = reload_srv(self.dir)
+            log.info("%d SRV records written to %s; reloaded DNS servers %s", len(srvs), self.srv,
                      ", ".join(map(str, pids)) or "(none running)")
         return min(int(r.resource_version) for r in lists.values())
 

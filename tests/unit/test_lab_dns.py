@@ -1,10 +1,12 @@
 """The lab's cluster DNS as plain values: the records the store yields (services of both families,
-headless services, pods, deletions), the hosts file, resolv.conf per network, the dnsmasq command
-line, and the objects `lace lab up` writes (accepted by a real store, as written)."""
+headless services, pods, deletions; SRV records of named ports), the hosts and SRV files,
+resolv.conf per network, the dnsmasq command lines, and the objects `lace lab up` writes
+(accepted by a real store, as written)."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -19,8 +21,8 @@ def service(name, ns="shop", cluster_ips=("10.96.0.20",), **spec):
             "spec": {"clusterIP": cluster_ips[0], "clusterIPs": list(cluster_ips), "ports": [{"port": 80}], **spec}}
 
 
-def headless(name, ns="shop"):
-    return service(name, ns, cluster_ips=("None",))
+def headless(name, ns="shop", **spec):
+    return service(name, ns, cluster_ips=("None",), **spec)
 
 
 def endpoint(ip, ready=True, hostname=None):
@@ -32,11 +34,11 @@ def endpoint(ip, ready=True, hostname=None):
     return ep
 
 
-def slice_(service_name, family, *endpoints, ns="shop", name=None):
+def slice_(service_name, family, *endpoints, ns="shop", name=None, ports=({"port": 80},)):
     return {"apiVersion": K.DISCOVERY_API_VERSION, "kind": "EndpointSlice",
             "metadata": {"name": name or f"{service_name}-{family.lower()}", "namespace": ns,
                          "labels": {K.SERVICE_NAME_LABEL: service_name}},
-            "addressType": family, "endpoints": list(endpoints), "ports": [{"port": 80}]}
+            "addressType": family, "endpoints": list(endpoints), "ports": list(ports)}
 
 
 def pod(name, *ips, ns="shop", phase="Running", deleting=False):
@@ -86,11 +88,26 @@ def test_a_headless_service_gets_the_ready_addresses_of_its_slices():
     assert "hl.other.svc.cluster.local" not in recs, "no Service hl in namespace other"
 
 
-def test_headless_endpoints_with_a_hostname_get_their_own_name():
-    slices = [slice_("db", "IPv4", endpoint("10.244.1.5", hostname="db-0"), endpoint("10.244.2.5"))]
+def test_headless_endpoints_get_their_own_name_by_hostname_or_address():
+    slices = [slice_("db", "IPv4", endpoint("10.244.1.5", hostname="db-0"), endpoint("10.244.2.5"),
+                     endpoint("10.244.3.5", ready=False, hostname="db-2")),
+              slice_("db", "IPv6", endpoint("fd00:10:244::1:5", hostname="db-0"), endpoint("fd00::"))]
     recs = names(dns.records([headless("db")], slices, []))
-    assert recs["db-0.db.shop.svc.cluster.local"] == ["10.244.1.5"]
-    assert recs["db.shop.svc.cluster.local"] == ["10.244.1.5", "10.244.2.5"]
+    # a hostname names each of its addresses, one of each family here
+    assert recs["db-0.db.shop.svc.cluster.local"] == ["10.244.1.5", "fd00:10:244::1:5"]
+    # without one, a name unique in the service from the address (as CoreDNS makes it)
+    assert recs["10-244-2-5.db.shop.svc.cluster.local"] == ["10.244.2.5"]
+    assert recs["fd00-0000-0000-0000-0000-0000-0000-0000.db.shop.svc.cluster.local"] == ["fd00::"]
+    assert "db-2.db.shop.svc.cluster.local" not in recs, "not ready: no name"
+    assert recs["db.shop.svc.cluster.local"] == ["10.244.1.5", "10.244.2.5", "fd00::", "fd00:10:244::1:5"]
+
+
+@pytest.mark.parametrize("ep,hostname", [
+    (endpoint("10.244.1.5", hostname="web-0"), "web-0"), (endpoint("10.244.1.5"), "10-244-1-5"),
+    (endpoint("fd00:10:244::5"), "fd00-10-244--5"), (endpoint("::1"), "0000-0000-0000-0000-0000-0000-0000-0001"),
+    (endpoint("10.244.1.5", hostname="Bad_Name"), None), ({"addresses": ["junk"]}, None), ({}, None)])
+def test_endpoint_hostname(ep, hostname):
+    assert dns.endpoint_hostname(ep) == hostname
 
 
 def test_a_headless_service_without_ready_endpoints_has_no_record():
@@ -101,10 +118,12 @@ def test_a_headless_service_without_ready_endpoints_has_no_record():
 def test_a_deleted_service_takes_its_records_along():
     slices = [slice_("hl", "IPv4", endpoint("10.244.1.5"))]
     before = names(dns.records([service("web"), headless("hl")], slices, []))
-    assert set(before) == {"web.shop.svc.cluster.local", "hl.shop.svc.cluster.local"}
+    assert set(before) == {"web.shop.svc.cluster.local", "hl.shop.svc.cluster.local",
+                           "10-244-1-5.hl.shop.svc.cluster.local"}
     # the store lists no Service any more; the slices may outlive it for a moment
     after = names(dns.records([service("web")], slices, []))
     assert set(after) == {"web.shop.svc.cluster.local"}
+    assert dns.srv_records([service("web")], slices) == []
 
 
 def test_externalname_services_have_no_record():
@@ -149,6 +168,78 @@ def test_hosts_text_is_one_address_and_name_a_line():
     assert lines[0].startswith("#")
     assert lines[1:] == ["10.96.0.20 web.shop.svc.cluster.local", "fd00:10:96::14 web.shop.svc.cluster.local"]
     assert dns.hosts_text([]).count("\n") == 1
+
+
+# ---- SRV records -------------------------------------------------------------------------------
+
+WEB_PORTS = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+             {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "sig", "port": 5060, "protocol": "SCTP"}]
+
+
+def test_a_clusterip_service_gets_one_srv_per_named_port_pointing_at_its_name():
+    svc = service("web", cluster_ips=("10.96.0.20", "fd00:10:96::14"), ports=WEB_PORTS)
+    assert dns.srv_records([svc], []) == [
+        dns.Srv("_dns._udp.web.shop.svc.cluster.local", 0, 100, 53, "web.shop.svc.cluster.local"),
+        dns.Srv("_http._tcp.web.shop.svc.cluster.local", 0, 100, 80, "web.shop.svc.cluster.local"),
+        dns.Srv("_sig._sctp.web.shop.svc.cluster.local", 0, 100, 5060, "web.shop.svc.cluster.local")]
+
+
+def test_unnamed_ports_and_services_without_names_have_no_srv():
+    ext = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ext", "namespace": "shop"},
+           "spec": {"type": "ExternalName", "externalName": "db.example.com", "ports": WEB_PORTS}}
+    pending = service("new", cluster_ips=("",), ports=WEB_PORTS)   # no ClusterIP yet: no target record
+    junk = service("odd", ports=[{"name": "Bad,Name", "port": 80}, {"name": "x", "port": 81, "protocol": "ICMP"},
+                                 {"name": "y", "port": "80"}])
+    assert dns.srv_records([service("plain"), ext, pending, junk], []) == []
+
+
+def test_a_headless_service_gets_one_srv_per_ready_endpoint_and_named_port():
+    ports = ({"name": "http", "port": 8080, "protocol": "TCP"}, {"port": 9090})   # the slice's: target ports
+    slices = [slice_("db", "IPv4", endpoint("10.244.1.5", hostname="db-0"), endpoint("10.244.2.5"),
+                     endpoint("10.244.3.5", ready=False), ports=ports),
+              slice_("db", "IPv6", endpoint("fd00:10:244::1:5", hostname="db-0"), ports=ports)]
+    srvs = dns.srv_records([headless("db", ports=[{"name": "http", "port": 80}, {"port": 90}])], slices)
+    # db-0 has two addresses but is one endpoint name: one record; the unready one has none;
+    # two records share the weight
+    assert srvs == [dns.Srv("_http._tcp.db.shop.svc.cluster.local", 0, 50, 8080, "10-244-2-5.db.shop.svc.cluster.local"),
+                    dns.Srv("_http._tcp.db.shop.svc.cluster.local", 0, 50, 8080, "db-0.db.shop.svc.cluster.local")]
+    # every target has its address records
+    recs = names(dns.records([headless("db")], slices, []))
+    assert recs["db-0.db.shop.svc.cluster.local"] == ["10.244.1.5", "fd00:10:244::1:5"]
+    assert recs["10-244-2-5.db.shop.svc.cluster.local"] == ["10.244.2.5"]
+
+
+def test_srv_follows_a_renamed_or_removed_port():
+    before = dns.srv_records([service("web", ports=[{"name": "http", "port": 80}])], [])
+    renamed = dns.srv_records([service("web", ports=[{"name": "web", "port": 80}])], [])
+    removed = dns.srv_records([service("web", ports=[{"port": 80}])], [])
+    assert [r.name for r in before] == ["_http._tcp.web.shop.svc.cluster.local"]
+    assert [r.name for r in renamed] == ["_web._tcp.web.shop.svc.cluster.local"]
+    assert removed == []
+
+
+def test_headless_weights_split_100_and_never_reach_zero():
+    eps = [endpoint(f"10.244.{i // 250}.{i % 250 + 1}") for i in range(150)]
+    srvs = dns.srv_records([headless("big")], [slice_("big", "IPv4", *eps, ports=({"name": "http", "port": 80},))])
+    assert len(srvs) == 150 and {r.weight for r in srvs} == {1}
+    three = dns.srv_records([headless("t")], [slice_("t", "IPv4", *eps[:3], ports=({"name": "http", "port": 80},))])
+    assert {r.weight for r in three} == {33}
+
+
+def test_srv_text_and_the_names_it_holds():
+    srvs = [dns.Srv("_http._tcp.web.shop.svc.cluster.local", 0, 100, 80, "web.shop.svc.cluster.local"),
+            dns.Srv("_http._tcp.db.shop.svc.cluster.local", 0, 50, 8080, "db-0.db.shop.svc.cluster.local"),
+            dns.Srv("_http._tcp.db.shop.svc.cluster.local", 0, 50, 8080, "db-1.db.shop.svc.cluster.local")]
+    text = dns.srv_text(srvs)
+    lines = text.splitlines()
+    assert lines[0].startswith("#")
+    # dnsmasq's --srv-host order: name, target, port, priority, weight
+    assert lines[1] == "srv-host=_http._tcp.web.shop.svc.cluster.local,web.shop.svc.cluster.local,80,0,100"
+    assert dns.srv_names(text) == ["_http._tcp.db.shop.svc.cluster.local", "_http._tcp.web.shop.svc.cluster.local"]
+    assert dns.srv_names(dns.srv_text([])) == []
+    servers = dns.servers_text(dns.srv_names(text)).splitlines()
+    assert servers[1:] == [f"server=/_http._tcp.{s}.shop.svc.cluster.local/127.0.0.1#{p}"
+                           for s in ("db", "web") for p in dns.SRV_PORTS]
 
 
 # ---- resolv.conf ---------------------------------------------------------------------------------
@@ -212,17 +303,52 @@ def test_the_kubelet_writes_resolv_conf_by_the_pods_network(tmp_path, net, impor
 
 # ---- the server and its objects -----------------------------------------------------------------
 
-def test_dnsmasq_never_uses_anything_of_the_machines_and_listens_on_the_pod():
-    argv = dns.dnsmasq_argv(["10.244.0.1", "fd00:10:244::1", "bogus"], "/s/dns/hosts", "/s/dns/dnsmasq-u.pid",
-                            ["--local=/cluster.local/"])
+def _machine_free(argv):
+    for flag in ("--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null", "--address=/#/"):
+        assert flag in argv, flag
+    # (the front forwards only what its servers file lists: the SRV names, to its own loopback)
+    assert not any(a.startswith(("--server=", "--resolv-file")) for a in argv), "never forwards out of the pod"
+
+
+def test_the_front_dnsmasq_never_uses_anything_of_the_machines_and_listens_on_the_pod():
+    argv = dns.front_argv(["10.244.0.1", "fd00:10:244::1", "bogus"], "/s/dns/hosts", "/s/dns/dnsmasq-u.pid",
+                          "/s/dns/dnsmasq-u.servers", ["--local=/cluster.local/"])
     assert argv[0] == "dnsmasq"
-    for flag in ("--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null", "--address=/#/",
-                 "--port=53", "--listen-address=10.244.0.1", "--listen-address=fd00:10:244::1",
-                 "--addn-hosts=/s/dns/hosts", "--pid-file=/s/dns/dnsmasq-u.pid"):
+    _machine_free(argv)
+    for flag in ("--port=53", "--listen-address=10.244.0.1", "--listen-address=fd00:10:244::1",
+                 "--addn-hosts=/s/dns/hosts", "--pid-file=/s/dns/dnsmasq-u.pid",
+                 "--servers-file=/s/dns/dnsmasq-u.servers", "--all-servers", "--cache-size=0"):
         assert flag in argv, flag
     assert not any("bogus" in a for a in argv)
-    assert not any(a.startswith("--server") or a.startswith("--resolv-file") for a in argv), "never forwards"
     assert argv[-1] == "--local=/cluster.local/", "the container's args come last"
+
+
+def test_the_srv_dnsmasq_listens_on_loopback_only():
+    argv = dns.srv_argv(10054, "/s/dns/hosts", "/s/dns/dnsmasq-u.srv-10054.conf", "/s/dns/dnsmasq-u.srv-10054.pid",
+                        ["--local-ttl=5"], "/usr/sbin/dnsmasq")
+    assert argv[0] == "/usr/sbin/dnsmasq"
+    _machine_free(argv)
+    assert [a for a in argv if a.startswith("--listen-address")] == ["--listen-address=127.0.0.1"]
+    for flag in ("--port=10054", "--bind-interfaces", "--conf-file=/s/dns/dnsmasq-u.srv-10054.conf",
+                 "--addn-hosts=/s/dns/hosts", "--pid-file=/s/dns/dnsmasq-u.srv-10054.pid"):
+        assert flag in argv, flag
+    assert argv[-1] == "--local-ttl=5"
+
+
+def test_the_kubelet_runs_the_dns_server_with_the_pods_addresses_and_args():
+    argv = dns.dnsmasq_argv(["10.244.0.1", "bogus"], "/s/dns/hosts", "/s/dns/dnsmasq-u.pid", ["--local-ttl=5"],
+                            "/usr/sbin/dnsmasq")
+    assert argv[1:3] == ["-m", "lace.lab.dnsserver"]
+    assert argv[argv.index("--srv") + 1] == "/s/dns/srv.conf"
+    assert argv[argv.index("--listen") + 1] == "10.244.0.1" and "bogus" not in argv
+    assert argv[-2:] == ["--", "--local-ttl=5"]
+    files = dns.server_files("/s/dns/dnsmasq-u.pid")
+    assert files["server"] == "/s/dns/dnsmasq-u.server" and files["servers"] == "/s/dns/dnsmasq-u.servers"
+    # the SRV dnsmasq's pid files are ones the feeder signals for a new hosts file, the server's is not
+    import fnmatch
+    assert all(fnmatch.fnmatch(os.path.basename(files[f"srv-{p}.pid"]), dns.PID_GLOB) for p in dns.SRV_PORTS)
+    assert fnmatch.fnmatch("dnsmasq-u.server", dns.SERVER_PID_GLOB)
+    assert not fnmatch.fnmatch("dnsmasq-u.server", dns.PID_GLOB)
 
 
 def test_lab_up_objects_are_what_a_cluster_has_and_the_store_takes_them(tmp_path):

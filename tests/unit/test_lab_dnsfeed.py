@@ -4,6 +4,7 @@ follows the store while it runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lace.lab import dns
-from lace.lab.dnsfeed import Feeder, reload_servers, write_if_changed
+from lace.lab.dnsfeed import Feeder, reload_servers, reload_srv, write_if_changed
 from lace.store import SqliteStore
 
 # a stand-in for dnsmasq: named "dnsmasq" (what the feeder checks in /proc/PID/comm), counting SIGHUPs
@@ -47,6 +48,34 @@ def fake_dnsmasq(tmp_path):
         pid_file = dns_dir / dns.pid_file_name("uid-1")
         pid_file.write_text(f"{proc.pid}\n")
         yield proc, pid_file, hups
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# a stand-in for a DNS pod's server (lace.lab.dnsserver, which the feeder looks for in its command
+# line), counting SIGHUPs
+FAKE_SERVER = r"""
+import signal, sys, time
+hups = open(sys.argv[2], "a", buffering=1)
+signal.signal(signal.SIGHUP, lambda *_: hups.write("hup\n"))
+open(sys.argv[3], "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.fixture
+def fake_server(tmp_path, fake_dnsmasq):
+    """(its pid file in dns/, the file counting its SIGHUPs) beside the fake dnsmasq."""
+    script, hups, ready = tmp_path / "fake_server.py", tmp_path / "server-hups", tmp_path / "server-ready"
+    script.write_text(FAKE_SERVER)
+    proc = subprocess.Popen([sys.executable, str(script), "lace.lab.dnsserver", str(hups), str(ready)])
+    try:
+        wait_until(ready.exists, "the fake server")
+        pid_file = tmp_path / "dns" / "dnsmasq-uid-1.server"
+        pid_file.write_text(f"{proc.pid}\n")
+        yield pid_file, hups
     finally:
         proc.kill()
         proc.wait()
@@ -123,6 +152,35 @@ def test_sync_writes_and_reloads_only_on_change_and_follows_a_delete(tmp_path, f
         feeder.sync()
         assert "web.shop" not in hosts.read_text()
         wait_until(lambda: hup_count(hups) == 2, "a reload after the delete")
+    finally:
+        store.close()
+
+
+def test_srv_records_are_written_and_the_dns_server_alone_is_told(tmp_path, fake_dnsmasq, fake_server):
+    _, _, dnsmasq_hups = fake_dnsmasq
+    pid_file, hups = fake_server
+    store = SqliteStore(tmp_path / "store.db")
+    try:
+        web = service("web")
+        store.apply_all([namespace("shop"), web])
+        feeder = Feeder(store, pid_file.parent)
+        feeder.sync()
+        srv = pid_file.parent / dns.SRV_FILE
+        assert srv.read_text().splitlines()[1:] == [], "no named port, no SRV record"
+        wait_until(lambda: hup_count(hups) == 1 and hup_count(dnsmasq_hups) == 1, "both told of their first files")
+
+        web["spec"]["ports"] = [{"name": "http", "port": 80}]
+        store.apply(web)
+        feeder.sync()
+        assert srv.read_text().splitlines()[1:] == [
+            "srv-host=_http._tcp.web.shop.svc.cluster.local,web.shop.svc.cluster.local,80,0,100"]
+        wait_until(lambda: hup_count(hups) == 2, "the server told of the SRV change")
+        time.sleep(0.05)
+        assert hup_count(dnsmasq_hups) == 1, "the addresses did not change: dnsmasq is left alone"
+
+        # a pid file whose process is not a DNS server is skipped
+        (pid_file.parent / "dnsmasq-uid-2.server").write_text(f"{os.getpid()}\n")
+        assert reload_srv(pid_file.parent) == [int(pid_file.read_text())]
     finally:
         store.close()
 
