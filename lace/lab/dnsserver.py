@@ -23,11 +23,11 @@ while both listen either answers and while one does it does: the front's forward
 changes for a switch (re-read, a changed server entry drops the answers to queries in flight to
 it). It is told only of names that come or go (its servers file replaced, then SIGHUP: re-read,
 never restarted), and it caches nothing, so every query is answered, by the old records or the
-new (tests/e2e/test_dns.py asks throughout two switches: none lost; nor with a stop before
-the start, which that test catches). The
-front writes the pid file the kubelet waits for once it listens, after the first SRV dnsmasq
-does. Whatever the feeder sends in between is not missed: this process writes its own pid file
-before it first reads the records, and reads them again on every SIGHUP.
+new: tests/e2e/test_dns.py asks all through two switches and finds none unanswered (stopping the
+old one before starting the new loses some, and fails it). The front writes the pid file the
+kubelet waits for once it listens, after the first SRV dnsmasq does. Whatever the feeder sends
+in between is not missed: this process writes its own pid file before it first reads the
+records, and reads them again on every SIGHUP.
 
 ``python -m lace.lab.dnsserver --dnsmasq BINARY --hosts FILE --srv FILE --pid-file FILE --listen IP
 ... -- ARGS`` (``lace.lab.dns.dnsmasq_argv``); it runs in the DNS pod's network namespace, leads its
@@ -110,7 +110,10 @@ class Server:
     def _start(self, argv: list[str], pid_file: str, what: str) -> subprocess.Popen:
         """Start one dnsmasq and wait until it listens (it writes ``pid_file`` after binding)."""
         _unlink(pid_file)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        except OSError as err:
+            raise ServerError(f"cannot run the {what} dnsmasq ({argv[0]}): {err.strerror}") from None
         deadline = time.monotonic() + START_TIMEOUT
         while not os.path.exists(pid_file):
             if proc.poll() is not None:

@@ -372,3 +372,21 @@ def test_pod_image_and_args_of_plain_pods():
     assert pod_image({"spec": {"containers": [{"image": "lace/podserver"}]}}) == "lace/podserver"
     assert pod_image({"spec": {}}) == "" and pod_args({"spec": {}}) == []
     assert pod_args({"spec": {"containers": [{"args": ["-v", 3]}]}}) == ["-v", "3"]
+
+
+def test_the_dns_server_reports_a_dnsmasq_it_cannot_run_and_leaves_no_file(tmp_path, caplog):
+    import signal
+    from lace.lab import dnsserver
+    pid_file = tmp_path / "dnsmasq-u.pid"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = dnsserver.main(["--dnsmasq", str(tmp_path / "no-dnsmasq"), "--hosts", str(tmp_path / "hosts"),
+                             "--srv", str(tmp_path / "srv.conf"), "--pid-file", str(pid_file),
+                             "--listen", "10.244.0.1"])
+    finally:   # main sets its own, for its process
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert rc == 1
+    assert "cannot run the SRV dnsmasq" in caplog.text and "No such file" in caplog.text
+    assert list(tmp_path.iterdir()) == [], "its pid file and the SRV copies are removed"
+    assert dnsserver.main(["--hosts", "h", "--srv", "s", "--pid-file", "p"]) == 2, "no address to listen on"
