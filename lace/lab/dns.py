@@ -4,19 +4,26 @@ A real cluster runs CoreDNS behind the Service ``kube-system/kube-dns`` (10.96.0
 dnsmasq from Debian in the same place: ``lace lab up`` writes that Service (fixed ClusterIPs
 10.96.0.10 and fd00:10:96::a, ports 53/UDP ``dns`` and 53/TCP ``dns-tcp``) and one Pod behind it,
 ``kube-system/kube-dns-1`` (label ``k8s-app: kube-dns``, image ``lace/dnsmasq``), which the lab's
-kubelet runs as dnsmasq (``dnsmasq_argv``) in the pod's network namespace. dnsmasq answers only
-from a hosts-format file that the DNS feeder (``lace.lab.dnsfeed``) keeps current from the store:
+kubelet runs as ``lace.lab.dnsserver`` (``dnsmasq_argv``): dnsmasq in the pod's network namespace,
+one on port 53 and one behind it for SRV records, which dnsmasq cannot re-read. They answer only
+from the files that the DNS feeder (``lace.lab.dnsfeed``) keeps current from the store:
 
 - ``SERVICE.NAMESPACE.svc.cluster.local``: the Service's ClusterIPs (A and AAAA); for a headless
   Service (``clusterIP: None``) the ready addresses of its EndpointSlices instead, and
-  ``HOSTNAME.SERVICE.NAMESPACE.svc.cluster.local`` for an endpoint that has a hostname;
+  ``HOSTNAME.SERVICE.NAMESPACE.svc.cluster.local`` for each of its ready endpoints, by its
+  hostname (a pod's ``spec.hostname`` when its ``spec.subdomain`` names the Service) or, without
+  one, a name made from its address (``10-244-0-5``; ``endpoint_hostname``);
+- ``_PORT._PROTO.SERVICE.NAMESPACE.svc.cluster.local`` (SRV) for each named port: at the
+  Service's name and port, or for a headless Service one per ready endpoint at its
+  ``HOSTNAME.SERVICE...`` name and the pods' port (``srv_records``);
 - ``POD-IP-DASHED.NAMESPACE.pod.cluster.local``: each running pod's addresses
   (``10-244-0-5``, ``fd00-10-244--5``).
 
 Names are cluster-wide, as namespaces are: a Service of network ``red`` has its record like any
 other, and pods that cannot reach its VIP simply get no answer from it. ExternalName Services get
-no record (a hosts file holds no CNAME). dnsmasq never forwards: names outside cluster.local
-are NXDOMAIN at once, so no query leaves the lab.
+no record (a hosts file holds no CNAME). Answers are the same from every network that reaches
+the DNS Service: they all reach the one pod. dnsmasq never forwards out of that pod: names
+outside cluster.local are NXDOMAIN at once, so no query leaves the lab.
 
 Pods get ``/etc/resolv.conf`` as a kubelet writes it for ``dnsPolicy: ClusterFirst``
 (``resolv_conf``), but only where the DNS Service can be reached: from its own network
