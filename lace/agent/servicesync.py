@@ -17,7 +17,8 @@ A full pass reads the same cache, so both kinds of pass agree on every frontend.
 
 After either kind of pass has written the maps, the UDP flows whose backend left their service
 are deleted (:meth:`ServiceSync.flush_departed`): their clients' next datagrams meet the service as
-it is now.
+it is now; and the host's UDP sockets connected to them through the socket hooks are terminated
+(lace.agent.socklb.terminate_udp).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ import logging
 import threading
 from typing import Any
 
+from lace.bpf import BPFError
 from lace.services.cache import RECORDS, ServiceCache
 from lace.services.program import ServiceProgrammer
 from lace.store.api import WatchEvent
 
 from .conntrack import flush_service_flows
 from .diff import MapChanges
+from .socklb import terminate_udp
 
 log = logging.getLogger("lace.agent")
 
@@ -109,4 +112,8 @@ class ServiceSync:
         n = flush_service_flows(self.datapath, departed)
         log.info("%d UDP service flows to %d departed backend(s) deleted", n,
                  len({k for k, _ in departed}))
+        try:
+            terminate_udp(self.datapath.map("sock-revnat"), departed)
+        except (BPFError, OSError) as e:   # the packet path is done; a host socket keeps its backend
+            log.warning("host UDP sockets connected to departed backends not terminated: %s", e)
         return n

@@ -13,18 +13,30 @@ while the agent is down. A restarted agent swaps its new programs into those lin
 pinned link that no longer sits on the configured cgroup (the cgroup was removed and made again,
 or the configuration names another one) is detached and replaced. Removing the pin root (``lace
 lab down``) or the cgroup detaches everything.
+
+A connected UDP socket is translated once, at connect: when its backend leaves the service (the
+pod deleted, its labels changed), it would go on sending to an address that no longer serves it.
+:func:`terminate_udp` destroys such sockets through a UDP socket iterator (``bpf/progs/sock_term.c``):
+they are disconnected, their owners' next call fails (ECONNABORTED for a receive, EDESTADDRREQ for
+a send) and they connect again, to a live backend — what
+kube-proxy's conntrack flush does for a packet-level translation. Unconnected sockets need nothing:
+their every sendmsg is translated anew. TCP connections keep their backend, as on the packet path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 from typing import Protocol
 
-from lace.bpf import BPFError, Link, Program
+from lace.bpf import BPFError, Iterator, Link, Map, Program
 from lace.bpf.cgroup import attach_cgroup, attach_type, cgroup_id, cgroup_link_target
+from lace.datapath.common import NETWORK_DEFAULT, Family
+from lace.datapath.registry import SOCK_TERM_OBJECT, SOCK_TERM_PROGRAM, bpf_dir
+from lace.datapath.services import REVNAT_KEY, SOCK_REVNAT, SOCK_REVNAT_KEY, SOCK_TERM
 
 log = logging.getLogger("lace.agent.socklb")
 
@@ -141,3 +153,45 @@ class SockLB:
             link.pin_path = self.path(hook)
             link.unpin()
             link.close()
+
+
+def _addr(family: int, raw: bytes, port: int) -> tuple[int, bytes, int]:
+    """(family, address bytes of its length, port): the one form the matches below compare."""
+    return family, bytes(raw[:4] if family == Family.IPV4 else raw), port
+
+
+def terminate_udp(sock_revnat: Map, departed: list[tuple[bytes, tuple[int, str, int]]],
+                  object_path: str | None = None) -> int:
+    """Destroy the host's UDP sockets connected, through the socket hooks, to a backend that left
+    the frontend they asked for: ``departed`` pairs (revnat key of a UDP backend, frontend (source
+    network, address, port); ServiceProgrammer.take_departed), the sockets found by their
+    sock-revnat entries (cookie, backend -> frontend). Only frontends of the default network count:
+    the host's. Runs in the calling thread's network namespace (the node's). Returns how many were
+    destroyed."""
+    wanted: set[tuple[tuple[int, bytes, int], tuple[int, bytes, int]]] = set()
+    for k, (net, addr, port) in departed:
+        b = REVNAT_KEY.unpack(k)
+        if net != NETWORK_DEFAULT:   # the host's frontends are the default network's
+            continue
+        fe = ipaddress.ip_address(addr)
+        wanted.add((_addr(b["family"], b["addr"], b["port"]),
+                    _addr(Family.IPV4 if fe.version == 4 else Family.IPV6, fe.packed, port)))
+    if not wanted:
+        return 0
+    targets: dict[int, bytes] = {}
+    for raw_k, raw_v in sock_revnat.items():
+        k, v = SOCK_REVNAT_KEY.unpack(raw_k), SOCK_REVNAT.unpack(raw_v)
+        if (_addr(k["family"], k["addr"], k["port"]), _addr(v["family"], v["addr"], v["port"])) in wanted:
+            targets[k["cookie"]] = SOCK_TERM.pack(addr=bytes(k["addr"]), port=k["port"], family=k["family"],
+                                                  reserved=bytes(5))
+    if not targets:
+        return 0
+    path = object_path or str(bpf_dir() / SOCK_TERM_OBJECT)
+    with Iterator(path, SOCK_TERM_PROGRAM) as it:
+        m = it.obj.maps["lace_sk_term"]
+        for cookie, value in targets.items():
+            m.update(cookie.to_bytes(8, "little"), value)
+        done = [line for line in it.read().split(b"\n") if line]
+    if done:
+        log.info("%d host UDP sockets connected to departed backends terminated", len(done))
+    return len(done)

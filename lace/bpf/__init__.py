@@ -26,7 +26,7 @@ from .info import (
     query_tcx,
     query_tcx_full,
 )
-from .iter import MapEntryCounts
+from .iter import Iterator, MapEntryCounts
 from .layout import Layout
 from .link import Link, TcFilter, attach_tcx
 from .maps import ANY, EXIST, NOEXIST, Map, TypedMap
@@ -38,7 +38,7 @@ from .testrun import TestRunResult, test_run
 __all__ = [
     "ANY", "EXIST", "NOEXIST",
     "BPFError", "IncompatibleMap", "KeyNotFound", "LoadError", "NotSupported", "VerifierError",
-    "Layout", "Map", "MapEntryCounts", "TypedMap", "RingBuffer", "RingReader",
+    "Iterator", "Layout", "Map", "MapEntryCounts", "TypedMap", "RingBuffer", "RingReader",
     "ObjectSpec", "MapSpec", "ProgramSpec", "Object", "Program", "Migration",
     "Link", "TcFilter", "attach_tcx",
     "LinkInfo", "MapInfo", "ProgInfo", "TcxQuery",

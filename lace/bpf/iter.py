@@ -1,4 +1,6 @@
-"""Every hash map's entry count as the kernel keeps it, read through a BPF map iterator.
+"""BPF iterators: a program that walks kernel objects (maps, sockets) when its file is read
+(:class:`Iterator`), and every hash map's entry count as the kernel keeps it, read through one
+(:class:`MapEntryCounts`).
 
 Linux 6.6 and later count the elements of each hash map (per-CPU insert and delete counters, LRU
 evictions included), and a BPF program reads a map's count with the ``bpf_map_sum_elem_count``
@@ -27,36 +29,61 @@ from .object import ObjectSpec
 COUNTED_TYPES = frozenset({HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH})
 
 
-class MapEntryCounts:
-    """A loaded map iterator program and its link; :meth:`read` runs it. Close it when done."""
+class Iterator:
+    """An iterator program loaded from its object (its maps private, never pinned) and linked:
+    each :meth:`read` runs one walk and returns what the program printed. A socket iterator walks
+    the sockets of the network namespace of the thread that reads it. Close it when done."""
 
     def __init__(self, object_path: str, program: str) -> None:
-        self._obj = ObjectSpec.open(object_path).load()
+        self.obj = ObjectSpec.open(object_path).private().load()
         self._link = -1
         try:
-            prog = self._obj.programs[program]
+            prog = self.obj.programs[program]
             opts = _lb.BpfLinkCreateOpts(sz=ctypes.sizeof(_lb.BpfLinkCreateOpts))
             fd = _lb.lib.bpf_link_create(prog.fd, 0, _lb.BPF_TRACE_ITER, ctypes.byref(opts))
             if fd < 0:
-                raise error(f"attach map iterator {program!r}", -fd)
+                raise error(f"attach iterator {program!r}", -fd)
             self._link = fd
         except BaseException:
-            self._obj.close()
+            self.obj.close()
             raise
 
-    def read(self) -> dict[int, int]:
-        """Map ID -> the kernel's count of its entries (0 for a type it does not count)."""
+    def read(self) -> bytes:
+        """One walk: everything the program printed."""
         fd = _lb.lib.bpf_iter_create(self._link)
         if fd < 0:
-            raise error("read the map iterator", -fd)
+            raise error("read the iterator", -fd)
         chunks = []
         try:
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
         finally:
             os.close(fd)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self._link >= 0:
+            os.close(self._link)
+            self._link = -1
+        self.obj.close()
+
+    def __enter__(self) -> Iterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MapEntryCounts:
+    """A loaded map iterator program and its link; :meth:`read` runs it. Close it when done."""
+
+    def __init__(self, object_path: str, program: str) -> None:
+        self._it = Iterator(object_path, program)
+
+    def read(self) -> dict[int, int]:
+        """Map ID -> the kernel's count of its entries (0 for a type it does not count)."""
         out = {}
-        for line in b"".join(chunks).split(b"\n"):
+        for line in self._it.read().split(b"\n"):
             if line:
                 map_id, n = line.split()
                 out[int(map_id)] = int(n)
@@ -70,10 +97,7 @@ class MapEntryCounts:
                 for name, m in maps.items()}
 
     def close(self) -> None:
-        if self._link >= 0:
-            os.close(self._link)
-            self._link = -1
-        self._obj.close()
+        self._it.close()
 
     def __enter__(self) -> MapEntryCounts:
         return self

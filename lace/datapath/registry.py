@@ -221,6 +221,12 @@ OBJECTS: dict[str, str] = {"pod_veth": "pod_veth.o", "uplink": "uplink.o", "host
 #: keeps (lace.bpf.iter), and its program
 MAP_ENTRIES_OBJECT = "map_entries.o"
 MAP_ENTRIES_PROGRAM = "lace_map_entries"
+#: the UDP socket iterator (not a datapath program) that terminates host sockets connected to a
+#: backend that left its service (lace.agent.socklb.terminate_udp), and its program
+SOCK_TERM_OBJECT = "sock_term.o"
+SOCK_TERM_PROGRAM = "lace_sock_terminate"
+#: the iterator objects, by name: loaded on demand beside the datapath's OBJECTS
+ITERATORS: dict[str, str] = {"map_entries": MAP_ENTRIES_OBJECT, "sock_term": SOCK_TERM_OBJECT}
 
 #: the repository root (lace/datapath/registry.py -> ../..)
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent

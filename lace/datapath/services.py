@@ -164,6 +164,17 @@ SOCK_REVNAT = Layout(
     ],
 )
 
+#: struct lace_sock_term (services.h): a host UDP socket to terminate (progs/sock_term.c)
+SOCK_TERM = Layout(
+    "struct lace_sock_term",
+    [
+        ("addr", "bytes:16"),
+        ("port", "be16"),
+        ("family", "u8"),
+        ("reserved", "bytes:5"),
+    ],
+)
+
 #: struct lace_revnat_key (services.h)
 REVNAT_KEY = Layout(
     "struct lace_revnat_key",

@@ -6,9 +6,14 @@ for a ClusterIP from a pod on another node and for a NodePort from the outside, 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
+import os
 import socket
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -157,3 +162,80 @@ def test_nothing_flushes_a_udp_flow_whose_backend_stays(lab, ns, family):
         assert backend_of(lab, "worker-1", SPORT, 5300) == before
     finally:
         c.close()
+
+
+#: a host process's resolver-like client: one connected UDP socket to VIP:5300, a datagram every
+#: 50 ms; after an error it connects the same socket again (as resolvers and telemetry clients do)
+HOST_CLIENT = r"""
+import socket, sys, time
+vip, family, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(0.3)
+s.connect((vip, 5300))
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        s.send(b"lace-host")
+        print("echo" if s.recv(64) == b"lace-host" else "other", flush=True)
+    except socket.timeout:
+        print("timeout", flush=True)
+    except OSError as e:
+        print(f"error {e.errno}", flush=True)
+        try:   # no backend yet: the connect is refused (ECONNREFUSED); the next round tries again
+            s.connect((vip, 5300))
+        except OSError as e:
+            print(f"connect {e.errno}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def host_process(lab, node: str, argv: list[str]) -> subprocess.Popen:
+    """argv as a process on node's host: its network namespace and its host cgroup (where the
+    socket hooks translate), its output a pipe."""
+    netns, group = topology.netns_name(lab.name, node), topology.node_cgroup(lab.name, node)
+
+    def enter() -> None:
+        from pyroute2.netns import setns
+        setns(f"/run/netns/{netns}")
+        topology.join_cgroup(group)
+
+    return subprocess.Popen(argv, preexec_fn=enter, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_host_socket_connected_to_a_departed_backend_is_terminated_and_reconnects_to_the_new_one(lab, ns, family):
+    """The node's own process (its host cgroup: socket-level translation) with a connected UDP
+    socket: translated once at connect, it would send to the deleted backend for ever; the agent
+    terminates it (its next call fails), and connecting again reaches the new backend."""
+    name = f"hostudp{family}"
+    lab.apply([pod(f"{name}-a", ns, "worker-2", labels={"app": name}, tcp=(), udp=(53,))])
+    lab.wait(ns, [f"{name}-a"])
+    lab.apply([udp_service(name, ns)])
+    vips = json.loads(lab.lace("get", "services", name, "-n", ns, "-o", "json")[1])["spec"]["clusterIPs"]
+    vip = next(v for v in vips if (":" in v) == (family == 6))
+    wait_for(lambda: active(lab, "worker-1", vip, 5300) == 1, f"{vip}:5300 on worker-1", timeout=20)
+    proc = host_process(lab, "worker-1", [sys.executable, "-c", HOST_CLIENT, vip, str(family), "60"])
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    errors = (f"error {errno.ECONNABORTED}\n", f"error {errno.EDESTADDRREQ}\n")
+
+    def reconnected() -> bool:
+        first = next((i for i, line in enumerate(lines) if line in errors), None)
+        return first is not None and "echo\n" in lines[first:]
+    try:
+        wait_for(lambda: "echo\n" in lines, f"the host socket's first echo through {vip}:5300", timeout=15)
+        lab.lace("delete", "pod", f"{name}-a", "-n", ns, "--grace-period", "0")
+        lab.apply([pod(f"{name}-b", ns, "worker-3", labels={"app": name}, tcp=(), udp=(53,))])
+        lab.wait(ns, [f"{name}-b"])
+        try:
+            wait_for(reconnected, "the socket terminated, connected again and answered from the new backend",
+                     timeout=20)
+        except AssertionError:
+            with open(os.path.join(lab.dir, "logs", "agent-worker-1.log")) as f:
+                log = [line for line in f if "UDP" in line or "socket" in line][-10:]
+            raise AssertionError(f"the client said {''.join(lines[-8:])!r}; worker-1's agent: {''.join(log)}")
+    finally:
+        proc.kill()
+        proc.wait()
+        reader.join(timeout=5)

@@ -541,3 +541,79 @@ def test_lab_nodes_get_a_host_cgroup_that_lace_exec_joins(tmp_path, monkeypatch)
     finally:
         topology.destroy(name, ctx_dir)
     assert not os.path.exists(os.path.join(topology.cgroup_root() or "/nonexistent", f"lace-{name}"))
+
+
+# --- connected UDP sockets whose backend left ---------------------------------------------------
+
+HELD = r"""
+import json, socket, sys
+SO_COOKIE = 57
+vip, port = sys.argv[1], int(sys.argv[2])
+fam = socket.AF_INET6 if ":" in vip else socket.AF_INET
+def ask(s):
+    try:
+        s.send(b"hi")
+        return s.recv(16).decode()
+    except OSError as e:
+        return e.errno
+socks = [socket.socket(fam, socket.SOCK_DGRAM) for _ in range(2)]
+for s in socks:
+    s.settimeout(1)
+    s.connect((vip, port))
+print(json.dumps([[int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little"), ask(s)]
+                  for s in socks]), flush=True)
+sys.stdin.readline()
+out = [ask(s) for s in socks]
+socks[0].connect((vip, port))
+print(json.dumps(out + [[ask(socks[0]) for _ in range(2)]]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_connected_udp_socket_whose_backend_left_is_terminated_and_connects_again_to_a_live_one(
+        host: Host, family: int) -> None:
+    """Two host sockets connected to a UDP VIP, one translated to backend a; a leaves the service
+    (b takes it): terminate_udp destroys the socket connected to a — its next call fails, and
+    connecting again reaches b — and leaves a socket of another backend alone."""
+    import errno
+
+    from lace.agent.socklb import terminate_udp
+    from lace.datapath.common import NETWORK_DEFAULT
+
+    host.service(active=["a"], family=family, proto=Proto.UDP)
+    fd = os.open(netlink.netns.path(host.netns), os.O_RDONLY | os.O_CLOEXEC)
+
+    def enter() -> None:
+        nsenter.setns(fd)
+        topology.join_cgroup(host.cgroup)
+
+    proc = subprocess.Popen([sys.executable, "-S", "-c", HELD, VIP[family], str(VIP_PORT)], preexec_fn=enter,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        (c0, a0), (c1, a1) = json.loads(proc.stdout.readline())
+        assert a0 == a1 == "a"
+        # the second socket stands for one another service sent to another backend: its entry names c
+        rev = host.dp.map("sock-revnat")
+        key1 = svc.sock_revnat_key(c1, BACKENDS["a"][family], BACKEND_PORT)
+        value1 = rev.lookup(key1)
+        rev.delete(key1)
+        rev.update(svc.sock_revnat_key(c1, BACKENDS["c"][family], BACKEND_PORT), value1)
+        host.service(active=["b"], family=family, proto=Proto.UDP)
+        departed = [(svc.revnat_key(NETWORK_DEFAULT, BACKENDS["a"][family], BACKEND_PORT, Proto.UDP),
+                     (NETWORK_DEFAULT, VIP[family], VIP_PORT)),
+                    (svc.revnat_key(NETWORK_DEFAULT, BACKENDS["c"][family], BACKEND_PORT, Proto.UDP),
+                     (NETWORK_DEFAULT, "10.96.9.9" if family == 4 else "fd00:96::99", VIP_PORT))]
+        with enter_netns(host.netns):
+            assert terminate_udp(rev, departed) == 1
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        first, second, again = json.loads(proc.stdout.readline())
+        # disconnected: a send fails for want of a destination (a receive pending then got ECONNABORTED)
+        assert first in (errno.EDESTADDRREQ, errno.ECONNABORTED), f"terminated: {first}"
+        assert second == "a", "the other socket is left alone"
+        # connected again: the abort still pending is reported once, then the live backend answers
+        assert again[0] in ("b", errno.ECONNABORTED) and again[1] == "b", again
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(fd)

@@ -13,7 +13,8 @@ from lace.datapath import registry
 
 @pytest.fixture(scope="session")
 def objects() -> dict[str, BTF]:
-    """name -> BTF of every program object in the registry (the real build/bpf/*.o)."""
+    """name -> BTF of every program object in the registry (the real build/bpf/*.o), the
+    iterators' included."""
     out = {}
     for name in registry.OBJECTS:
         try:
@@ -21,6 +22,11 @@ def objects() -> dict[str, BTF]:
         except FileNotFoundError as e:
             pytest.fail(str(e))
         out[name] = BTF(path)
+    for name, file in registry.ITERATORS.items():
+        path = registry.bpf_dir() / file
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run make bpf")
+        out[name] = BTF(str(path))
     return out
 
 

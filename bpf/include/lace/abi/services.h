@@ -150,4 +150,13 @@ struct lace_sock_revnat {
 	__u32  service_id;
 };
 
+/* lace-sk-term (progs/sock_term.c): a host UDP socket to terminate, by cookie: the backend it must
+ * still be connected to. */
+struct lace_sock_term {
+	__u8   addr[16];
+	__be16 port;
+	__u8   family;
+	__u8   reserved[5];
+};
+
 #endif
