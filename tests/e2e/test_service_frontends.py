@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from .conftest import pod, status_doc, wait_for
+from .test_nodestate import node_cmd
 from .test_outside import node_addr, outside_get
 
 SERVICES = 12
@@ -40,6 +41,10 @@ def test_every_frontend_of_a_backend_port_shared_by_a_dozen_services_answers(lab
             addr = node_addr(lab, node, family)
             wait_for(lambda: outside_get(lab, addr, node_port) == f"{ns}/many", f"outside -> {addr}:{node_port}",
                      timeout=30)
+    # the backend is flagged on the clients' nodes: its new flows keep a backend entry
+    for node in ("worker-1", "worker-2"):
+        _, out = node_cmd(lab, node, "bpf", "show", "services", "--endpoints")
+        assert f"({ns}/many) reply-entry" in out, out
     # every frontend works, so the services line is OK; the JSON says how many backends keep reply
     # entries and how many frontends their revnat entries leave to them
     doc = status_doc(lab, "worker-1", "worker-2")

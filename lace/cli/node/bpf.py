@@ -277,8 +277,11 @@ def view_services(entries: list[Entry], res: NumericResolver, names: Names, args
                     text = f'{host}:{b["port"]}' + (f" ({pod})" if pod else "")
                     if pod:
                         be["pod"] = pod
-                    if "active" not in b["flags"]:
-                        text += " " + ",".join(b["flags"] or ["inactive"])
+                    shown = [f for f in b["flags"] if f != "active"]
+                    if "active" not in b["flags"] and not shown:
+                        shown = ["inactive"]
+                    if shown:   # terminating, reply-entry (its new flows keep a backend entry)
+                        text += " " + ",".join(shown)
                 be["text"] = text
                 bes.append(be)
             doc["backends"] = bes
