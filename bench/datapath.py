@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Datapath cost per packet, from BPF_PROG_TEST_RUN, net of a trivial pass program measured in
-the same run, for each path (established, a service flow's established packet, new flow allowed,
-new flow to a service VIP, policy drop, encap) with conntrack filled to 1k, 100k and 1M entries and 16k policy entries. New flows
-run cold (once per call) and warm (tests/bpf/bench_new_flows.c: a fresh flow every repetition).
+the same run, for each path (established, a service flow's established packet and its reply, new
+flow allowed, new flow to a service VIP, policy drop, encap; a new flow and a reply to a backend
+flagged REPLY_ENTRY, whose flows keep a backend entry) with conntrack filled to 1k, 100k and 1M
+entries and 16k policy entries. New flows run cold (once per call) and warm
+(tests/bpf/bench_new_flows.c: a fresh flow every repetition).
 
 Then, at the largest conntrack size, a stage table: where each path's nanoseconds go, from
 pod_veth.c built to return at each of its LACE_BENCH_STAGE cut points (the Makefile's
@@ -131,6 +133,11 @@ EST_SPORT, ENC_SPORT, DENY_SPORT, SVC_EST_SPORT = 60001, 60002, 60003, 60004
 # "service new": a SYN to this VIP:80 of a service with two backends on pod b (ports 80 and 8080,
 # so every flow is delivered locally like "new flow") and a Maglev table
 VIP, SVC_TARGETS = "10.96.0.10", (80, 8080)
+# the reply rows and the reply-entry rows: a second service, VIP2:80 -> pod b:8081 alone, its backend
+# flagged REPLY_ENTRY (more frontends than its revnat entry names: its new flows keep a backend
+# entry, which their replies find); its new flows take source ports from 2 up of their own (their
+# tuples, to VIP2 and to b:8081, are no other row's); SVC_BE_SPORT is its established flow's port
+VIP2, BE_TARGET, SVC_BE_SPORT = "10.96.0.11", 8081, 60005
 
 
 def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: bytes, new: bytes,
@@ -174,6 +181,24 @@ def check_paths(dp: Testbed, prog, ctx: bytes, est: bytes, deny: bytes, enc: byt
     assert res.retval == TC_ACT_REDIRECT and len(events) == 1 and events[0]["ct_status"] == CtStatus.NEW \
         and events[0]["nat_kind"] == 1 and events[0]["dport"] in SVC_TARGETS, \
         f"service new flow: verdict {res.retval}, events {events}: not a new flow translated to a backend"
+
+
+def check_replies(dp: Testbed, prog, ctx: bytes, svc_reply: bytes, be_reply: bytes | None) -> None:
+    """Fail unless each reply row's packet leaves translated back to its frontend, every call."""
+    from scapy.layers.l2 import Ether
+
+    from lace.datapath.testbed import TC_ACT_REDIRECT
+
+    for pkt, vip in ((svc_reply, VIP), (be_reply, VIP2)):
+        if pkt is None:
+            continue
+        with enter_netns(dp.netns):
+            res = test_run(prog, pkt, ctx=ctx, data_size_out=len(pkt) + 128)
+        dp.ring.consume()
+        dp.events.clear()
+        out = Ether(res.data_out)["IP"]
+        assert res.retval == TC_ACT_REDIRECT and out.src == vip and out.sport == 80, \
+            f"reply from {vip}'s backend: verdict {res.retval}, source {out.src}:{out.sport}: not translated"
 
 
 # The stage table. Each path's cut points in walk order (None: the whole program) and what the walk
@@ -505,6 +530,8 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
                 dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=port)
             svc = dp.service(VIP, 80, [Backend(b.ipv4, p) for p in SVC_TARGETS])
             assert svc.table, "two active backends get a Maglev table"
+            dp.allow(b.segment, a.segment, Direction.INGRESS, proto=6, port=BE_TARGET)
+            dp.service(VIP2, 80, [Backend(b.ipv4, BE_TARGET)], service_id=2, reply_entry=True)
             est = bytes(dp.l3(a, b.ipv4, 4, ttl=255) / TCP(sport=EST_SPORT, dport=80, flags="A"))
             enc = bytes(dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=ENC_SPORT, dport=80, flags="A"))
             dp.from_pod(a, dp.l3(a, b.ipv4, 4) / TCP(sport=EST_SPORT, dport=80, flags="S"))
@@ -512,13 +539,28 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
             dp.from_pod(a, dp.l3(a, VIP, 4) / TCP(sport=SVC_EST_SPORT, dport=80, flags="S"))
             dp.from_pod(a, dp.l3(a, REMOTE["ipv4"], 4) / TCP(sport=ENC_SPORT, dport=80, flags="S"))
             deny = bytes(dp.l3(a, b.ipv4, 4) / TCP(sport=DENY_SPORT, dport=81, flags="S"))
-            flow = 1
+            # the replies: of the established service flow (found through the revnat entry), and of
+            # an established flow to VIP2 (through its backend entry, when this build keeps one)
+            svc_port = CT_ENTRY.unpack(dp.m("ct-tcp-v4").lookup(ct4_key(a.network, a.ipv4, VIP, SVC_EST_SPORT, 80, 6)))["nat_port"]
+            svc_reply = bytes(dp.l3(b, a.ipv4, 4, ttl=255) / TCP(sport=svc_port, dport=SVC_EST_SPORT, flags="A"))
+            dp.from_pod(a, dp.l3(a, VIP2, 4) / TCP(sport=SVC_BE_SPORT, dport=80, flags="S"))
+            backend_entries = dp.m("ct-tcp-v4").lookup(ct4_key(a.network, a.ipv4, b.ipv4, SVC_BE_SPORT, BE_TARGET, 6)) \
+                is not None
+            be_reply = bytes(dp.l3(b, a.ipv4, 4, ttl=255) / TCP(sport=BE_TARGET, dport=SVC_BE_SPORT, flags="A"))
+            ctx_b = dp.skb_ctx(b.ifindex)
+            check_replies(dp, dp.prog_pod, ctx_b, svc_reply, be_reply if backend_entries else None)
+            flow = be_flow = 1
 
             def new_flow(dst: str = b.ipv4) -> bytes:
                 nonlocal flow
                 flow += 1
                 assert flow < STAGE_NEW_SPORT, "more new flows than source ports (check_port_ranges)"
                 return bytes(dp.l3(a, dst, 4) / TCP(sport=flow, dport=80, flags="S"))
+
+            def reply_entry_flow() -> bytes:
+                nonlocal be_flow
+                be_flow += 1
+                return bytes(dp.l3(a, VIP2, 4) / TCP(sport=be_flow, dport=80, flags="S"))
 
             check_paths(dp, dp.prog_pod, ctx_a, est, deny, enc, new_flow(), new_flow(VIP), svc_est)
             # the warm new-flow rows' templates (NewFlows sets port and destination per repetition)
@@ -529,8 +571,9 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
             check_new_warm(dp, nf, new_warm, ctx_a, new_dst, new_made, service=False)
             check_new_warm(dp, nf, svc_warm, ctx_a, svc_dst, svc_made, service=True)
             names = ("pass warm", "pass once", "pass tail", "established", "established once",
-                     "service established", "new flow", "service new",
-                     "new flow warm", "service new warm", "policy drop", "encap")
+                     "service established", "service reply", "new flow", "service new",
+                     "new flow warm", "service new warm", "policy drop", "encap",
+                     "svc new, reply entry", "svc reply, entry")
             samples: dict[str, list[float]] = {k: [] for k in names}
             for rnd in range(rounds + 1):
                 news = [new_flow() for _ in range(calls)]    # a new source port per run: every flow new
@@ -547,6 +590,10 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
                 samples["service established"].append(measure(dp.prog_pod, [svc_est] * calls, ctx_a, dp.netns))
                 samples["new flow"].append(measure(dp.prog_pod, news, ctx_a, dp.netns))
                 samples["service new"].append(measure(dp.prog_pod, svc_news, ctx_a, dp.netns))
+                samples["service reply"].append(measure(dp.prog_pod, [svc_reply] * calls, ctx_b, dp.netns))
+                samples["svc new, reply entry"].append(
+                    measure(dp.prog_pod, [reply_entry_flow() for _ in range(calls)], ctx_a, dp.netns))
+                samples["svc reply, entry"].append(measure(dp.prog_pod, [be_reply] * calls, ctx_b, dp.netns))
                 samples["encap"].append(measure(dp.prog_pod, [enc] * calls, ctx_a, dp.netns))
                 dp.ring.consume()
                 dp.events.clear()
@@ -565,6 +612,9 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
                 "policy drop": med["policy drop"] - med["pass warm"],
                 "new flow": med["new flow"] - med["pass once"],
                 "service new": med["service new"] - med["pass once"],
+                "service reply": med["service reply"] - med["pass once"],
+                "svc new, reply entry": med["svc new, reply entry"] - med["pass once"],
+                "svc reply, entry": (med["svc reply, entry"] - med["pass once"]) if backend_entries else float("nan"),
                 "encap": med["encap"] - med["pass once"],
                 "new flow warm": med["new flow warm"] - med["pass tail"],
                 "service new warm": med["service new warm"] - med["pass tail"],
@@ -581,8 +631,8 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
         passobj.close()
         dp.close()
 
-    paths = ["established", "established once", "service established", "new flow", "service new", "new flow warm", "service new warm",
-             "policy drop", "encap"]
+    paths = ["established", "established once", "service established", "service reply", "new flow", "service new",
+             "new flow warm", "service new warm", "policy drop", "encap", "svc new, reply entry", "svc reply, entry"]
     first = sizes[0]
     print(f"datapath ns/packet net of a pass program (BPF_PROG_TEST_RUN; median of {rounds} interleaved rounds; "
           f"policy map {POLICY_FILL:,} entries; "
@@ -592,7 +642,8 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
     print(f"{'path':<20}" + "".join(f"{f'ct {s:,}':>12}" for s in sizes) + f"{'growth':>9}   {'target':<10} run")
     targets = {"established": "<= 60", "established once": "", "service established": "", "new flow": "<= 500",
                "service new": "", "new flow warm": "",
-               "service new warm": "", "policy drop": "", "encap": ""}
+               "service new warm": "", "policy drop": "", "encap": "", "service reply": "",
+               "svc new, reply entry": "", "svc reply, entry": ""}
     how = {"established": f"warm x{WARM_REPEAT}", "policy drop": f"warm x{WARM_REPEAT}",
            "established once": "once/call, cold: the established packet",
            "service established": "once/call, cold: an ACK to the VIP, translated from its conntrack entry",
@@ -600,7 +651,12 @@ def run(quick: bool, ct_limit: int = 0, delivery_fill: bool = False) -> int:
            "service new": "once/call, cold: SYN to a VIP, 2 backends, Maglev",
            "new flow warm": f"warm x{WARM_REPEAT}: a fresh flow every repetition (tests/bpf/bench_new_flows.c)",
            "service new warm": f"warm x{WARM_REPEAT}: a fresh flow to the VIP every repetition",
-           "encap": "once/call, cold (cannot repeat: run 2 would see the outer header)"}
+           "encap": "once/call, cold (cannot repeat: run 2 would see the outer header)",
+           "service reply": "once/call, cold: the backend's ACK, found through its revnat entry, leaves as the VIP",
+           "svc new, reply entry": "once/call, cold: SYN to a VIP whose backend is flagged REPLY_ENTRY "
+                                   "(frontend + backend entry)",
+           "svc reply, entry": "once/call, cold: its backend's ACK, found through the backend entry"
+                               + ("" if backend_entries else " (n/a: this build keeps no backend entries)")}
     for p in paths:
         row = "".join(f"{results[s][p]:>12.0f}" for s in sizes)
         ratio = results[sizes[-1]][p] / results[first][p] if results[first][p] > 0 else float("nan")

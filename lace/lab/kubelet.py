@@ -37,9 +37,10 @@ The lab has no image registry: the first container's ``image`` names what a pod 
 network namespace and with the pod's resolv.conf over /etc/resolv.conf (a mount namespace of its
 own, see ``mountns``):
 
-- ``lace/dnsmasq``: dnsmasq as the cluster DNS server (``lace.lab.dns.dnsmasq_argv``: port 53 on
-  the pod's addresses, the records in ``<state>/dns/hosts``, nothing of the machine's), followed by
-  the container's ``args``; ready once its pid file exists (it writes it after binding).
+- ``lace/dnsmasq``: the cluster DNS server, ``lace.lab.dnsserver`` (``lace.lab.dns.dnsmasq_argv``):
+  a dnsmasq on port 53 of the pod's addresses with the records of ``<state>/dns/hosts``, and one
+  for the SRV records of ``<state>/dns/srv.conf`` behind it, nothing of the machine's; followed by
+  the container's ``args``; ready once its pid file exists (written after binding).
 - any other image (``lace/podserver`` by convention): ``lace.lab.podserver``, HTTP answering with the
   pod's name on each TCP containerPort and UDP echo on each UDP port, followed by the container's
   ``args`` (e.g. ``--startup-delay 5``; its ``/healthz``, ``/fail`` and ``/recover`` make probes
