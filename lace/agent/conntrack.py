@@ -29,6 +29,24 @@ if TYPE_CHECKING:
     from .datapath import NodeDatapath
 
 
+def _decoded(m: Any, v6: bool) -> tuple[Any, np.ndarray, np.ndarray, int] | None:
+    """A conntrack table's raw keys, its keys and entries decoded (NumPy), and their number; None
+    when it is empty."""
+    keys, values, n = m.dump()
+    if not n:
+        return None
+    return keys, (CT6_KEY if v6 else CT4_KEY).decode_many(keys, n), CT_ENTRY.decode_many(values, n), n
+
+
+def _delete_rows(m: Any, keys: Any, sel: np.ndarray) -> int:
+    """Delete the entries of table m whose rows sel picks (keys: its raw dump); returns how many."""
+    idx = np.nonzero(sel)[0]
+    if not len(idx):
+        return 0
+    kb = bytes(keys)
+    return m.delete_batch(b"".join(kb[i * m.key_size:(i + 1) * m.key_size] for i in idx), len(idx))
+
+
 def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: list) -> int:
     """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``,
     and every service flow (whatever network its client is in) whose backend is one of them in
@@ -46,12 +64,10 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
         if not wanted:
             continue
         m = datapath.map(name)
-        keys, values, n = m.dump()
-        if not n:
+        table = _decoded(m, v6)
+        if table is None:
             continue
-        layout = CT6_KEY if v6 else CT4_KEY
-        arr = layout.decode_many(keys, n)
-        val = CT_ENTRY.decode_many(values, n)
+        keys, arr, val, n = table
         width = 16 if v6 else 4
         sel = np.zeros(n, dtype=bool)
         backend = np.zeros(n, dtype=bool)
@@ -63,11 +79,7 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
             backend |= nat == np.frombuffer(packed.ljust(16, b"\0"), dtype="V16")[0]
         sel &= arr["network"] == network
         sel |= backend & ((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & (val["dst_network"] == network)
-        idx = np.nonzero(sel)[0]
-        if len(idx):
-            kb = bytes(keys)
-            picked = b"".join(kb[i * m.key_size:(i + 1) * m.key_size] for i in idx)
-            removed += m.delete_batch(picked, len(idx))
+        removed += _delete_rows(m, keys, sel)
     return removed
 
 
@@ -97,11 +109,10 @@ def flush_service_flows(datapath: LoadedDatapath | NodeDatapath,
         if not wanted:
             continue
         m = datapath.map(name)
-        keys, values, n = m.dump()
-        if not n:
+        table = _decoded(m, v6)
+        if table is None:
             continue
-        arr = (CT6_KEY if v6 else CT4_KEY).decode_many(keys, n)
-        val = CT_ENTRY.decode_many(values, n)
+        keys, arr, val, n = table
         width = 16 if v6 else 4
         flags = val["flags"]
         service = (flags & np.uint8(CtFlag.SERVICE)) != 0
@@ -123,11 +134,7 @@ def flush_service_flows(datapath: LoadedDatapath | NodeDatapath,
                 for i in near:
                     if (arr["saddr"][i].tolist(), int(arr["sport"][i])) in clients:
                         sel[i] = True
-        idx = np.nonzero(sel)[0]
-        if len(idx):
-            kb = bytes(keys)
-            picked = b"".join(kb[i * m.key_size:(i + 1) * m.key_size] for i in idx)
-            removed += m.delete_batch(picked, len(idx))
+        removed += _delete_rows(m, keys, sel)
     return removed
 
 

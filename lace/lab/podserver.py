@@ -181,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, flag) < 0:
             parser.error(f"--{flag.replace('_', '-')} must be at least 0")
 
-    stop, at_once = threading.Event(), threading.Event()
+    # stop: a signal came; done: the servers are to stop (at once, or after --delay-shutdown)
+    stop, at_once, done = threading.Event(), threading.Event(), threading.Event()
     signals: list[str] = []
 
     def on_signal(name: str) -> None:
@@ -209,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for srv in servers:
         threads.append(threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True))
     for sock in udp:
-        threads.append(threading.Thread(target=_udp_echo, args=(sock, stop), daemon=True))
+        threads.append(threading.Thread(target=_udp_echo, args=(sock, done), daemon=True))
     for t in threads:
         t.start()
     if args.ready_file:
@@ -226,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         at_once.wait(args.delay_shutdown)
     print(f"podserver {args.name}: exiting at {time.time():.3f}", file=sys.stderr, flush=True)
+    done.set()
     for srv in servers:
         srv.shutdown()
         srv.server_close()

@@ -266,3 +266,47 @@ def test_a_host_socket_connected_to_a_departed_backend_is_terminated_and_reconne
         proc.kill()
         proc.wait()
         reader.join(timeout=5)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_udp_flow_to_a_terminating_backend_keeps_it_while_new_flows_go_to_the_ready_one(lab, ns, family):
+    """A backend that is only terminating (deleted with a grace period, its server draining) is not
+    a departed one: the client's flow from its fixed port keeps reaching it through the grace
+    period, while a new client port goes to the ready backend."""
+    from .test_termination import draining, endpoint_conditions
+
+    name = f"drain{family}"
+    old = draining(f"{name}-a", ns, "worker-2", delay=30, grace=40, app=name)
+    old["spec"]["containers"][0]["ports"] = [{"containerPort": 53, "protocol": "UDP"}]
+    lab.apply([old, pod(f"{name}-cli", ns, "worker-1", tcp=(), udp=())])
+    ps = lab.wait(ns, [f"{name}-a", f"{name}-cli"])
+    lab.apply([udp_service(name, ns)])
+    vips = json.loads(lab.lace("get", "services", name, "-n", ns, "-o", "json")[1])["spec"]["clusterIPs"]
+    vip = next(v for v in vips if (":" in v) == (family == 6))
+    netns = sandbox_netns(lab.name, ps[f"{name}-cli"]["metadata"]["uid"])
+    c = FixedPortClient(netns, family)
+    try:
+        wait_for(lambda: c.echo(vip, 5300), f"echo through {vip}:5300", timeout=30)
+        draining_addr = ips(ps[f"{name}-a"])[0 if family == 4 else 1]
+        lab.apply([pod(f"{name}-b", ns, "worker-3", labels={"app": name}, tcp=(), udp=(53,))])
+        ready_addr = ips(lab.wait(ns, [f"{name}-b"])[f"{name}-b"])[0 if family == 4 else 1]
+        lab.lace("delete", "pod", f"{name}-a", "-n", ns, "--grace-period", "40", "--wait=false")
+        wait_for(lambda: (endpoint_conditions(lab, ns, draining_addr) or {}).get("terminating"),
+                 f"{name}-a terminating", timeout=20)
+        wait_for(lambda: active(lab, "worker-1", vip, 5300) == 1, f"{vip}:5300 with one active backend", timeout=20)
+        for _ in range(20):
+            assert c.echo(vip, 5300, timeout=1), "the flow to the terminating backend still answers"
+        assert backend_of(lab, "worker-1", SPORT, 5300) == {draining_addr}
+    finally:
+        c.close()
+    # a new client port: the ready backend
+    with entered(netns):
+        s = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.settimeout(1)
+        s.bind(("", SPORT + 1))
+        s.sendto(b"new", (vip, 5300))
+        assert s.recvfrom(64)[0] == b"new"
+        assert backend_of(lab, "worker-1", SPORT + 1, 5300) == {ready_addr}
+    finally:
+        s.close()
