@@ -152,6 +152,9 @@ def test_a_udp_client_on_one_port_follows_a_load_balancer_address_to_the_new_bac
     clients = {f: FixedPortClient(outside, f, INTERNET[f]) for f in (4, 6)}
     try:
         for f, c in clients.items():
+            # the address allocated, then programmed on worker-1 (where the outside routes the pool)
+            wait_for(lambda: active(lab, "worker-1", ingress[f], 5300) == 1, f"{ingress[f]}:5300 on worker-1",
+                     timeout=60)
             wait_for(lambda: c.echo(ingress[f], 5300), f"echo through {ingress[f]}:5300", timeout=30)
         old = set(ips(ps["lb-a"]))
         new = set(replace_backend(lab, ns, "lb", "lb-a", "worker-3"))
