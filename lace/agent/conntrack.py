@@ -98,22 +98,18 @@ def flush_service_flows(datapath: LoadedDatapath | NodeDatapath,
     service has now (ServiceProgrammer.take_departed). Returns the number of entries deleted."""
     removed = 0
     for v6, name in ((False, "ct-udp-v4"), (True, "ct-udp-v6")):
+        width = 16 if v6 else 4
         wanted = []
         for k, (net, frontend, fport) in departed:
             b = REVNAT_KEY.unpack(k)
-            if (b["family"] == Family.IPV6) != v6:
-                continue
-            width = 16 if v6 else 4
-            wanted.append((net, ipaddress.ip_address(frontend).packed, fport,
-                           b["network"], bytes(b["addr"])[:width], b["port"]))
-        if not wanted:
-            continue
-        m = datapath.map(name)
-        table = _decoded(m, v6)
+            if (b["family"] == Family.IPV6) == v6:
+                wanted.append((net, ipaddress.ip_address(frontend).packed, fport,
+                               b["network"], bytes(b["addr"])[:width], b["port"]))
+        m = datapath.map(name) if wanted else None
+        table = _decoded(m, v6) if m is not None else None
         if table is None:
             continue
         keys, arr, val, n = table
-        width = 16 if v6 else 4
         flags = val["flags"]
         service = (flags & np.uint8(CtFlag.SERVICE)) != 0
         dnat = (flags & np.uint8(CtFlag.DNAT)) != 0
