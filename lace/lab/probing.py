@@ -535,6 +535,8 @@ class ProbeStats(_Background):
         #: how many times the file was written (for tests)
         self.writes = 0
         self._dirty = False
+        #: the counts the file holds (write skips a write that would change nothing)
+        self._written: dict[str, Any] | None = None
         super().__init__()
 
     def record(self, node: str, result: str) -> None:
@@ -569,8 +571,15 @@ class ProbeStats(_Background):
                 "nodes": nodes}
 
     def write(self) -> None:
+        """Write the counts, unless the file holds them already: a probe counted while the writer
+        cleared its flag and took its snapshot is in that snapshot, and sets the flag again for a
+        write that would change nothing."""
+        doc = self.snapshot()
+        if doc["nodes"] == self._written:
+            return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        write_json(self.path, self.snapshot())
+        write_json(self.path, doc)
+        self._written = doc["nodes"]
         self.writes += 1
 
     def stop(self) -> None:
