@@ -577,10 +577,17 @@ class ProbeStats(_Background):
         doc = self.snapshot()
         if doc["nodes"] == self._written:
             return
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        write_json(self.path, doc)
+        # counted before the file is replaced, so a reader who sees the new file sees the count too
+        before = self._written
         self._written = doc["nodes"]
         self.writes += 1
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            write_json(self.path, doc)
+        except BaseException:
+            self._written = before
+            self.writes -= 1
+            raise
 
     def stop(self) -> None:
         """Stop the writer; counts not yet written are written now."""
