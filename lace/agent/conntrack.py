@@ -49,9 +49,11 @@ def _delete_rows(m: Any, keys: Any, sel: np.ndarray) -> int:
 
 def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: list) -> int:
     """Delete every conntrack entry of ``network`` whose source or destination is one of ``ips``,
-    and every service flow (whatever network its client is in) whose backend is one of them in
-    ``network``: a flow to a pod that is gone goes nowhere, and its client's next packet should
-    meet the service as a new flow and get a backend that exists.
+    every flow keyed in another network (the client's: the outside's flows a frontend relayed here,
+    a network that imports this one) whose destination is one of them in ``network``, and every
+    service flow (whatever network its client is in) whose backend is one of them in ``network``:
+    a flow to a pod that is gone goes nowhere, and its client's next packet should meet the pod
+    given that address next, or the service, as a new flow.
 
     ``datapath`` hands out the loaded maps by CLI name: a :class:`~lace.datapath.node.LoadedDatapath`
     or the agent's ``NodeDatapath`` (which holds one).  The tables are read as raw arrays
@@ -69,16 +71,19 @@ def flush_addresses(datapath: LoadedDatapath | NodeDatapath, network: int, ips: 
             continue
         keys, arr, val, n = table
         width = 16 if v6 else 4
-        sel = np.zeros(n, dtype=bool)
+        source = np.zeros(n, dtype=bool)
+        dest = np.zeros(n, dtype=bool)
         backend = np.zeros(n, dtype=bool)
         nat = val["nat_addr"]
         for ip in wanted:
             packed = ipaddress.ip_address(ip).packed
             raw = np.frombuffer(packed, dtype=f"V{width}")[0]
-            sel |= (arr["saddr"] == raw) | (arr["daddr"] == raw)
+            source |= arr["saddr"] == raw
+            dest |= arr["daddr"] == raw
             backend |= nat == np.frombuffer(packed.ljust(16, b"\0"), dtype="V16")[0]
-        sel &= arr["network"] == network
-        sel |= backend & ((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & (val["dst_network"] == network)
+        into = val["dst_network"] == network
+        sel = ((source | dest) & (arr["network"] == network)) | (dest & into)
+        sel |= backend & ((val["flags"] & np.uint8(CtFlag.SERVICE)) != 0) & into
         removed += _delete_rows(m, keys, sel)
     return removed
 

@@ -273,6 +273,25 @@ def test_backend_node_follows_the_flow_to_another_frontend_node(dp):
     assert addr_str(6, e["nat_addr"]) == "2001:db8:3:ffff:ffff::"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_relayed_flow_goes_with_its_backend_pod(dp, family):
+    """The backend pod of a flow another node's frontend relayed here is deleted: the agent's flush
+    of its address takes the flow's entry (keyed in network OUTSIDE, the client's) with its reply
+    alias (keyed in the pod's network). Left behind, the entry would carry the next pod given that
+    address into a flow it never saw, whose replies find no alias and are dropped as no-route."""
+    from lace.agent.conntrack import flush_addresses
+
+    b = dp.pods["b"]
+    inner = fam_ip(family)(src=CLIENT[family], dst=b.ip(family)) / UDP(sport=40010, dport=TARGET)
+    assert_to_pod(dp.from_uplink(from_node2_frontend(dp, inner)), dp, "b")
+    assert ct(dp, NETWORK_OUTSIDE, CLIENT[family], b.ip(family), 40010, TARGET, 17)
+    assert flush_addresses(dp.loaded, NET1, [ipaddress.ip_address(b.ip(family))]) == 2
+    assert ct(dp, NETWORK_OUTSIDE, CLIENT[family], b.ip(family), 40010, TARGET, 17) is None
+    assert ct(dp, NET1, CLIENT[family], b.ip(family), 40010, TARGET, 17) is None
+    # the same address in another network is not this pod: a flow to it stays
+    assert flush_addresses(dp.loaded, NET1 + 1, [ipaddress.ip_address(b.ip(family))]) == 0
+
+
 def test_traffic_to_a_port_without_a_frontend_goes_to_the_stack(dp):
     nodeport(dp, 4, local_b(dp, 4))
     raw = bytes(Ether(src=OUTSIDE_ROUTER_MAC, dst=UPLINK_MAC) /

@@ -2,8 +2,8 @@
 sees it: the client sends from one fixed source port the whole time, so every datagram renews its
 conntrack entry. When the backend pod is deleted and another one comes up, the client's next
 datagrams must reach the new pod (the agent deletes the flows to a backend that left its service),
-for a ClusterIP from a pod on another node, for a NodePort from the outside, and for a host
-process's connected socket (socket-level translation: terminated, it
+for a ClusterIP from a pod on another node, for a NodePort and a LoadBalancer address from the
+outside, and for a host process's connected socket (socket-level translation: terminated, it
 connects again), IPv4 and IPv6."""
 
 from __future__ import annotations
@@ -135,6 +135,37 @@ def test_a_udp_client_on_one_port_follows_a_nodeport_to_the_new_backend(lab, ns)
             wait_for(lambda: c.echo(addrs[f], port), f"{addrs[f]}:{port} answering the same client port from np-b",
                      timeout=20)
         assert backend_of(lab, "worker-1", SPORT, port) == new
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+def test_a_udp_client_on_one_port_follows_a_load_balancer_address_to_the_new_backend(lab, ns):
+    """After the NodePort test, from the same client port: its backend np-a's address is often
+    given to lb-a here, and the flow worker-1 relayed to np-a must have gone with np-a (its entry on
+    worker-2 is keyed in the outside's network, not the pod's), or lb-a's replies are dropped."""
+    lab.apply([{"apiVersion": "lace.dev/v1alpha1", "kind": "LoadBalancerIPPool", "metadata": {"name": "lab"},
+                "spec": {"cidrs": ["198.18.100.0/24", "2001:db8:1b::/112"]}}])
+    lab.apply([pod("lb-a", ns, "worker-2", labels={"app": "lb"}, tcp=(), udp=(53,))])
+    ps = lab.wait(ns, ["lb-a"])
+    lab.apply([udp_service("lb", ns, "LoadBalancer")])
+    svc = json.loads(lab.lace("get", "services", "lb", "-n", ns, "-o", "json")[1])
+    ingress = {6 if ":" in i["ip"] else 4: i["ip"] for i in svc["status"]["loadBalancer"]["ingress"]}
+    outside = lab.status()["outside"]
+    clients = {f: FixedPortClient(outside, f, INTERNET[f]) for f in (4, 6)}
+    try:
+        for f, c in clients.items():
+            # the address allocated, then programmed on worker-1 (where the outside routes the pool)
+            wait_for(lambda: active(lab, "worker-1", ingress[f], 5300) == 1, f"{ingress[f]}:5300 on worker-1",
+                     timeout=60)
+            wait_for(lambda: c.echo(ingress[f], 5300), f"echo through {ingress[f]}:5300", timeout=30)
+        old = set(ips(ps["lb-a"]))
+        new = set(replace_backend(lab, ns, "lb", "lb-a", "worker-3"))
+        for f, c in clients.items():
+            wait_for(lambda: c.echo(ingress[f], 5300), f"{ingress[f]}:5300 answering the same client port from lb-b",
+                     timeout=20)
+        held = set().union(*(backend_of(lab, n, SPORT, 5300) for n in ("worker-1", "worker-2", "worker-3")))
+        assert held & new and not held & old, held
     finally:
         for c in clients.values():
             c.close()
