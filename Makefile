@@ -6,7 +6,7 @@ PY         := $(VENV)/bin/python
 BUILD      := build
 CLANG      ?= clang
 APT_PKGS   := clang llvm libbpf-dev bpftool iproute2 tcpdump iperf3 sockperf iputils-ping netcat-openbsd iptables nftables dnsmasq-base etcd-server \
-              podman runc mmdebstrap
+              podman runc mmdebstrap libseccomp-dev pkg-config
 BPF_CFLAGS := -O2 -g -target bpf -mcpu=v3 -Wall -Werror -Wno-unused-function \
               -I$(BUILD)/include -Ibpf/include -Ibpf
 
@@ -20,7 +20,7 @@ CNI_BIN    := $(VENV)/bin/lace-cni
 
 
 .PHONY: install system-packages venv bpf progs native gen cni-plugin test test-unit test-schema test-datapath \
-        test-integration test-e2e image lab bench clean
+        test-integration test-e2e image lab bench clean upstream
 
 install: .stamp-apt .stamp-venv $(CNI_BIN) bpf native
 
@@ -120,6 +120,12 @@ test-e2e: install
 
 bench: install
 	$(PY) bench/datapath.py
+
+# The upstream components of the real-cluster lab (Kubernetes, containerd and runc, etcd, CoreDNS,
+# Helm), built from their Go modules at the versions upstream/*/go.mod pin, into build/upstream/
+# (one directory per component and version; a second run builds nothing)
+upstream: .stamp-apt
+	@upstream/build.sh $(BUILD)/upstream
 
 # lace's container image, localhost/lace:<version> (deploy/image/: a Debian base made with
 # mmdebstrap, a build stage with the compilers, a final stage without them); podman, no registry

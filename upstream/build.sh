@@ -40,6 +40,12 @@ build() {
 		mkdir -p "$(dirname "$dest")"
 		local started=$SECONDS
 		(cd "$here/$dir" && go build -trimpath "$@" -o "$dest.tmp" "$pkg")
+		# go build -o of a package that is not a main package writes an archive, not a program
+		if [ "$(head -c 4 "$dest.tmp" | od -An -c | tr -d ' ')" != '177ELF' ]; then
+			echo "upstream/build.sh: $pkg built no program (not a main package?)" >&2
+			rm -f "$dest.tmp"
+			exit 1
+		fi
 		mv "$dest.tmp" "$dest"
 		echo "upstream: $bin built in $((SECONDS - started)) s"
 	fi
@@ -57,7 +63,7 @@ for comp in "${wanted[@]}"; do
 			ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
 			ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 		done
-		for bin in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy; do
+		for bin in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kubeadm kube-proxy; do
 			CGO_ENABLED=0 build kubernetes kubernetes "$v" "$bin" "k8s.io/kubernetes/cmd/$bin" \
 				-tags selinux,notest,grpcnotrace -ldflags "$ld"
 		done
@@ -76,7 +82,7 @@ for comp in "${wanted[@]}"; do
 		;;
 	etcd)
 		v=$(version_of etcd go.etcd.io/etcd/v3)
-		CGO_ENABLED=0 build etcd etcd "$v" etcd go.etcd.io/etcd/v3 -ldflags "-s -w"
+		CGO_ENABLED=0 build etcd etcd "$v" etcd go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 		CGO_ENABLED=0 build etcd etcd "$v" etcdctl go.etcd.io/etcd/etcdctl/v3 -ldflags "-s -w"
 		;;
 	coredns)
