@@ -1,5 +1,5 @@
 """The node-state commands (``node bpf show``, ``node ct``, ``node trace flow``, ``node device
-list``; the README's "Inspecting a node") against the shared lab, through ``lace exec --node NODE --
+list``; docs/troubleshooting/node-state.md) against the shared lab, through ``lace exec --node NODE --
 node …``, asserting what an operator would look for."""
 
 from __future__ import annotations

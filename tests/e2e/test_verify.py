@@ -1,4 +1,4 @@
-"""The drift audit (README: "Drift audit") against the shared lab: ``lace verify`` is clean; entries
+"""The drift audit (docs/troubleshooting/drift-audit.md) against the shared lab: ``lace verify`` is clean; entries
 corrupted behind worker-1's agent's back (a bogus route, a pod's delivery entry deleted, a veth
 value changed) are listed exactly, with their maps, kinds and names, by ``node verify`` and
 ``lace verify`` (exit 1); ``--repair`` fixes them; bad input and a node whose agent is down are

@@ -1,4 +1,4 @@
-"""The ``node`` command: what one node's data plane holds and decides (README: "Inspecting a node").
+"""The ``node`` command: what one node's data plane holds and decides (docs/troubleshooting/node-state.md).
 
 ``main(argv, env) -> ExitStatus`` like ``lace``'s own entry, callable in-process.  Run it inside
 the node (``lace exec --node NODE -- node ...``); it reads the pinned maps directly, so it works

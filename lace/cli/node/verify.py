@@ -1,4 +1,4 @@
-"""``node verify [--repair] [--map NAME ...]``: drift audit of this node's maps (README: "Drift audit").
+"""``node verify [--repair] [--map NAME ...]``: drift audit of this node's maps (docs/troubleshooting/drift-audit.md).
 
 The node's agent knows the desired state exactly (backend IDs, Maglev table numbers, the policy
 resolution), so it does the comparison (``GET /v1/verify``, ``lace.agent.verify``): every map it
