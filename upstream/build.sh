@@ -41,7 +41,7 @@ build() {
 		local started=$SECONDS
 		(cd "$here/$dir" && go build -trimpath "$@" -o "$dest.tmp" "$pkg")
 		# go build -o of a package that is not a main package writes an archive, not a program
-		if [ "$(head -c 4 "$dest.tmp" | od -An -c | tr -d ' ')" != '177ELF' ]; then
+		if [ "$(head -c 4 "$dest.tmp")" != $'\x7fELF' ]; then
 			echo "upstream/build.sh: $pkg built no program (not a main package?)" >&2
 			rm -f "$dest.tmp"
 			exit 1
