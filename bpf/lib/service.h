@@ -289,11 +289,15 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 		lace_copy16_a8(e.nat_addr, f->nat_addr);
 		e.nat_port = f->nat_port;
 		rc = ct_store(f, f->src_network, f->saddr, f->daddr, f->sport, f->dport, &e);
-		if (rc || !ct_needs_alias(f))
+		if (!rc && ct_needs_alias(f)) {
+			ct_make_alias(&e, f, now);
+			rc = ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
+		}
+		if (rc)
 			return rc;
-		ct_make_alias(&e, f, now);
-		return ct_store(f, f->dst_network, f->saddr, f->daddr, f->sport, f->dport, &e);
 	}
+	/* remembered once every entry is stored: a flow to a REPLY_ENTRY backend pins the client
+	 * like any other, a refused one pins nobody */
 	if (f->svc_flags & LACE_SVC_FLOW_AFFINITY) {
 		struct lace_affinity_key client;
 

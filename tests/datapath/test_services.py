@@ -509,10 +509,14 @@ def _coarse_now() -> int:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_client_ip_affinity_is_honoured_and_expires(dp, family):
+@pytest.mark.parametrize("reply_entry", [False, True], ids=["", "reply-entry"])
+def test_client_ip_affinity_is_honoured_and_expires(dp, family, reply_entry):
+    """A ClientIP choice pins the client's next flows, until it expires — also when the backends
+    are flagged REPLY_ENTRY (their new flows keep a backend entry: the choice is remembered all the
+    same)."""
     a = dp.pods["a"]
     backends = [Backend(remote(family, h), TARGET) for h in (50, 51, 52, 53)]
-    svc = dp.service(VIP[family], PORT, backends, affinity_timeout=60, service_id=9)
+    svc = dp.service(VIP[family], PORT, backends, affinity_timeout=60, service_id=9, reply_entry=reply_entry)
     first = svc.predict(a.ip(family), 1000)
     res = dp.from_pod(a, dp.l3(a, VIP[family], family) / TCP(sport=1000, dport=PORT, flags="S"))
     assert fam_ip(family)(res.data[54:]).dst == first.addr

@@ -102,7 +102,9 @@ def test_filters(lab, obs):
 
 def test_two_followers_see_the_same_new_flows(lab, obs):
     ns = obs["ns"]
-    env = dict(lab.env, PYTHONUNBUFFERED="1")
+    # PYTHONFAULTHANDLER: a reader that does not stop on SIGINT is aborted, and its stderr then
+    # holds every thread's stack
+    env = dict(lab.env, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     cmd = [LACE, "observe", "--follow", "-o", "jsonl", "--namespace", ns, "--port", "81"]
     readers = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(2)]
@@ -133,8 +135,12 @@ def test_two_followers_see_the_same_new_flows(lab, obs):
             try:
                 r.wait(10)
             except subprocess.TimeoutExpired:
-                r.kill()
-                r.wait()
+                r.send_signal(signal.SIGABRT)
+                try:
+                    r.wait(5)
+                except subprocess.TimeoutExpired:
+                    r.kill()
+                    r.wait()
     assert [r.returncode for r in readers] == [0, 0], [r.stderr.read() for r in readers]
     for i in range(2):
         assert all(f["dport"] == 81 and f["dst_pod"] == f"{ns}/web" for f in lines[i])

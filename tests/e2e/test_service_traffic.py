@@ -91,8 +91,9 @@ def test_client_ip_affinity_keeps_a_client_on_one_backend(lab, ns):
                        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}})])
     v4 = vips(lab, ns, "aff")[0]
     programmed(lab, v4, 3)
-    seen = Counter(answers(lab, f"{ns}/sticky", v4, 12))
-    assert len(seen) == 1, f"ClientIP affinity: one backend for one client, got {seen}"
+    order = answers(lab, f"{ns}/sticky", v4, 12)
+    assert len(set(order)) == 1, (f"ClientIP affinity: one backend for one client, got {order}; "
+                                  f"worker-1's backends: {node_json(lab, 'worker-1', 'bpf', 'show', 'services', '-n')}")
 
 
 def test_same_vip_in_two_networks_reaches_each_networks_backends(lab, ns):
