@@ -223,15 +223,18 @@ class Completed:
 
 
 def run(argv: Sequence[str], *, netns: str | None, timeout: float,
-        resolv_conf: str | os.PathLike[str] | None = None, output_limit: int = 10 * 1024) -> Completed:
-    """Run ``argv`` inside NETNS (with ``resolv_conf`` as /etc/resolv.conf) and wait at most
-    ``timeout`` seconds; then its process group is killed.  A command that cannot be executed ends
-    with 127 (not found) or 126, as in a shell; ProcError if the namespace cannot be entered."""
+        resolv_conf: str | os.PathLike[str] | None = None, output_limit: int = 10 * 1024,
+        input: str | None = None) -> Completed:
+    """Run ``argv`` inside NETNS (with ``resolv_conf`` as /etc/resolv.conf), ``input`` on its
+    stdin, and wait at most ``timeout`` seconds; then its process group is killed.  A command that
+    cannot be executed ends with 127 (not found) or 126, as in a shell; ProcError if the namespace
+    cannot be entered."""
     if not argv:
         raise ProcError("cannot run an empty command")
     try:
         with _child_setup(argv[0], netns, resolv_conf, None) as enter:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                                    stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                     preexec_fn=enter)
     except OSError as exc:
@@ -241,7 +244,7 @@ def run(argv: Sequence[str], *, netns: str | None, timeout: float,
         where = f" in netns {netns}" if netns else ""
         raise ProcError(f"cannot run {argv[0]}{where}: {exc}") from None
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(None if input is None else input.encode(), timeout=timeout)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):

@@ -305,6 +305,12 @@ def _attach(lab: str, ns: str, port: str, fabric: str, role: str) -> nl.LinkInfo
     return info
 
 
+def attach_to_fabric(lab: str, ns: str, port: str, role: str) -> nl.LinkInfo:
+    """Plug namespace ``ns`` into lab ``lab``'s fabric: its UPLINK, the fabric's ``port`` on the
+    bridge (no addresses: the caller gives them)."""
+    return _attach(lab, ns, port, netns_name(lab, "fabric"), role)
+
+
 def _guard_edge(fabric: str) -> None:
     """Source address validation on the outside's port: it may not send as a node (see the module
     docstring). Each rule counts what it drops (``nft list table bridge lace-edge`` in the fabric)."""
