@@ -135,6 +135,20 @@ def cgroup_root() -> str | None:
     return None
 
 
+def cgroup_hierarchies() -> list[str]:
+    """Every mounted cgroup hierarchy under /sys/fs/cgroup: the v1 ones (cpu, memory, pids, ...,
+    name=systemd) and cgroup2's, each a directory with a cgroup.procs of its own."""
+    base = "/sys/fs/cgroup"
+    if os.path.isfile(os.path.join(base, "cgroup.procs")):   # cgroup2 alone, mounted at the base
+        return [base]
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return []
+    return [p for e in entries if os.path.isfile(os.path.join(p := os.path.join(base, e), "cgroup.procs"))
+            and not os.path.islink(p)]
+
+
 def node_cgroup(lab: str, node: str) -> str:
     """The node's host cgroup, ``<cgroup2>/lace-<lab>/<node>`` ("" when cgroup2 is not mounted)."""
     root = cgroup_root()
@@ -561,7 +575,9 @@ def _teardown(name: str) -> list[str]:
             if _owned(entry, name, others) and os.path.isdir(path):
                 shutil.rmtree(path)
                 removed.append(f"pins {path}")
-    for root in CGROUP_ROOTS:
+    # the lab's cgroup in every hierarchy: cgroup2's (the nodes' host cgroups) and, with a real
+    # kubelet, the v1 ones its pods' cgroups are made in
+    for root in dict.fromkeys([*CGROUP_ROOTS, *cgroup_hierarchies()]):
         path = os.path.join(root, f"lace-{name}")
         if _rm_cgroup(path):
             removed.append(f"cgroup {path}")
