@@ -67,6 +67,8 @@ for comp in "${wanted[@]}"; do
 			CGO_ENABLED=0 build kubernetes kubernetes "$v" "$bin" "k8s.io/kubernetes/cmd/$bin" \
 				-tags selinux,notest,grpcnotrace -ldflags "$ld"
 		done
+		# the test server image's program (deploy/image/upstream.sh makes the image)
+		CGO_ENABLED=0 build kubernetes kubernetes "$v" agnhost k8s.io/kubernetes/test/images/agnhost -ldflags "-s -w"
 		;;
 	containerd)
 		v=$(version_of containerd github.com/containerd/containerd/v2)
