@@ -72,12 +72,12 @@ class NodeEnv:
 
     def require_store(self) -> str:
         """The store's spec: a path checked to be an existing, readable file (never created
-        here), or an ``etcd://`` spec as it is."""
+        here), or an ``etcd://`` or ``k8s://`` spec as it is (a lace-node pod's is ``k8s://``)."""
         if not self.store_path:
             raise UsageError(f"{ENV_STORE} is not set: names cannot be resolved",
                              hint="set it, or pass -n/--numeric to print raw IDs without the store")
         path = self.store_path
-        if path.startswith("etcd://"):
+        if path.startswith(("etcd://", "k8s://", "kubernetes://")):
             return path
         if not os.path.isfile(path):
             raise UnavailableError(f"the store {path} ({ENV_STORE}) does not exist or is not a file",

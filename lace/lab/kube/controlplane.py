@@ -217,7 +217,7 @@ def kubectl(cp: ControlPlane, *args: str, kubeconfig: str | None = None, timeout
             stdin: str | None = None) -> procs.Completed:
     """Run the real kubectl against the lab's apiserver, inside the control plane's namespace."""
     argv = [binary("kubectl"), f"--kubeconfig={kubeconfig or cp.admin_kubeconfig}", *args]
-    return procs.run(argv, netns=cp.netns, timeout=timeout, input=stdin)
+    return procs.run(argv, netns=cp.netns, timeout=timeout, input=stdin, output_limit=64 << 20)
 
 
 def start(lab: str, state_dir: str, progress: Progress = lambda s: None) -> ControlPlane:
@@ -236,10 +236,14 @@ def start(lab: str, state_dir: str, progress: Progress = lambda s: None) -> Cont
                     log_path=_log(state_dir, proc_name(component)))
     _wait("kube-apiserver", lambda: _get(cp.netns, CONTROL4, API_PORT, "/readyz", ca), state_dir, READY_TIMEOUT)
     progress("kube-apiserver is ready")
-    binding = kubectl(cp, "create", "clusterrolebinding", ADMINS_GROUP, "--clusterrole=cluster-admin",
-                      f"--group={ADMINS_GROUP}", kubeconfig=cp.super_admin_kubeconfig)
-    if binding.returncode != 0:
-        raise ControlPlaneError(f"cannot bind {ADMINS_GROUP} to cluster-admin: {binding.output.strip()}")
+    # the two bindings kubeadm makes: its admins are cluster-admin; the apiserver's client of the
+    # kubelets may use their API (exec, logs, port-forward go through it)
+    for args in (("create", "clusterrolebinding", ADMINS_GROUP, "--clusterrole=cluster-admin", f"--group={ADMINS_GROUP}"),
+                 ("create", "clusterrolebinding", "kubeadm:apiserver-kubelet-client",
+                  "--clusterrole=system:kubelet-api-admin", "--user=kube-apiserver-kubelet-client")):
+        binding = kubectl(cp, *args, kubeconfig=cp.super_admin_kubeconfig)
+        if binding.returncode != 0:
+            raise ControlPlaneError(f"cannot create clusterrolebinding {args[2]}: {binding.output.strip()}")
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE   # their serving certificates are self-signed, loopback only
