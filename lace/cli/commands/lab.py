@@ -30,6 +30,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--store", choices=("sqlite", "etcd"), default="sqlite",
                    help="the cluster's store: the embedded SQLite file (default), or a 3-member etcd "
                         "cluster on the first three nodes")
+    p.add_argument("--kubernetes", action="store_true",
+                   help="a real Kubernetes: the upstream control plane, a containerd and a kubelet on every "
+                        "node (make upstream builds them), lace installed by its Helm chart; the store is "
+                        "the apiserver")
     p.set_defaults(handler=run_up)
     p = sub.add_parser("down", help="remove everything a lab created (safe to run twice)")
     p.add_argument("--name", default=None, help="lab name (default: the selected lab)")
@@ -86,10 +90,17 @@ def run_up(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
         topology.LabSpec(name=name, nodes=args.nodes).validate()
     except (ValueError, topology.LabError) as e:
         raise UsageError(str(e)) from None
+    if args.kubernetes and args.store != "sqlite":
+        raise UsageError("--kubernetes and --store go apart: a Kubernetes lab's store is its apiserver",
+                         hint="drop --store")
     show = _progress(inv)
-    show(f'bringing up lab "{name}" with {args.nodes} nodes')
+    show(f'bringing up lab "{name}" with {args.nodes} nodes' + (" on Kubernetes" if args.kubernetes else ""))
     try:
-        lab = cluster.up(name, args.nodes, str(ctx.dir), progress=show, store=args.store)
+        if args.kubernetes:
+            from lace.lab.kube import cluster as kube_cluster
+            lab = kube_cluster.up(name, args.nodes, str(ctx.dir), progress=show)
+        else:
+            lab = cluster.up(name, args.nodes, str(ctx.dir), progress=show, store=args.store)
     except (cluster.LabError, topology.LabError) as e:
         raise CliError(str(e), hint=f"`lace lab down --name {name}` removes a broken lab") from None
     set_current(name, inv.env)

@@ -26,7 +26,7 @@ from lace.lab.dns import CLUSTER_IPS
 from lace.store import kinds as K
 from lace.store.config import StoreConfig, write_lab_store
 
-from . import controlplane, images, node
+from . import addons, controlplane, images, node
 from .upstream import REPO_ROOT, binary, require
 
 Progress = Callable[[str], None]
@@ -39,7 +39,7 @@ CLUSTER_FILE = os.path.join("kubernetes", "cluster.json")
 READY_TIMEOUT = 240.0
 
 
-class KubeLabError(Exception):
+class KubeLabError(topology.LabError):
     """The real-cluster lab did not come up; the message says which part and where its log is."""
 
 
@@ -108,6 +108,30 @@ def wait_ready(cp: controlplane.ControlPlane, lab: Any, timeout: float = READY_T
     _kubectl(cp, "wait", "node", "--all", "--for=condition=Ready", f"--timeout={int(timeout)}s", timeout=timeout + 10)
 
 
+def route_default_network(cp: controlplane.ControlPlane, timeout: float = 60.0) -> None:
+    """Give the default Network a masqueraded route to the outside, once lace has created it: the
+    control plane and everything beyond the pod networks is outside (lace's default network has
+    no way out until an operator gives it one)."""
+    patch = json.dumps({"spec": {"routes": [{"to": K.ROUTE_OUTSIDE, "masquerade": True}]}})
+    deadline = time.monotonic() + timeout
+    while True:
+        r = controlplane.kubectl(cp, "patch", "networks.lace.dev", K.DEFAULT_NETWORK, "--type=merge", "-p", patch)
+        if r.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise KubeLabError(f"cannot route the default network to the outside: {r.output.strip()[-800:]}")
+        time.sleep(0.2)
+
+
+def start_dns(cp: controlplane.ControlPlane, archives: list[images.Archive], timeout: float = 120.0) -> None:
+    image = next(a.image for a in archives if "/coredns/coredns:" in a.image)
+    doc = {"apiVersion": "v1", "kind": "List", "items": addons.coredns(image, apiserver=(controlplane.CONTROL4,
+                                                                                         controlplane.API_PORT))}
+    _kubectl(cp, "apply", "-f", "-", stdin=json.dumps(doc))
+    _kubectl(cp, "rollout", "status", "deployment/coredns", "-n", "kube-system", f"--timeout={int(timeout)}s",
+             timeout=timeout + 10)
+
+
 def is_kubernetes(state_dir: str) -> bool:
     return os.path.exists(os.path.join(state_dir, CLUSTER_FILE))
 
@@ -119,7 +143,7 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
     os.makedirs(os.path.join(state_dir, "logs"), exist_ok=True)
     try:
         lab = topology.build(topology.LabSpec(name=name, nodes=nodes), state_dir=state_dir, progress=progress)
-        progress("making the images (deploy/image/upstream.sh)")
+        progress("building lace's image (make image) and the cluster's (deploy/image/upstream.sh)")
         archives = images.archives()
         cp = controlplane.start(name, state_dir, progress)
         with open(os.path.join(state_dir, CLUSTER_FILE), "w") as f:
@@ -136,9 +160,12 @@ def up(name: str, nodes: int, state_dir: str, progress: Progress = lambda s: Non
         install_lace(cp, lab)
         progress("waiting for lace-node on every node, and every node Ready")
         wait_ready(cp, lab)
+        progress("routing the default network to the outside, masqueraded")
+        route_default_network(cp)
         progress(f"cluster DNS: CoreDNS behind kube-system/kube-dns ({', '.join(CLUSTER_IPS)})")
+        start_dns(cp, archives)
     except BaseException:
-        topology.destroy(name, state_dir=None)
         procs.stop_all(state_dir)
+        topology.destroy(name, state_dir=None)   # the state dir (logs) stays for a look
         raise
     return lab

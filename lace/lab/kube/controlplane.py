@@ -45,7 +45,7 @@ ADMINS_GROUP = "kubeadm:cluster-admins"
 Progress = Callable[[str], None]
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(topology.LabError):
     """The control plane did not come up; the message names the component and its log."""
 
 

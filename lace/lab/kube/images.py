@@ -10,15 +10,18 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from lace.lab import topology
+
 from .node import KubeNode
 from .upstream import REPO_ROOT, binary
 
 SCRIPT = REPO_ROOT / "deploy" / "image" / "upstream.sh"
+LACE_IMAGE = REPO_ROOT / "deploy" / "image" / "build.sh"
 PINNED_LABEL = "io.cri-containerd.pinned=pinned"
 CONTAINERD_NAMESPACE = "k8s.io"
 
 
-class ImageError(Exception):
+class ImageError(topology.LabError):
     """An image could not be made or imported; the message names it and what to do."""
 
 
@@ -29,7 +32,11 @@ class Archive:
 
 
 def archives() -> list[Archive]:
-    """Make (or find) every image's archive."""
+    """Build lace's image (``make image``: podman's layer cache makes an unchanged tree cheap), then
+    make (or find) every image's archive."""
+    r = subprocess.run([str(LACE_IMAGE)], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise ImageError(f"cannot build lace's image ({LACE_IMAGE}): {(r.stderr or r.stdout).strip()[-1500:]}")
     r = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise ImageError(f"cannot make the lab's images ({SCRIPT}): {(r.stderr or r.stdout).strip()[-1500:]}")

@@ -45,7 +45,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
 READY_TIMEOUT = 60.0
 
 
-class NodeError(Exception):
+class NodeError(topology.LabError):
     """A node's holder, containerd or kubelet did not come up; the message names it and its log."""
 
 
@@ -164,6 +164,9 @@ state = "/run/containerd"
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/opt/cni/bin"]
     conf_dir = "/etc/cni/net.d"
+    # the pod's lo comes up by containerd itself: the node has no CNI plugins but lace's (a
+    # distribution's kubernetes-cni package would put a loopback plugin there)
+    use_internal_loopback = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]

@@ -13,10 +13,12 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+from lace.lab import topology
+
 from .upstream import binary
 
 
-class PkiError(Exception):
+class PkiError(topology.LabError):
     """kubeadm could not make a certificate or kubeconfig; the message has its output."""
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lace.lab.topology import LabError
+
 #: the repository root (lace/lab/kube/upstream.py -> ../../..)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -14,7 +16,7 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 NODE = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "kubelet")
 
 
-class MissingBinary(Exception):
+class MissingBinary(LabError):
     """An upstream binary is not built; the message says which and how to build it."""
 
 
