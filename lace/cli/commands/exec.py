@@ -82,6 +82,12 @@ def run_exec(args: argparse.Namespace, inv: Invocation) -> int:
     cmd = node_command(args.cmd)
     if target(args, inv.env) == "kubernetes":
         return exec_kubernetes(args.node, cmd, inv, context=args.context, namespace=args.namespace)
+    name = getattr(args, "lab", None) or inv.env.get("LACE_LAB") or current_lab(inv.env)
+    if name:
+        store = lab_store(lab_context(name, inv.env).dir)
+        if store.backend == "k8s":   # a lab on a real Kubernetes (lace lab up --kubernetes): its lace-node pod
+            return exec_kubernetes(args.node, cmd, inv, kubeconfig=store.kubeconfig, netns=store.netns,
+                                   namespace=args.namespace)
     return exec_lab(args, cmd, inv)
 
 
@@ -176,7 +182,11 @@ def exit_code(status: Any) -> int:
 
 
 def exec_kubernetes(node: str, cmd: list[str], inv: Invocation, *, context: str | None = None,
+                    kubeconfig: str | None = None, netns: str | None = None,
                     namespace: str = NODE_POD_NAMESPACE, core: Any = None, stream_fn: Any = None) -> int:
+    """``kubectl exec`` of ``cmd`` into the lace-node pod on ``node``: its output and exit status.
+    ``netns``: the apiserver is reached from that network namespace (a lab's control plane is only
+    there); the exec stream's websocket is made there too, so the whole call runs inside it."""
     try:
         from kubernetes import client, config
         from kubernetes.stream import stream
@@ -184,12 +194,18 @@ def exec_kubernetes(node: str, cmd: list[str], inv: Invocation, *, context: str 
         raise UnavailableError("the kubernetes client is not installed") from None
     if core is None:
         try:
-            config.load_kube_config(context=context)
+            api = config.new_client_from_config(config_file=kubeconfig, context=context)
         except Exception as exc:  # the client raises several types: report one line
             raise UnavailableError(f"cannot load the kubeconfig{f' context {context}' if context else ''}: {exc}",
                                    hint="check KUBECONFIG / --context") from None
-        core = client.CoreV1Api()
+        core = client.CoreV1Api(api)
     stream_fn = stream_fn or stream
+    from lace import nsenter
+    with nsenter.entered(netns):
+        return _exec_stream(core, stream_fn, node, cmd, inv, namespace)
+
+
+def _exec_stream(core: Any, stream_fn: Any, node: str, cmd: list[str], inv: Invocation, namespace: str) -> int:
     try:
         pod = find_node_pod(core, node, namespace)
         resp = stream_fn(core.connect_get_namespaced_pod_exec, **exec_request(pod, cmd, namespace))
