@@ -39,6 +39,11 @@ METRICS_PORT = 9962
 
 
 def agent_socket(state_dir: str, node: str) -> str:
+    """Where the machine reaches node's agent: the lab's own agents' sockets, or on a lab on
+    Kubernetes the lace-node pod's (its hostPath /run/lace is the node's own directory)."""
+    kube = os.path.join(state_dir, "nodes", node, "run-lace", "agent.sock")
+    if os.path.exists(os.path.join(state_dir, "kubernetes", "cluster.json")):
+        return kube
     return os.path.join(state_dir, "agents", f"{node}.sock")
 
 
@@ -172,10 +177,16 @@ def status(name: str, state_dir: str) -> dict[str, Any]:
     k = running.get("kubelet")
     store = lab_store(state_dir)
     etcd = {p.name: (p.pid if p.alive else None) for p in running.values() if p.name.startswith("etcd-")}
-    return {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
-            "store": {"backend": store.backend, "spec": str(store), "members": etcd or None},
-            "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
-            "controllersPid": controllers.pid(state_dir), "dnsFeederPid": dnsfeed.pid(state_dir)}
+    out = {"name": name, "fabric": lab.fabric_netns, "outside": lab.outside_netns, "stateDir": state_dir,
+           "store": {"backend": store.backend, "spec": str(store), "members": etcd or None},
+           "nodes": out_nodes, "kubeletPid": k.pid if k and k.alive else None,
+           "controllersPid": controllers.pid(state_dir), "dnsFeederPid": dnsfeed.pid(state_dir)}
+    if store.backend == "k8s":
+        # a lab on Kubernetes: the upstream processes, by their lab names (lace.lab.kube)
+        out["kubernetes"] = {"netns": store.netns, "kubeconfig": store.kubeconfig,
+                             "processes": {p.name: (p.pid if p.alive else None) for p in running.values()
+                                           if p.name.startswith(("k8s-", "kubelet-", "containerd-", "holder-"))}}
+    return out
 
 
 def start_kubelet(name: str, state_dir: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,6 +51,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("pod", metavar="NAMESPACE/POD")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     p.set_defaults(handler=run_exec)
+    p = sub.add_parser("kubectl", help="the real kubectl against a lab on Kubernetes (lab up --kubernetes)",
+                       description="Run kubectl ARGS with the lab's admin kubeconfig, inside the control "
+                                   "plane's namespace (the only place its apiserver answers); its exit status "
+                                   "is returned.")
+    cli_args.add_lab_option(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- ARGS ...")
+    p.set_defaults(handler=run_kubectl)
     p = sub.add_parser("restart-agent", help="restart a node's agent (--kill: SIGKILL, as a crash)")
     cli_args.add_lab_option(p)
     p.add_argument("node")
@@ -63,7 +71,7 @@ def register(subparsers: Any) -> None:
     cli_args.add_lab_option(p)
     p.set_defaults(handler=run_restart_controllers)
     lab.set_defaults(handler=lambda a, inv: (_ for _ in ()).throw(UsageError(
-        "say what to do: lace lab up|down|status|exec|restart-agent|restart-kubelet|restart-controllers")))
+        "say what to do: lace lab up|down|status|exec|kubectl|restart-agent|restart-kubelet|restart-controllers")))
 
 
 def _selected(args: argparse.Namespace, inv: Invocation, explicit: str | None = None) -> str:
@@ -110,6 +118,33 @@ def run_up(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     return ExitStatus.OK
 
 
+def run_kubectl(args: argparse.Namespace, inv: Invocation) -> int:
+    from lace import nsenter
+    from lace.store.config import lab_store
+    name = _selected(args, inv)
+    store = lab_store(lab_context(name, inv.env).dir)
+    if store.backend != "k8s":
+        raise UsageError(f'lab "{name}" does not run Kubernetes', hint="bring one up with `lace lab up --kubernetes`")
+    from lace.lab.kube.upstream import MissingBinary, binary
+    try:
+        kubectl = binary("kubectl")
+    except MissingBinary as e:
+        raise UnavailableError(str(e)) from None
+    cmd = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    argv = [kubectl, f"--kubeconfig={store.kubeconfig}", *cmd]
+    fd = os.open(nsenter.path_of(store.netns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        res = subprocess.run(argv, preexec_fn=lambda: nsenter.setns(fd), pass_fds=(fd,),
+                             stdin=None if inv.stdin is sys.stdin else subprocess.DEVNULL,
+                             capture_output=not (inv.stdout is sys.stdout and inv.stderr is sys.stderr))
+    finally:
+        os.close(fd)
+    if res.stdout is not None:
+        inv.stdout.write(res.stdout.decode(errors="replace"))
+        inv.stderr.write(res.stderr.decode(errors="replace"))
+    return res.returncode
+
+
 def run_down(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     from lace.lab import cluster
     name = _selected(args, inv, args.name)
@@ -142,6 +177,16 @@ def run_status(args: argparse.Namespace, inv: Invocation) -> ExitStatus:
     con.print(f"fabric {st['fabric']}   outside {st['outside']}   kubelet pid {st['kubeletPid'] or '-'}"
               f"   controllers pid {st.get('controllersPid') or '-'}   dns feeder pid {st.get('dnsFeederPid') or '-'}")
     store = st.get("store") or {}
+    kube = st.get("kubernetes")
+    if kube:
+        pids = kube["processes"]
+        con.print(f"kubernetes: control plane in {kube['netns']}, kubeconfig {kube['kubeconfig']}")
+        con.print("  " + "   ".join(f"{p.removeprefix('k8s-')} pid {pid or 'down'}" for p, pid in sorted(pids.items())
+                                   if p.startswith("k8s-")))
+        for n in st["nodes"]:
+            node = n["name"]
+            con.print(f"  {node}: " + "   ".join(f"{what} pid {pids.get(what + '-' + node) or 'down'}"
+                                               for what in ("containerd", "kubelet")))
     if store.get("backend") == "etcd":
         members = "   ".join(f"{m} pid {pid or '-'}" for m, pid in sorted((store.get("members") or {}).items()))
         con.print(f"store etcd: {members}")
