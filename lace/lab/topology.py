@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -541,19 +542,36 @@ def _kill_pids(pids: list[int], timeout: float = 3.0) -> None:
             return
 
 
-def _rm_cgroup(path: str) -> bool:
-    if not os.path.isdir(path):
-        return False
-    for dirpath, _dirs, _files in os.walk(path, topdown=False):
+def _cgroup_pids(path: str) -> list[int]:
+    pids: list[int] = []
+    for dirpath, _dirs, _files in os.walk(path):
         with contextlib.suppress(OSError):
             with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                _kill_pids([int(p) for p in f.read().split()])
-        try:
-            os.rmdir(dirpath)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise LabError(f"cannot remove cgroup {dirpath}: {exc.strerror}") from None
+                pids += [int(p) for p in f.read().split()]
+    return pids
+
+
+def _rm_cgroup(path: str, timeout: float = 10.0) -> bool:
+    """Kill every process in the cgroup tree at ``path``, then remove it bottom-up. A cgroup whose
+    last process is still exiting is busy for a moment (a container's, whose PID 1 the kill of
+    its shim left to exit): it is tried again, its processes killed again, until ``timeout``."""
+    if not os.path.isdir(path):
+        return False
+    _kill_pids(_cgroup_pids(path))
+    deadline = time.monotonic() + timeout
+    for dirpath, _dirs, _files in os.walk(path, topdown=False):
+        while True:
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise LabError(f"cannot remove cgroup {dirpath}: {exc.strerror} "
+                                   f"(processes in it: {_cgroup_pids(dirpath) or 'none'})") from None
+                _kill_pids(_cgroup_pids(dirpath), timeout=0.5)
+                time.sleep(0.02)
     return True
 
 
