@@ -20,9 +20,9 @@ CNI_BIN    := $(VENV)/bin/lace-cni
 
 
 .PHONY: install system-packages venv bpf progs native gen cni-plugin test test-unit test-schema test-datapath \
-        test-integration test-e2e image lab bench clean upstream
+        test-integration test-e2e test-kubernetes image lab bench clean upstream
 
-install: .stamp-apt .stamp-venv $(CNI_BIN) bpf native
+install: .stamp-apt .stamp-venv $(CNI_BIN) bpf native upstream
 
 # Installing a package that ships a service (etcd-server's etcd.service) must not start it: a
 # system etcd would listen on 127.0.0.1:2379 in the root namespace, and lace never leaves a listener
@@ -117,6 +117,8 @@ test-integration: install
 	$(PYTEST) tests/integration
 test-e2e: install
 	$(PYTEST) tests/e2e
+test-kubernetes: install
+	$(PYTEST) tests/kubernetes
 
 bench: install
 	$(PY) bench/datapath.py
