@@ -102,12 +102,14 @@ def _snapshot(store: Any, cluster: ClusterCache, node_name: str, up: Any, uplink
     snap.policy = policy_inputs(cluster.items("namespaces"), cluster.items("networkpolicies"), pods, snap.pods,
                                 segments, store.allocate_segment, cluster.pod_inputs_memo,
                                 cluster.policy_inputs_memo)
+    # a backend in none of its network's CIDRs that is no pod is outside (lace.services.model)
+    cidrs = {n.id: n.cidrs for n in networks.values()}
     if services is not None:
-        services.set_context(ids, imports_by_service(net_objs, ids), me.underlay4, me.underlay)
+        services.set_context(ids, imports_by_service(net_objs, ids), me.underlay4, me.underlay, cidrs)
         snap.frontends = services.frontends()
     else:
         snap.frontends = frontends(store.list("services").items, store.list("endpointslices").items, ids,
-                                   imports_by_service(net_objs, ids), node_name)
+                                   imports_by_service(net_objs, ids), node_name, cidrs)
 
     net = ifaces.get(NET_IFNAME)
     if net is not None:

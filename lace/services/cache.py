@@ -5,7 +5,7 @@ pass reads no store; it keeps each object as the record frontends read (``Servic
 ``SliceRecord``: ports, addresses and endpoint states parsed once), never the stored object.
 Each service's frontends (``lace.services.model.frontends``, bound to this node's addresses) are
 computed on first use and kept until the service, one of its slices, or the context — network
-IDs, imports, this node's addresses — changes. A pass therefore hands the service programmer the
+IDs and CIDRs, imports, this node's addresses — changes. A pass therefore hands the service programmer the
 very same Frontend objects for every service that did not change, and the programmer skips them
 with one dictionary lookup: the cost of a pass follows what changed.
 """
@@ -13,12 +13,12 @@ with one dictionary lookup: the cost of a pass follows what changed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from lace.store.cache import ObjectCache
 from lace.store.kinds import object_key, service_of
 
-from .model import Frontend, IPAddr, ServiceRecord, SliceRecord, frontends, on_node
+from .model import Frontend, IPAddr, IPNet, ServiceRecord, SliceRecord, frontends, on_node
 
 KINDS = ("Service", "EndpointSlice")
 #: both kinds are kept as the records frontends read, never the stored objects (1k services and
@@ -77,16 +77,21 @@ class ServiceCache:
             return touched
 
     def set_context(self, network_ids: Mapping[str, int], imports: Mapping[str, list[int]],
-                    addr4: IPAddr | None, addr6: IPAddr | None) -> None:
-        """What frontends depend on besides the objects; a change works out every one again."""
+                    addr4: IPAddr | None, addr6: IPAddr | None,
+                    network_cidrs: Mapping[int, Sequence[IPNet]] | None = None) -> None:
+        """What frontends depend on besides the objects; a change works out every one again.
+        ``network_cidrs`` (network ID -> CIDRs) tells pod backends from outside ones
+        (lace.services.model.outside_backend)."""
+        cidrs = None if network_cidrs is None else tuple(sorted((k, tuple(v)) for k, v in network_cidrs.items()))
         context = (tuple(sorted(network_ids.items())),
-                   tuple(sorted((k, tuple(v)) for k, v in imports.items())), addr4, addr6)
+                   tuple(sorted((k, tuple(v)) for k, v in imports.items())), addr4, addr6, cidrs)
         with self._lock:
             if context != self._context:
                 self._context = context
                 self._network_ids = dict(network_ids)
                 self._imports = {k: list(v) for k, v in imports.items()}
                 self._addrs = (addr4, addr6)
+                self._cidrs = None if cidrs is None else dict(cidrs)
                 self._fronts.clear()
 
     def _of(self, key: str) -> tuple[Frontend, ...]:
@@ -97,7 +102,7 @@ class ServiceCache:
                 fronts = ()
             else:
                 fronts = tuple(on_node(frontends([svc], self._slices.get(key, {}).values(), self._network_ids,
-                                                 self._imports, self.node), *self._addrs))
+                                                 self._imports, self.node, self._cidrs), *self._addrs))
             self._fronts[key] = fronts
         return fronts
 

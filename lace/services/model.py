@@ -17,6 +17,16 @@ one per cluster IP family and port at its ``nodePort`` on this node's address of
 LOCAL): a node without one has frontends with no active backend, which refuse new flows. The model
 knows the node by name only, so a node-port frontend leaves its address unspecified (``0.0.0.0``
 or ``::``); :func:`on_node` puts the node's own addresses there.
+
+A backend is in the service's network, except an endpoint that is no pod of it: one whose
+EndpointSlice endpoint has no targetRef of kind Pod *and* whose address lies in none of the
+network's CIDRs is in network OUTSIDE — the apiserver behind ``default/kubernetes``, or the
+addresses of a selector-less service's hand-made slice. The datapath translates a pod's flow to
+such a backend and masquerades it out of the node (bpf/lib/masquerade.h). Both halves are asked:
+an address in the pod CIDRs is a pod's whatever its slice says (its delivery entry finds it),
+and a Pod targetRef outside them is a pod of another kind of network (hostNetwork: the node's
+address) that the datapath does not masquerade to. Without the networks' CIDRs (``network_cidrs``
+None) no backend is taken for outside.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -34,6 +44,7 @@ from lace.store import kinds as K
 from lace.store.records import revision
 
 IPAddr = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNet = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 #: the label tying an EndpointSlice to its Service (Kubernetes')
 SERVICE_NAME_LABEL = K.SERVICE_NAME_LABEL
@@ -165,7 +176,7 @@ class EndpointRecord:
 
     state: str
     node: str
-    pod: str   # namespace/name, from the targetRef ("" without one)
+    pod: str   # namespace/name, from a targetRef of kind Pod ("" without one)
     addresses: tuple[IPAddr, ...]
 
 
@@ -198,7 +209,10 @@ class SliceRecord:
             if state is None:
                 continue
             ref = ep.get("targetRef") or {}
-            pod = f'{ref.get("namespace", "")}/{ref.get("name", "")}' if ref.get("name") else ""
+            # only a Pod reference names a pod: a Node's or anything else's would make an
+            # outside address look like a pod's (outside_backend)
+            pod = (f'{ref.get("namespace", "")}/{ref.get("name", "")}'
+                   if ref.get("name") and ref.get("kind") == "Pod" else "")
             endpoints.append(EndpointRecord(state, sys.intern(ep.get("nodeName") or ""), pod,
                                             _addresses(ep.get("addresses"))))
         return cls(sys.intern(meta.get("namespace", "")), meta.get("name", ""), K.service_of(sl),
@@ -258,11 +272,23 @@ class ServiceRecord:
                    tuple(load_balancer_ips(svc)) if kind == "LoadBalancer" else (), tuple(ports), revision(svc))
 
 
+def outside_backend(ep: EndpointRecord, addr: IPAddr, cidrs: Sequence[IPNet] | None) -> bool:
+    """Whether ``addr`` of endpoint ``ep`` is no pod of the network whose CIDRs are ``cidrs``: no
+    Pod targetRef and in none of them (the module docstring). None: the CIDRs are not known, and
+    nothing is taken for outside."""
+    if ep.pod or cidrs is None:
+        return False
+    return not any(addr in c for c in cidrs if c.version == addr.version)
+
+
 def backends_of(slices: Iterable[SliceRecord], network: int, family: int, port_name: str, proto: int,
-                node: str | None) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
+                node: str | None, cidrs: Sequence[IPNet] | None = None
+                ) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
     """(active, terminating) backends of one service port from its slices; ``node`` limits them to
     one node (internalTrafficPolicy / externalTrafficPolicy Local). Without a ready endpoint the
-    serving terminating ones are the active backends (the fallback in the module docstring)."""
+    serving terminating ones are the active backends (the fallback in the module docstring).
+    ``cidrs``: the CIDRs of ``network``; an endpoint outside them that is no pod gets network
+    OUTSIDE (:func:`outside_backend`)."""
     active: set[Backend] = set()
     terminating: set[Backend] = set()
     for sl in slices:
@@ -278,8 +304,9 @@ def backends_of(slices: Iterable[SliceRecord], network: int, family: int, port_n
             for addr in ep.addresses:
                 if addr.version != family:
                     continue
+                net = NETWORK_OUTSIDE if outside_backend(ep, addr, cidrs) else network
                 for port in ports:
-                    into.add(Backend(network, addr, port, proto, ep.node, ep.pod))
+                    into.add(Backend(net, addr, port, proto, ep.node, ep.pod))
     terminating -= active
     if not active:
         return tuple(sorted(terminating)), ()
@@ -298,11 +325,13 @@ def load_balancer_ips(svc: Mapping) -> list[IPAddr]:
 
 
 def frontends(services: Iterable[Mapping | ServiceRecord], slices: Iterable[Mapping | SliceRecord],
-              network_ids: Mapping[str, int], imports: Mapping[str, list[int]], node: str) -> list[Frontend]:
+              network_ids: Mapping[str, int], imports: Mapping[str, list[int]], node: str,
+              network_cidrs: Mapping[int, Sequence[IPNet]] | None = None) -> list[Frontend]:
     """Every ClusterIP frontend of every service that has an ID and a known network, and the
     node-port and load-balancer frontends of NodePort and LoadBalancer services (see the module
     docstring; node-port addresses unbound). Services and slices are stored objects or their
-    records."""
+    records. ``network_cidrs``: network ID -> its CIDRs, which tell a pod's address from an
+    outside backend's (None: every backend is in its service's network)."""
     by_service: dict[str, list[SliceRecord]] = {}
     for sl in slices:
         rec = sl if isinstance(sl, SliceRecord) else SliceRecord.of(sl)
@@ -320,22 +349,27 @@ def frontends(services: Iterable[Mapping | ServiceRecord], slices: Iterable[Mapp
         ext_flags = flags | (ServiceFlag.LOCAL if svc.ext_local else 0)
         networks = tuple(sorted({net, *imports.get(key, ())}))
         mine = by_service.get(key, [])
+        known = None if network_cidrs is None else network_cidrs.get(net)
+        cidrs = None if known is None else tuple(known)
         vips = svc.cluster_ips
         for p in svc.ports:
             name, port, proto = p.name, p.port, p.proto
             for vip in vips:
-                active, term = backends_of(mine, net, vip.version, name, proto, node if svc.local else None)
+                active, term = backends_of(mine, net, vip.version, name, proto, node if svc.local else None,
+                                           cidrs)
                 out.append(Frontend(svc.id, key, name, networks, vip, port, proto,
                                     flags | (ServiceFlag.LOCAL if svc.local else 0), svc.affinity_timeout,
                                     active, term))
             if not external:
                 continue
             for family in sorted({v.version for v in vips}) if p.node_port else ():
-                active, term = backends_of(mine, net, family, name, proto, node if svc.ext_local else None)
+                active, term = backends_of(mine, net, family, name, proto, node if svc.ext_local else None,
+                                           cidrs)
                 out.append(Frontend(svc.id, key, name, (NETWORK_OUTSIDE,), NODE_ADDRESS[family], p.node_port,
                                     proto, ext_flags | ServiceFlag.NODEPORT, svc.affinity_timeout, active, term))
             for ip in svc.lb_ips:
-                active, term = backends_of(mine, net, ip.version, name, proto, node if svc.ext_local else None)
+                active, term = backends_of(mine, net, ip.version, name, proto, node if svc.ext_local else None,
+                                           cidrs)
                 out.append(Frontend(svc.id, key, name, (NETWORK_OUTSIDE,), ip, port, proto,
                                     ext_flags | ServiceFlag.LOADBALANCER, svc.affinity_timeout, active, term))
     return out
