@@ -28,7 +28,21 @@
  *
  * Trace events of a translated packet carry nat_kind SNAT; their addresses are the pod side of the
  * flow (forward: pod -> remote, reply: remote -> pod) and nat_addr:nat_port is the node address and
- * port the pod stands behind. */
+ * port the pod stands behind.
+ *
+ * A service flow to a backend in network OUTSIDE (lib/service.h; LACE_CT_F2_MASQ) is masqueraded
+ * here after its DNAT, without a route: the translated flow (pod -> backend) gets its port, pod
+ * entry and reservation as any, flagged, next to the service's frontend entry. Established packets
+ * find the frontend entry, are translated to the backend, then find the pod entry by the
+ * translated tuple and leave from the node (service_masq_forward). Replies find the reservation,
+ * are written back to the pod, and then find the frontend entry through the backend's revnat entry
+ * under OUTSIDE, whose frontend becomes their source (service_masq_reply); ICMP errors about the
+ * flow get the frontend back in their quote the same way. Three entries where a service flow has
+ * one and a masqueraded flow two: the frontend entry holds the backend, the pod entry the port, and
+ * neither has room for the other's. The pod entry's tuple is the one a direct flow from the same
+ * port to the backend would have: the new service flow does not take it while such a flow is live
+ * (service_dnat), and a direct packet that meets the service flow's pod entry is dropped as
+ * TUPLE_IN_USE (pod_veth.c). These flows' events are the service's (DNAT, nat_* the frontend). */
 #ifndef LACE_LIB_MASQUERADE_H
 #define LACE_LIB_MASQUERADE_H
 
@@ -202,6 +216,11 @@ __lace_subprog int masq_new_flow(struct __sk_buff *skb, struct lace_flow *f, con
 		return LACE_DROP_NAT_FAILED;
 	ct_init(&s->e, f, now);
 	s->e.flags |= LACE_CT_F_MASQ;
+	if (f->svc_flags & LACE_SVC_FLOW_MASQ) {
+		/* a service flow's (service_masq_new_flow): both entries say so */
+		s->e.flags2 = LACE_CT_F2_MASQ;
+		s->e.rev_nat_id = f->service_id;
+	}
 	s->e.dst_network = f->src_network;
 	lace_copy16_a8(s->e.nat_addr, f->saddr);
 	s->e.nat_port = f->sport;
@@ -308,6 +327,83 @@ __lace_subprog int masq_reply(struct __sk_buff *skb, struct lace_flow *f, const 
 		f->dst_segment = pe->src_segment;
 	f->ct_status = LACE_CT_STATUS_REPLY;
 	return 0;
+}
+
+/* A new service flow to a backend outside (LACE_SVC_FLOW_MASQ), translated to it and its frontend
+ * entry stored: masqueraded as the pod's flow to that address would be (masq_new_flow), whatever
+ * the routes say. f keeps the service's view, for its trace and for ct_forget_new: nat_addr:nat_port
+ * the frontend, nat_kind DNAT. A refused flow takes its frontend entry back too. Returns 0 or a drop
+ * reason. */
+__lace_subprog int service_masq_new_flow(struct __sk_buff *skb, struct lace_flow *f,
+					 const struct lace_config *cfg, __u64 now)
+{
+	union lace_addr vip;
+	__be16 vport = f->nat_port;
+	int rc;
+
+	lace_copy16_a8(&vip, f->nat_addr);
+	rc = masq_new_flow(skb, f, cfg, now);
+	lace_copy16_a8(f->nat_addr, &vip);
+	f->nat_port = vport;
+	f->nat_kind = LACE_NAT_DNAT;
+	if (rc)
+		ct_forget_new(f);   /* the frontend entry: masq_new_flow took its own back */
+	return rc;
+}
+
+/* An established packet of a service flow to a backend outside, translated to the backend by
+ * service_forward (f: the backend flow, nat_* the frontend): its pod entry, keyed by that flow, sees
+ * it, and it leaves masqueraded (masq_forward). NAT_FAILED without the pod entry: the port is in it
+ * alone. Returns 0 or a drop reason. */
+__lace_subprog int service_masq_forward(struct __sk_buff *skb, struct lace_flow *f, __u64 now)
+{
+	union lace_ct_key k;
+	struct lace_ct_entry *pe;
+	union lace_addr vip;
+	__be16 vport = f->nat_port;
+	int rc;
+
+	ct_key(&k, f->family, f->src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
+	pe = ct_lookup(f->family, f->proto, &k);
+	if (!pe || !(pe->flags & LACE_CT_F_SNAT) || !(pe->flags2 & LACE_CT_F2_MASQ))
+		return LACE_DROP_NAT_FAILED;
+	ct_advance(pe, f, 0, now);
+	lace_copy16_a8(&vip, f->nat_addr);
+	rc = masq_forward(skb, f, pe, now);
+	lace_copy16_a8(f->nat_addr, &vip);
+	f->nat_port = vport;
+	f->nat_kind = LACE_NAT_DNAT;
+	return rc;
+}
+
+/* A reply of a service flow to a backend outside, written back to its pod by masq_reply (f: backend
+ * -> pod, in the pod's network): the frontend entry, found through the backend's revnat entry under
+ * OUTSIDE among the frontends of the pod's network, sees it, and the frontend becomes its source
+ * (service_reply). CT_INVALID when no frontend entry holds the flow any more: the pod's socket knows
+ * only the frontend, and the backend's own address would not be its reply. Returns 0 or a drop
+ * reason. */
+__lace_subprog int service_masq_reply(struct __sk_buff *skb, struct lace_flow *f, __u64 now)
+{
+	struct lace_ct_entry *fe = service_lookup(f, LACE_NETWORK_OUTSIDE, f->dst_network, 0);
+
+	if (!fe || fe->expires_ns < now)
+		return LACE_DROP_CT_INVALID;
+	ct_advance(fe, f, 1, now);
+	return service_reply(skb, f, fe, f->ct_network, now);
+}
+
+/* An ICMP error from the outside about a service flow to a backend outside, written back to its pod
+ * by masq_icmp_error (its quote: pod -> backend): the quoted destination becomes the frontend again
+ * (and the error's source, when the backend sent it: service_icmp_error), the frontend entry found
+ * as service_masq_reply finds it. Returns 0 or a drop reason. */
+__lace_subprog int service_masq_icmp_error(struct __sk_buff *skb, struct lace_flow *f, __u64 now)
+{
+	struct lace_ct_entry *fe = service_lookup(f, LACE_NETWORK_OUTSIDE, f->dst_network, 1);
+
+	if (!fe || fe->expires_ns < now)
+		return LACE_DROP_CT_INVALID;
+	fe->last_seen_ns = now;
+	return service_icmp_error(skb, f, fe);
 }
 
 /* Rewrite an ICMP error in place, on one side of its outer header and the other side of the packet

@@ -33,6 +33,14 @@
  * source LACE_HAIRPIN_* (abi/services.h); a reply addressed to it is the pod's own flow (its
  * frontend entry is keyed by the pod's address) and goes back to the pod's own address from the VIP.
  *
+ * A backend in network OUTSIDE (no pod: the agent's rule in lace/services/model.py; the apiserver
+ * behind default/kubernetes) has no delivery entry in any pod network: a pod's flow to it is
+ * translated here and then masqueraded out of the node as a pod's flow straight to that address
+ * would be, whatever the routes say (lib/masquerade.h, service_masq_*): the frontend entry comes
+ * with a pod entry and a port reservation keyed by the translated flow (LACE_CT_F2_MASQ,
+ * abi/conntrack.h). Its trace events are a service flow's (DNAT, the frontend in nat_*); the
+ * masquerade port shows in the entries only.
+ *
  * Kubelet probes into another network (lib/probe.h) are translated as a one-backend service but
  * keep two entries, frontend (SERVICE) and backend (DNAT), and a reply alias: the agent writes no
  * revnat entry for a probe target, and a probe's cost does not matter.
@@ -64,6 +72,8 @@
 				      * is looked at before it is taken (service_direct_live) */
 #define LACE_SVC_FLOW_BACKEND_ENTRY 0x10 /* its backend is flagged REPLY_ENTRY: the flow keeps a
 				      * backend entry for its replies (LACE_CT_F2_BACKEND_ENTRY) */
+#define LACE_SVC_FLOW_MASQ     0x20   /* its backend is in network OUTSIDE: masqueraded too
+				      * (LACE_CT_F2_MASQ; lib/masquerade.h service_masq_new_flow) */
 
 /* Fixed, never random per boot: a flow must hash the same on every node and after a restart, so
  * that a flow whose conntrack entry was lost lands on the same backend. */
@@ -225,8 +235,10 @@ __attribute__((noinline)) __u32 service_free_backend(const struct lace_flow *f, 
  * With check_held (a pod's flow), a flow reopening a service flow's tuple (LACE_SVC_FLOW_REOPEN:
  * after a collision its SYN comes again) does not take a backend whose tuple a live connection
  * from the same source port holds (service_direct_live): another active one whose tuple is free
- * takes it, and the choice is then not remembered as the client's affinity. Returns 0 or a drop
- * reason: SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when each one tried is held. */
+ * takes it, and the choice is then not remembered as the client's affinity. So does every flow to a
+ * backend flagged REPLY_ENTRY or outside, whose backend entry or pod entry takes that tuple. Returns
+ * 0 or a drop reason: SERVICE_NO_BACKEND when no backend is active, TUPLE_IN_USE when each one
+ * tried is held. */
 static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow *f, struct lace_service_key *key,
 					const struct lace_service *svc, __u32 hash_net, int check_held)
 {
@@ -242,8 +254,10 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	b = lb_choose(key, svc, &client, hash, &f->backend_id, &pinned);
 	if (!b)
 		return LACE_DROP_SERVICE_NO_BACKEND;
-	/* a backend entry takes the backend's tuple: a live direct connection there keeps it */
-	if (check_held && ((f->svc_flags & LACE_SVC_FLOW_REOPEN) || (b->flags & LACE_BACKEND_F_REPLY_ENTRY)) &&
+	/* a backend entry (or an outside backend's pod entry) takes the backend's tuple: a live
+	 * direct connection there keeps it */
+	if (check_held && ((f->svc_flags & LACE_SVC_FLOW_REOPEN) || (b->flags & LACE_BACKEND_F_REPLY_ENTRY) ||
+			   b->network == LACE_NETWORK_OUTSIDE) &&
 	    service_direct_live(f, b)) {
 		id = service_free_backend(f, key, svc, hash);
 		b = lb_backend(id, f->family);
@@ -254,7 +268,11 @@ static __always_inline int service_dnat(struct __sk_buff *skb, struct lace_flow 
 	}
 	if (!pinned && (svc->flags & LACE_SVC_F_AFFINITY))
 		f->svc_flags |= LACE_SVC_FLOW_AFFINITY;
-	if (b->flags & LACE_BACKEND_F_REPLY_ENTRY)
+	/* an outside backend's pod entry holds the tuple a backend entry would: it has none, and its
+	 * replies find the frontend through the revnat entry under OUTSIDE */
+	if (b->network == LACE_NETWORK_OUTSIDE)
+		f->svc_flags |= LACE_SVC_FLOW_MASQ;
+	else if (b->flags & LACE_BACKEND_F_REPLY_ENTRY)
 		f->svc_flags |= LACE_SVC_FLOW_BACKEND_ENTRY;
 	lace_copy16_a8(&backend, b->addr);
 	return service_translate(skb, f, backend.b, b->port, b->network, seen.b);
@@ -278,6 +296,8 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
 		e.flags |= LACE_CT_F_PROBE;
 	if (f->svc_flags & (LACE_SVC_FLOW_PROBE | LACE_SVC_FLOW_BACKEND_ENTRY))
 		e.flags2 |= LACE_CT_F2_BACKEND_ENTRY;
+	if (f->svc_flags & LACE_SVC_FLOW_MASQ)
+		e.flags2 |= LACE_CT_F2_MASQ;   /* its masquerade entries come next (service_masq_new_flow) */
 	lace_copy16_a8(e.nat_addr, f->daddr);
 	e.nat_port = f->dport;
 	rc = ct_store(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port, &e);
@@ -312,11 +332,14 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
  * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
  * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe or
  * a flow that keeps a backend entry: also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
- * reservation (masq_key: OUTSIDE, node address:port -> remote, an echo's identifier as both
- * ports); plain — the entry and the reply alias. A ClientIP affinity choice stays: it is a
- * preference for the client's next flow, not state of this one. */
+ * ports); plain — the entry and the reply alias. A service flow masqueraded to a backend outside
+ * (LACE_SVC_FLOW_MASQ: DNAT in f) — the frontend entry, and the pod entry (keyed by the
+ * translated flow) with the reservation it names, when they are there and flagged its. A ClientIP
+ * affinity choice stays: it is a preference for the client's next flow, not state of this one. */
 __lace_subprog int ct_forget_new(const struct lace_flow *f)
 {
+	union lace_ct_key k, rk;
+	struct lace_ct_entry *pe;
 	__be16 dport;
 
 	if (f->nat_kind == LACE_NAT_SNAT) {
@@ -327,6 +350,18 @@ __lace_subprog int ct_forget_new(const struct lace_flow *f)
 	}
 	if (f->nat_kind == LACE_NAT_DNAT) {
 		ct_forget(f, f->src_network, f->saddr, f->nat_addr, f->sport, f->nat_port);
+		if (f->svc_flags & LACE_SVC_FLOW_MASQ) {
+			/* the port is in the pod entry alone (f keeps the frontend) */
+			ct_key(&k, f->family, f->src_network, f->proto, f->saddr, f->daddr, f->sport, f->dport);
+			pe = ct_lookup(f->family, f->proto, &k);
+			if (pe && (pe->flags & LACE_CT_F_SNAT) && (pe->flags2 & LACE_CT_F2_MASQ)) {
+				ct_key(&rk, f->family, LACE_NETWORK_OUTSIDE, f->proto, pe->nat_addr, f->daddr,
+				       pe->nat_port, f->dport);
+				ct_delete(f->family, f->proto, &rk);
+				ct_delete(f->family, f->proto, &k);
+			}
+			return 0;
+		}
 		if (!(f->svc_flags & (LACE_SVC_FLOW_PROBE | LACE_SVC_FLOW_BACKEND_ENTRY)))
 			return 0;
 	}

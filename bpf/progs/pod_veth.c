@@ -5,7 +5,8 @@
  * policy -> masquerade (a new flow to a masquerading route to the outside: a node port, SNAT) ->
  * delivery (local pod with its ingress policy / remote node over SRv6 / host / the outside) ->
  * trace. Established service and masqueraded flows are translated from their conntrack entries
- * (lib/service.h, lib/masquerade.h). */
+ * (lib/service.h, lib/masquerade.h). A service flow to a backend outside (no pod) is masqueraded
+ * after its DNAT, without a route (service_masq_*). */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
@@ -287,8 +288,12 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 		if (e) {
 			if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SERVICE)) {
 				rc = service_forward(skb, f, e, now);
+				if (!rc && (e->flags2 & LACE_CT_F2_MASQ))
+					rc = service_masq_forward(skb, f, now);   /* its backend is outside */
 			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED && (e->flags & LACE_CT_F_SNAT)) {
-				rc = masq_forward(skb, f, e, now);
+				/* a service flow's pod entry met straight from its port: that flow's tuple
+				 * (lib/masquerade.h) */
+				rc = (e->flags2 & LACE_CT_F2_MASQ) ? LACE_DROP_TUPLE_IN_USE : masq_forward(skb, f, e, now);
 			} else if (f->ct_status == LACE_CT_STATUS_ESTABLISHED) {
 				f->dst_network = e->dst_network;
 				f->dst_segment = e->dst_segment;
@@ -321,6 +326,9 @@ static __always_inline int from_pod(struct __sk_buff *skb, struct lace_flow *f)
 				rc = ct_endpoint_admit(f, vk.ifindex, ep->ct_max);
 			if (!rc)
 				rc = service_ct_create(f, now);
+			/* a backend outside: out of the node from its address, no pod network delivers it */
+			if (!rc && (f->svc_flags & LACE_SVC_FLOW_MASQ))
+				rc = service_masq_new_flow(skb, f, cfg, now);
 			LACE_BENCH_STAGE(7);    /* conntrack entries created */
 			if (rc)
 				return lace_drop(skb, f, rc);

@@ -14,7 +14,7 @@
  *
  * Everything else arrives from the outside (from_outside), in network OUTSIDE: a reply of a flow
  * this node masquerades (or an ICMP error about one) is written back to its pod and delivered into
- * it (lib/masquerade.h); a flow to a NodePort or LoadBalancer frontend is balanced to a backend, on
+ * it (lib/masquerade.h), from the frontend when it is a service flow to a backend outside; a flow to a NodePort or LoadBalancer frontend is balanced to a backend, on
  * this node or another (lib/nodeport.h); the rest goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
@@ -57,6 +57,7 @@ __lace_subprog int from_outside(struct __sk_buff *skb, struct lace_flow *f, cons
 	struct lace_ct_entry *e;
 	__u64 now;
 	int rc, quoted_orig;
+	__u8 svc_masq;
 
 	if (parse_packet(skb, f))
 		return TC_ACT_OK;
@@ -66,14 +67,20 @@ __lace_subprog int from_outside(struct __sk_buff *skb, struct lace_flow *f, cons
 		e = ct_related(f, LACE_NETWORK_OUTSIDE, LACE_NETWORK_OUTSIDE, now, &quoted_orig);
 		if (!e || !quoted_orig || !(e->flags & LACE_CT_F_MASQ))
 			return TC_ACT_OK;
+		svc_masq = e->flags2 & LACE_CT_F2_MASQ;
 		rc = masq_icmp_error(skb, f, e);
+		if (!rc && svc_masq)
+			rc = service_masq_icmp_error(skb, f, now);
 		if (rc)
 			return lace_drop(skb, f, rc);
 		return outside_to_pod(skb, f, cfg);
 	}
 	e = ct_classify(f, LACE_NETWORK_OUTSIDE, now);
 	if (e && f->ct_status == LACE_CT_STATUS_REPLY && (e->flags & LACE_CT_F_MASQ)) {
+		svc_masq = e->flags2 & LACE_CT_F2_MASQ;
 		rc = masq_reply(skb, f, e, now);
+		if (!rc && svc_masq)
+			rc = service_masq_reply(skb, f, now);   /* from the frontend, not the backend */
 		if (rc)
 			return lace_drop(skb, f, rc);
 		return outside_to_pod(skb, f, cfg);

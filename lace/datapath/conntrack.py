@@ -89,6 +89,7 @@ class CtFlag2(enum.IntFlag):
     """Bits of lace_ct_entry.flags2 (LACE_CT_F2_*)."""
 
     BACKEND_ENTRY = 0x01  # a service flow's frontend entry whose flow also keeps a backend entry (DNAT)
+    MASQ = 0x02           # an entry of a service flow to a backend outside, masqueraded (all three)
 
 
 #: struct lace_ct4_key (conntrack.h)
@@ -190,6 +191,7 @@ C_MACROS: dict[str, int] = {
     "LACE_CT_F_MASQ": CtFlag.MASQ,
     "LACE_CT_F_ALIAS": CtFlag.ALIAS,
     "LACE_CT_F2_BACKEND_ENTRY": CtFlag2.BACKEND_ENTRY,
+    "LACE_CT_F2_MASQ": CtFlag2.MASQ,
 }
 C_ENUMS: dict[str, tuple[type[enum.IntEnum], str]] = {
     "lace_ct_state": (CtState, "LACE_CT_"),

@@ -69,6 +69,13 @@ enum lace_ct_status {
  * reversed tuple. Its frontend entry is flagged so that established packets advance the backend
  * entry too (it sees the replies, its state follows both directions). */
 #define LACE_CT_F2_BACKEND_ENTRY 0x01  /* a frontend entry whose flow keeps a backend entry */
+/* A service flow to a backend in network OUTSIDE (no pod: the apiserver behind default/kubernetes)
+ * is translated to the backend and masqueraded out of the node (lib/masquerade.h): its frontend
+ * entry (SERVICE, nat = backend:port, dst_network OUTSIDE) comes with the two entries of a
+ * masqueraded flow from the client to the backend, the pod entry (SNAT, keyed client -> backend,
+ * nat = node address:port) and the port reservation (MASQ), all three flagged. A reply finds the
+ * reservation, then the frontend entry through the backend's revnat entry under OUTSIDE. */
+#define LACE_CT_F2_MASQ          0x02  /* an entry of a service flow masqueraded to a backend outside */
 
 /* Keys carry the source network of the original direction; ICMP echo uses the identifier as both
  * ports so that the reply's reversed tuple finds the same entry. */
