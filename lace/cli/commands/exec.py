@@ -201,8 +201,12 @@ def exec_kubernetes(node: str, cmd: list[str], inv: Invocation, *, context: str 
         core = client.CoreV1Api(api)
     stream_fn = stream_fn or stream
     from lace import nsenter
-    with nsenter.entered(netns):
-        return _exec_stream(core, stream_fn, node, cmd, inv, namespace)
+    try:
+        with nsenter.entered(netns):
+            return _exec_stream(core, stream_fn, node, cmd, inv, namespace)
+    except nsenter.NetnsError as exc:
+        raise UnavailableError(f"cannot reach the apiserver from network namespace {netns}: {exc.strerror}",
+                               hint="is the lab up? lace lab status") from None
 
 
 def _exec_stream(core: Any, stream_fn: Any, node: str, cmd: list[str], inv: Invocation, namespace: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import ssl
 import time
@@ -225,6 +226,8 @@ def start(lab: str, state_dir: str, progress: Progress = lambda s: None) -> Cont
     controller manager and the scheduler (waited for: /healthz)."""
     cp = control_plane(lab, state_dir)
     spec = cluster_spec(lab)
+    # a new cluster: nothing of an earlier one in this state dir (its etcd data, its certificates)
+    shutil.rmtree(cp.directory, ignore_errors=True)
     progress("making the cluster's certificates (kubeadm init phase certs, kubeconfig)")
     pki.make_cluster(spec, cp.directory)
     build_netns(lab)
