@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from lace import netlink
@@ -41,9 +40,9 @@ METRICS_PORT = 9962
 def agent_socket(state_dir: str, node: str) -> str:
     """Where the machine reaches node's agent: the lab's own agents' sockets, or on a lab on
     Kubernetes the lace-node pod's (its hostPath /run/lace is the node's own directory)."""
-    kube = os.path.join(state_dir, "nodes", node, "run-lace", "agent.sock")
-    if os.path.exists(os.path.join(state_dir, "kubernetes", "cluster.json")):
-        return kube
+    from .kube import cluster as kube_cluster, node as kube_node
+    if kube_cluster.is_kubernetes(state_dir):
+        return kube_node.agent_socket(state_dir, node)
     return os.path.join(state_dir, "agents", f"{node}.sock")
 
 
@@ -73,13 +72,9 @@ def wait_agent(state_dir: str, node: str, timeout: float = 30.0) -> dict:
         except AgentUnavailable as e:
             last = str(e)
         time.sleep(0.02)
-    log = os.path.join(state_dir, "logs", f"agent-{node}.log")
-    tail = ""
-    try:
-        tail = Path(log).read_text()[-800:]
-    except OSError:
-        pass
-    raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n{tail}")
+    log = procs.log_file(state_dir, f"agent-{node}")
+    raise LabError(f"agent on {node} did not become healthy in {timeout:.0f}s ({last}); log {log}:\n"
+                   f"{procs.log_tail(log, 800)}")
 
 
 def register_nodes(store: Store, lab: Any, only: set[str] | None = None) -> None:

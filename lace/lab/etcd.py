@@ -109,7 +109,7 @@ def start_lab_cluster(lab: Any, state_dir: str) -> StoreConfig:
         if not gone:
             return None
         log = os.path.join(state_dir, "logs", f"{gone[0]}.log")
-        return f"{', '.join(gone)} exited; {log}:\n{_tail(log)}"
+        return f"{', '.join(gone)} exited; {log}:\n{procs.log_tail(log, 800)}"
 
     wait_ready(config.endpoints, netns=config.netns, timeout=READY_TIMEOUT, alive=exited)
     write_lab_store(state_dir, config)
@@ -147,10 +147,3 @@ def leader(config: StoreConfig) -> str | None:
             return endpoint
     return None
 
-
-def _tail(path: str, size: int = 800) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()[-size:]
-    except OSError:
-        return ""

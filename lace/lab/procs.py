@@ -28,7 +28,7 @@ import subprocess
 import time
 from .files import write_json
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from lace import nsenter
 
@@ -224,17 +224,17 @@ class Completed:
 
 def run(argv: Sequence[str], *, netns: str | None, timeout: float,
         resolv_conf: str | os.PathLike[str] | None = None, output_limit: int = 10 * 1024,
-        input: str | None = None) -> Completed:
-    """Run ``argv`` inside NETNS (with ``resolv_conf`` as /etc/resolv.conf), ``input`` on its
-    stdin, and wait at most ``timeout`` seconds; then its process group is killed.  A command that
-    cannot be executed ends with 127 (not found) or 126, as in a shell; ProcError if the namespace
-    cannot be entered."""
+        input: str | None = None, env: Mapping[str, str] | None = None) -> Completed:
+    """Run ``argv`` inside NETNS (with ``resolv_conf`` as /etc/resolv.conf, ``env`` as its
+    environment when given), ``input`` on its stdin, and wait at most ``timeout`` seconds; then its
+    process group is killed.  A command that cannot be executed ends with 127 (not found) or 126,
+    as in a shell; ProcError if the namespace cannot be entered."""
     if not argv:
         raise ProcError("cannot run an empty command")
     try:
         with _child_setup(argv[0], netns, resolv_conf, None) as enter:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                                    stdout=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=dict(env) if env is not None else None,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                     preexec_fn=enter)
     except OSError as exc:
@@ -257,6 +257,39 @@ def run(argv: Sequence[str], *, netns: str | None, timeout: float,
             out = b""
         code = None
     return Completed(code, out[:output_limit].decode(errors="replace"))
+
+
+# ---- logs and readiness ---------------------------------------------------------------------
+
+def log_file(state_dir: str | os.PathLike[str], name: str) -> str:
+    """Where lab process ``name`` logs: ``<state>/logs/<name>.log``."""
+    return os.path.join(os.fspath(state_dir), "logs", f"{name}.log")
+
+
+def log_tail(path: str | os.PathLike[str], size: int = 1200) -> str:
+    """The last ``size`` bytes of a log ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def wait_started(name: str, state_dir: str | os.PathLike[str], pending: Callable[[], str | None], what: str,
+                 timeout: float, error: Callable[[str], Exception]) -> None:
+    """Poll ``pending()`` (None once process ``name`` is ready, else what it waits for) until it is
+    ready; ``error(message)`` is raised, with the end of its log, when it exits first or is not
+    ready within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    log = log_file(state_dir, name)
+    while (waiting := pending()) is not None:
+        if not running(name, state_dir):
+            raise error(f"{what} exited while starting; its log {log} ends:\n{log_tail(log)}")
+        if time.monotonic() > deadline:
+            raise error(f"{what} not ready within {timeout:.0f}s ({waiting}); its log {log} ends:\n{log_tail(log)}")
+        time.sleep(0.05)
 
 
 # ---- inspect and stop -----------------------------------------------------------------------

@@ -24,6 +24,18 @@ from lace.cli.main import main as lace_main
 NETCHECK = [sys.executable, "-m", "lace.lab.netcheck"]
 
 
+@contextmanager
+def yaml_file(docs: list[dict] | str) -> Iterator[str]:
+    """``docs`` (objects, or YAML text) in a temporary file for the block; its path."""
+    text = docs if isinstance(docs, str) else yaml.safe_dump_all(docs)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
+
+
 class LabHandle:
     """A running lab and the commands tests run against it."""
 
@@ -41,13 +53,8 @@ class LabHandle:
         return rc, out.getvalue(), err.getvalue()
 
     def apply(self, docs: list[dict] | str) -> None:
-        text = docs if isinstance(docs, str) else yaml.safe_dump_all(docs)
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            f.write(text)
-        try:
-            self.lace("apply", "-f", f.name)
-        finally:
-            os.unlink(f.name)
+        with yaml_file(docs) as path:
+            self.lace("apply", "-f", path)
 
     def pods(self, namespace: str) -> dict[str, dict]:
         _, out, _ = self.lace("get", "pods", "-n", namespace, "-o", "json")
@@ -201,13 +208,14 @@ def leftovers(lab: str, lab_dir: str | None = None) -> dict[str, list[str]]:
 
 
 @contextmanager
-def _lab(prefix: str, *up_args: str) -> Iterator[LabHandle]:
+def _lab(prefix: str, *up_args: str, handle_cls: type[LabHandle] = LabHandle) -> Iterator[LabHandle]:
     """A 3-node lab named ``prefix`` + this process's pid, in a state dir of its own, brought up
     with ``lace lab up ... *up_args``; taken down afterwards (even when the block fails), and
-    failing if down left anything of it in the kernel or running."""
+    failing if down left anything of it in the kernel or running. ``handle_cls``: a LabHandle
+    with more commands (another tier's)."""
     name = f"{prefix}{os.getpid() % 10000}"
     state = tempfile.mkdtemp(prefix=f"lace-{prefix}-")
-    handle = LabHandle(name, state)
+    handle = handle_cls(name, state)
     try:
         handle.lace("lab", "up", "--name", name, "--nodes", "3", *up_args)
         yield handle

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
-from tests.e2e.conftest import LabHandle, leftovers, wait_for
+from tests.e2e.conftest import LabHandle, _lab, wait_for, yaml_file
 
 __all__ = ["Cluster", "wait_for"]
 
@@ -34,12 +31,8 @@ class Cluster(LabHandle):
         return json.loads(self.kubectl(*args, "-o", "json")[1])
 
     def kapply(self, docs: list[dict]) -> None:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            yaml.safe_dump_all(docs, f)
-        try:
-            self.kubectl("apply", "-f", f.name)
-        finally:
-            os.unlink(f.name)
+        with yaml_file(docs) as path:
+            self.kubectl("apply", "-f", path)
 
     def kexec(self, ns: str, pod: str, *cmd: str) -> tuple[int, str]:
         return self.kubectl("exec", "-n", ns, pod, "--", *cmd, check=False)
@@ -56,17 +49,8 @@ class Cluster(LabHandle):
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    name = f"k{os.getpid() % 10000}"
-    state = tempfile.mkdtemp(prefix="lace-k8s-")
-    handle = Cluster(name, state)
-    try:
-        handle.lace("lab", "up", "--name", name, "--kubernetes")
-        yield handle
-    finally:
-        handle.lace("lab", "down", "--name", name, check=False)
-        left = leftovers(name, handle.dir)
-        subprocess.run(["rm", "-rf", state])
-        assert not left, f"lab down left {left}"
+    with _lab("k", "--kubernetes", handle_cls=Cluster) as handle:
+        yield handle   # type: ignore[misc]
 
 
 @pytest.fixture

@@ -86,9 +86,8 @@ def helm(cp: controlplane.ControlPlane, *args: str, timeout: float = 300.0) -> s
     home = os.path.join(cp.directory, "helm")
     env = {"HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
            "HELM_DATA_HOME": f"{home}/data", "HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    argv = ["env", *(f"{k}={v}" for k, v in env.items()),
-            binary("helm"), f"--kubeconfig={cp.admin_kubeconfig}", *args]
-    r = procs.run(argv, netns=cp.netns, timeout=timeout, output_limit=1 << 20)
+    r = procs.run([binary("helm"), f"--kubeconfig={cp.admin_kubeconfig}", *args], netns=cp.netns,
+                  timeout=timeout, output_limit=1 << 20, env=env)
     if r.returncode != 0:
         raise KubeLabError(f"helm {' '.join(args[:2])}: {r.output.strip()[-1500:]}")
     return r.output

@@ -19,7 +19,6 @@ import os
 import shutil
 import socket
 import ssl
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,20 +85,6 @@ def control_plane(lab: str, state_dir: str) -> ControlPlane:
 def cluster_spec(lab: str) -> pki.ClusterSpec:
     return pki.ClusterSpec(name=f"lace-{lab}", version=kubernetes_version(), advertise4=CONTROL4,
                            advertise6=CONTROL6, port=API_PORT, service_cidrs=tuple(K.DEFAULT_SERVICE_CIDRS))
-
-
-def _log(state_dir: str, name: str) -> str:
-    return os.path.join(state_dir, "logs", f"{name}.log")
-
-
-def _tail(path: str, n: int = 1200) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def build_netns(lab: str) -> str:
@@ -197,21 +182,16 @@ def _get(netns: str, host: str, port: int, path: str, context: ssl.SSLContext, t
         return 0, str(exc)
 
 
-def _wait(what: str, check: Callable[[], tuple[int, str]], state_dir: str, timeout: float) -> None:
-    name = proc_name(what)
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
+def _ready(check: Callable[[], tuple[int, str]]) -> Callable[[], str | None]:
+    """procs.wait_started's ``pending`` of an HTTP check: None on 200, else what it answered."""
+    def pending() -> str | None:
         status, body = check()
-        if status == 200:
-            return
-        last = f"{status or 'no answer'}: {body.strip()[-300:]}"
-        if not procs.running(name, state_dir):
-            raise ControlPlaneError(f"{what} exited while starting; its log {_log(state_dir, name)} ends:\n"
-                                    f"{_tail(_log(state_dir, name))}")
-        time.sleep(0.05)
-    raise ControlPlaneError(f"{what} not ready within {timeout:.0f}s ({last}); its log {_log(state_dir, name)} ends:\n"
-                            f"{_tail(_log(state_dir, name))}")
+        return None if status == 200 else f"{status or 'no answer'}: {body.strip()[-300:]}"
+    return pending
+
+
+def _wait(what: str, check: Callable[[], tuple[int, str]], state_dir: str, timeout: float) -> None:
+    procs.wait_started(proc_name(what), state_dir, _ready(check), what, timeout, ControlPlaneError)
 
 
 def kubectl(cp: ControlPlane, *args: str, kubeconfig: str | None = None, timeout: float = 60.0,
@@ -236,7 +216,7 @@ def start(lab: str, state_dir: str, progress: Progress = lambda s: None) -> Cont
     for component in ("etcd", "kube-apiserver"):
         progress(f"starting {component}")
         procs.spawn(argv[component], netns=cp.netns, name=proc_name(component), state_dir=state_dir,
-                    log_path=_log(state_dir, proc_name(component)))
+                    log_path=procs.log_file(state_dir, proc_name(component)))
     _wait("kube-apiserver", lambda: _get(cp.netns, CONTROL4, API_PORT, "/readyz", ca), state_dir, READY_TIMEOUT)
     progress("kube-apiserver is ready")
     # the two bindings kubeadm makes: its admins are cluster-admin; the apiserver's client of the
@@ -253,7 +233,7 @@ def start(lab: str, state_dir: str, progress: Progress = lambda s: None) -> Cont
     for component, port in (("kube-controller-manager", 10257), ("kube-scheduler", 10259)):
         progress(f"starting {component}")
         procs.spawn(argv[component], netns=cp.netns, name=proc_name(component), state_dir=state_dir,
-                    log_path=_log(state_dir, proc_name(component)))
+                    log_path=procs.log_file(state_dir, proc_name(component)))
     for component, port in (("kube-controller-manager", 10257), ("kube-scheduler", 10259)):
         _wait(component, lambda port=port: _get(cp.netns, "127.0.0.1", port, "/healthz", insecure),
               state_dir, READY_TIMEOUT)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ from lace.lab import procs, topology
 from lace.lab.dns import CLUSTER_IPS
 
 from . import pki
-from .controlplane import ControlPlane, _log, _tail, cluster_spec
+from .controlplane import ControlPlane, cluster_spec
 from .upstream import bin_dir, binary
 
 #: where the node's host cgroup (cgroup2) is bound inside the node: the chart's node.cgroupRoot
@@ -82,6 +81,10 @@ class KubeNode:
         return self.path("run-containerd", "containerd.sock")
 
     @property
+    def agent_socket(self) -> str:
+        return agent_socket(self.state_dir, self.name)
+
+    @property
     def cgroup_root(self) -> str:
         """The kubelet's --cgroup-root (in every hierarchy): ``/lace-<lab>/pods-<node>``, beside
         the node's host cgroup ``/lace-<lab>/<node>``, inside the lab's cgroup that ``lab down``
@@ -102,16 +105,24 @@ def kube_node(lab: Any, node: Any, state_dir: str) -> KubeNode:
                     underlay4=node.underlay_addr4, underlay6=node.underlay_addr)
 
 
-def holder_name(node: str) -> str:
-    return f"holder-{node}"
+#: the lab process names of a node's parts: ``holder-<node>``, ``containerd-<node>``, ``kubelet-<node>``
+HOLDER, CONTAINERD, KUBELET = "holder", "containerd", "kubelet"
 
 
-def containerd_name(node: str) -> str:
-    return f"containerd-{node}"
+def proc_name(part: str, node: str) -> str:
+    return f"{part}-{node}"
 
 
-def kubelet_name(node: str) -> str:
-    return f"kubelet-{node}"
+def agent_socket(state_dir: str, node: str) -> str:
+    """The node's agent socket as the machine reaches it: the lace-node pod's hostPath /run/lace is
+    the node's own run-lace directory."""
+    return os.path.join(state_dir, "nodes", node, "run-lace", "agent.sock")
+
+
+def _path_env() -> dict[str, str]:
+    """The environment with the upstream binaries first on PATH (containerd finds its shim there,
+    the kubelet its runtime's tools)."""
+    return dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
 
 
 def holder_pid(n: KubeNode) -> int:
@@ -126,15 +137,8 @@ def _entered(n: KubeNode, argv: list[str]) -> list[str]:
 
 
 def _wait(n: KubeNode, name: str, ready: Any, what: str, timeout: float = READY_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if not procs.running(name, n.state_dir):
-            raise NodeError(f"{what} on {n.name} exited while starting; its log {_log(n.state_dir, name)} ends:\n"
-                            f"{_tail(_log(n.state_dir, name))}")
-        if time.monotonic() > deadline:
-            raise NodeError(f"{what} on {n.name} not ready within {timeout:.0f}s; its log "
-                            f"{_log(n.state_dir, name)} ends:\n{_tail(_log(n.state_dir, name))}")
-        time.sleep(0.05)
+    procs.wait_started(name, n.state_dir, lambda: None if ready() else "not yet", f"{what} on {n.name}",
+                       timeout, NodeError)
 
 
 def start_holder(n: KubeNode) -> None:
@@ -142,9 +146,9 @@ def start_holder(n: KubeNode) -> None:
     argv = [sys.executable, "-m", "lace.lab.kube.holder", "--hostname", n.name, "--ready", n.ready_file]
     for source, target in n.binds:
         argv += ["--bind", f"{source}:{target}"]
-    procs.spawn(argv, netns=n.netns, name=holder_name(n.name), state_dir=n.state_dir,
-                log_path=_log(n.state_dir, holder_name(n.name)))
-    _wait(n, holder_name(n.name), lambda: os.path.exists(n.ready_file), "the holder")
+    name = proc_name(HOLDER, n.name)
+    procs.spawn(argv, netns=n.netns, name=name, state_dir=n.state_dir, log_path=procs.log_file(n.state_dir, name))
+    _wait(n, name, lambda: os.path.exists(n.ready_file), "the holder")
 
 
 def containerd_config(n: KubeNode) -> str:
@@ -190,10 +194,10 @@ def start_containerd(n: KubeNode) -> None:
     path = n.path("containerd.toml")
     with open(path, "w") as f:
         f.write(containerd_config(n))
-    env = dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
-    name = containerd_name(n.name)
+    name = proc_name(CONTAINERD, n.name)
     procs.spawn(_entered(n, [binary("containerd"), "--config", path]), netns=n.netns, name=name,
-                state_dir=n.state_dir, log_path=_log(n.state_dir, name), env=env, cgroup=n.host_cgroup)
+                state_dir=n.state_dir, log_path=procs.log_file(n.state_dir, name), env=_path_env(),
+                cgroup=n.host_cgroup)
     _wait(n, name, lambda: os.path.exists(n.containerd_socket_outside), "containerd")
 
 
@@ -237,13 +241,13 @@ def start_kubelet(n: KubeNode, cp: ControlPlane) -> None:
     config = n.path("kubelet.yaml")
     with open(config, "w") as f:
         f.write(kubelet_config(n, cp))
-    name = kubelet_name(n.name)
+    name = proc_name(KUBELET, n.name)
     argv = [binary("kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={n.path('kubelet')}", f"--cert-dir={n.path('kubelet-pki')}",
             f"--hostname-override={n.name}", f"--node-ip={n.underlay4},{n.underlay6}", "--v=1"]
-    env = dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
     procs.spawn(_entered(n, argv), netns=n.netns, name=name, state_dir=n.state_dir,
-                log_path=_log(n.state_dir, name), env=env, cgroup=topology.kubelet_cgroup(n.host_cgroup))
+                log_path=procs.log_file(n.state_dir, name), env=_path_env(),
+                cgroup=topology.kubelet_cgroup(n.host_cgroup))
 
 
 def make_cgroup_root(n: KubeNode) -> None:
@@ -263,6 +267,6 @@ def start(n: KubeNode, cp: ControlPlane) -> None:
 
 
 def stop(state_dir: str, node: str) -> None:
-    for name in (kubelet_name(node), containerd_name(node), holder_name(node)):
+    for name in (proc_name(KUBELET, node), proc_name(CONTAINERD, node), proc_name(HOLDER, node)):
         with contextlib.suppress(procs.ProcError):
             procs.stop(name, state_dir)
