@@ -95,6 +95,26 @@ def test_a_clusterip_and_its_dns_name_through_lace(cluster, ns):
     assert rc == 0 and out.split()[0] in vips, out
 
 
+#: in an agnhost pod: the apiserver's /version through the `kubernetes` Service, as in-cluster
+#: clients reach it (KUBERNETES_SERVICE_HOST/PORT); its gitVersion on stdout
+VERSION = ("import json, os, ssl, urllib.request; h, p = os.environ['KUBERNETES_SERVICE_HOST'], "
+           "os.environ['KUBERNETES_SERVICE_PORT']; c = ssl.create_default_context("
+           "cafile='/var/run/secrets/kubernetes.io/serviceaccount/ca.crt'); "
+           "print(json.load(urllib.request.urlopen(f'https://{h}:{p}/version', context=c, timeout=5))['gitVersion'])")
+
+
+def test_a_pod_reaches_the_apiserver_through_the_kubernetes_service(cluster, ns):
+    """The `kubernetes` Service's endpoint is the apiserver, outside every pod network: lace
+    translates the ClusterIP to it and masquerades the flow out of the node."""
+    cluster.kapply([agnhost_pod("client", ns, "worker-2", "pause")])
+    wait_for(lambda: cluster.kjson("get", "pod", "client", "-n", ns)["status"]["phase"] == "Running",
+             "client running", timeout=60)
+    rc, out = cluster.kexec(ns, "client", "python3", "-c", VERSION)
+    assert rc == 0 and out.strip().startswith("v1."), out
+    rc, out, _ = cluster.lace("exec", "--node", "worker-2", "--", "node", "bpf", "show", "services")
+    assert "default/kubernetes" in out, out
+
+
 def test_network_policy_denies_and_the_node_names_the_drop(cluster, ns):
     cluster.kapply([agnhost_pod("guarded", ns, "worker-1"), agnhost_pod("client", ns, "worker-2", "pause")])
     pods = cluster.ready(ns, ["guarded"])

@@ -34,13 +34,10 @@ COREFILE = """.:53 {
 """
 
 
-def coredns(image: str, apiserver: tuple[str, int] | None = None) -> list[dict[str, Any]]:
-    """The objects, in the order they are applied. ``apiserver``: the address CoreDNS reaches the
-    apiserver at instead of the ``kubernetes`` Service (KUBERNETES_SERVICE_HOST/PORT), as lace's
-    own workloads do (the chart's apiServer.host): lace does not yet translate a ClusterIP to a
-    backend outside the pod networks, which the ``kubernetes`` Service's endpoint is."""
-    env = [{"name": "KUBERNETES_SERVICE_HOST", "value": apiserver[0]},
-           {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver[1])}] if apiserver else []
+def coredns(image: str) -> list[dict[str, Any]]:
+    """The objects, in the order they are applied. CoreDNS reaches the apiserver as any in-cluster
+    client does: through the ``kubernetes`` Service, whose endpoint (the apiserver, outside every
+    pod network) lace translates to and masquerades out of the node."""
     ns = "kube-system"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "coredns", "namespace": ns}},
@@ -73,7 +70,6 @@ def coredns(image: str, apiserver: tuple[str, int] | None = None) -> list[dict[s
                      "containers": [{
                          "name": "coredns", "image": image, "imagePullPolicy": "Never",
                          "args": ["-conf", "/etc/coredns/Corefile"],
-                         "env": env,
                          "ports": [{"name": "dns", "containerPort": 53, "protocol": "UDP"},
                                    {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
                                    {"name": "metrics", "containerPort": 9153, "protocol": "TCP"}],

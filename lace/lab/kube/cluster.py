@@ -124,8 +124,7 @@ def route_default_network(cp: controlplane.ControlPlane, timeout: float = 60.0) 
 
 def start_dns(cp: controlplane.ControlPlane, archives: list[images.Archive], timeout: float = 120.0) -> None:
     image = next(a.image for a in archives if "/coredns/coredns:" in a.image)
-    doc = {"apiVersion": "v1", "kind": "List", "items": addons.coredns(image, apiserver=(controlplane.CONTROL4,
-                                                                                         controlplane.API_PORT))}
+    doc = {"apiVersion": "v1", "kind": "List", "items": addons.coredns(image)}
     _kubectl(cp, "apply", "-f", "-", stdin=json.dumps(doc))
     _kubectl(cp, "rollout", "status", "deployment/coredns", "-n", "kube-system", f"--timeout={int(timeout)}s",
              timeout=timeout + 10)
