@@ -331,8 +331,9 @@ __lace_subprog int service_ct_create(const struct lace_flow *f, __u64 now)
  * nodeport_ct_create_remote) when its packet is dropped after all, on its way out: a flow that
  * never got anywhere leaves no state behind (and takes no masquerade port). Which entries follows
  * from f as its creation left it: translated by a service (DNAT) — the frontend entry (a probe or
- * a flow that keeps a backend entry: also the backend entry and the reply alias); masqueraded (SNAT) — the pod entry and the port
- * ports); plain — the entry and the reply alias. A service flow masqueraded to a backend outside
+ * a flow that keeps a backend entry: also the backend entry and the reply alias); masqueraded
+ * (SNAT) — the pod entry and the port reservation (masq_key: OUTSIDE, node address:port -> remote,
+ * an echo's identifier as both ports); plain — the entry and the reply alias. A service flow masqueraded to a backend outside
  * (LACE_SVC_FLOW_MASQ: DNAT in f) — the frontend entry, and the pod entry (keyed by the
  * translated flow) with the reservation it names, when they are there and flagged its. A ClientIP
  * affinity choice stays: it is a preference for the client's next flow, not state of this one. */

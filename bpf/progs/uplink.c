@@ -14,8 +14,9 @@
  *
  * Everything else arrives from the outside (from_outside), in network OUTSIDE: a reply of a flow
  * this node masquerades (or an ICMP error about one) is written back to its pod and delivered into
- * it (lib/masquerade.h), from the frontend when it is a service flow to a backend outside; a flow to a NodePort or LoadBalancer frontend is balanced to a backend, on
- * this node or another (lib/nodeport.h); the rest goes to the node's stack untouched. */
+ * it (lib/masquerade.h), from the frontend when it is a service flow to a backend outside; a flow
+ * to a NodePort or LoadBalancer frontend is balanced to a backend, on this node or another
+ * (lib/nodeport.h); the rest goes to the node's stack untouched. */
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/flow.h"
